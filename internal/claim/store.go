@@ -1,0 +1,227 @@
+package claim
+
+import (
+	"context"
+	"database/sql"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Store is the claims table. One implementation per database lives in a
+// sub-package (mssql, postgres, sqlite); all of them pass the conformance
+// suite in claimtest.
+//
+// Every method translates driver errors into this package's sentinels:
+// ErrUnavailable when the database cannot be reached (the processor abandons
+// the message for redelivery), ErrStateChanged when a guarded update found
+// the claim no longer in the expected state or owned by another attempt,
+// ErrNotFound when no claim has the given ID.
+type Store interface {
+	// ClaimBatch inserts one marker per message in one round trip (a batch
+	// of one is the single-message path) and reports, per message and in
+	// the same order, whether this call won it, found a duplicate, or found
+	// a conflict (same key, other payload hash). The claims unique index on
+	// (MessageID, Consumer) is the only arbiter.
+	ClaimBatch(ctx context.Context, params *ClaimBatchParams) ([]ClaimResult, error)
+
+	// ClaimTx is the one-phase path for a database-only effect: in one
+	// transaction it inserts the marker already processed and calls fn with
+	// that transaction. The marker and fn's writes commit together or not at
+	// all. A duplicate or conflict rolls back without calling fn.
+	ClaimTx(ctx context.Context, params *ClaimTxParams, fn func(ctx context.Context, tx *sql.Tx) error) (ClaimResult, error)
+
+	// TakeOver moves a released claim back to claimed under a new owner
+	// token (a conditional update: exactly one concurrent caller wins; the
+	// others get ErrStateChanged).
+	TakeOver(ctx context.Context, params *TakeOverParams) (*Claim, error)
+
+	// Heartbeat refreshes HeartbeatAt of a claimed claim held by Owner.
+	Heartbeat(ctx context.Context, params *HeartbeatParams) error
+
+	// MarkProcessed moves a claimed claim held by Owner to processed and
+	// nulls its stored payload.
+	MarkProcessed(ctx context.Context, params *MarkProcessedParams) error
+
+	// Release moves a claimed claim held by Owner to released, recording the
+	// error that made the effect not happen. Only for effects that were
+	// definitely not performed.
+	Release(ctx context.Context, params *ReleaseParams) error
+
+	// RecordAttempt counts one effect attempt and records its error on a
+	// claimed claim held by Owner, leaving it claimed (outcome unknown).
+	RecordAttempt(ctx context.Context, params *RecordAttemptParams) error
+
+	// FlagStale flags, in one bounded batch, claims that are claimed with no
+	// heartbeat for StaleAfter, or released and not taken over for
+	// StaleAfter. The staleness test is in the UPDATE itself, so a claim
+	// processed (or heartbeated) between a scan and the update is never
+	// flagged. It returns the claims it flagged.
+	FlagStale(ctx context.Context, params *FlagStaleParams) ([]*Claim, error)
+
+	// List returns claims for operators, oldest ID first, keyset-paged.
+	List(ctx context.Context, params *ListParams) ([]*Claim, error)
+
+	// Get returns one claim by ID, or ErrNotFound.
+	Get(ctx context.Context, id int64) (*Claim, error)
+
+	// Resolve closes a flagged claim with an audited resolution. It is
+	// guarded on the claim still being flagged (ErrStateChanged otherwise).
+	// ResolutionRedriven also marks the claim processed.
+	Resolve(ctx context.Context, params *ResolveParams) (*Claim, error)
+
+	// PurgeProcessed deletes at most Limit finished claims (processed, or
+	// resolved) whose ProcessedAt / ResolvedAt is older than OlderThan by
+	// the database clock, and returns how many it deleted. It never deletes
+	// a claimed, released or flagged claim. Callers loop until a batch
+	// deletes fewer than Limit.
+	PurgeProcessed(ctx context.Context, params *PurgeParams) (int64, error)
+
+	// Stats summarises the table for metrics.
+	Stats(ctx context.Context) (*Stats, error)
+
+	// TryLock takes a database-wide named lock without waiting ("one
+	// reconciler per tick"): sp_getapplock, pg_try_advisory_lock, or a
+	// process-wide lock on SQLite. ok is false when someone else holds it.
+	// unlock releases it and must be called when ok is true.
+	TryLock(ctx context.Context, name string) (unlock func(context.Context) error, ok bool, err error)
+
+	// Now returns the database clock (UTC).
+	Now(ctx context.Context) (time.Time, error)
+
+	// Ping checks the database is reachable (readiness).
+	Ping(ctx context.Context) error
+
+	// Close releases the store's resources.
+	Close() error
+}
+
+// ClaimParams describes one received message to claim.
+type ClaimParams struct {
+	MessageID     string // dedup key, 1..MaxMessageIDLength characters
+	Consumer      string
+	Entity        string
+	Subject       string
+	ContentType   string
+	Properties    map[string]string
+	PayloadHash   []byte // HashPayload(body)
+	Payload       []byte // nil when payload storage is off
+	DeliveryCount int
+}
+
+// ClaimBatchParams is the input of ClaimBatch.
+type ClaimBatchParams struct {
+	Host   string // recorded as ClaimedBy on won claims
+	Claims []ClaimParams
+}
+
+// ClaimTxParams is the input of ClaimTx.
+type ClaimTxParams struct {
+	Host  string
+	Claim ClaimParams
+}
+
+// Outcome is what a claim attempt found.
+type Outcome int
+
+const (
+	// OutcomeWon: this call inserted the marker and owns the effect.
+	OutcomeWon Outcome = iota + 1
+	// OutcomeDuplicate: a claim with the same key and payload hash exists.
+	OutcomeDuplicate
+	// OutcomeConflict: a claim with the same key but another payload hash
+	// exists (a producer bug: dead-letter, never complete silently).
+	OutcomeConflict
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeWon:
+		return "won"
+	case OutcomeDuplicate:
+		return "duplicate"
+	case OutcomeConflict:
+		return "conflict"
+	}
+	return "unknown"
+}
+
+// ClaimResult is the outcome for one message of a batch. Claim is the new
+// claim when Won (with its ID, Owner and times), and the existing claim when
+// Duplicate or Conflict (with at least ID, State, Owner and PayloadHash).
+type ClaimResult struct {
+	Outcome Outcome
+	Claim   *Claim
+}
+
+// TakeOverParams is the input of TakeOver.
+type TakeOverParams struct {
+	ID            int64
+	Host          string
+	DeliveryCount int
+}
+
+// HeartbeatParams is the input of Heartbeat.
+type HeartbeatParams struct {
+	ID    int64
+	Owner uuid.UUID
+}
+
+// MarkProcessedParams is the input of MarkProcessed.
+type MarkProcessedParams struct {
+	ID    int64
+	Owner uuid.UUID
+}
+
+// ReleaseParams is the input of Release.
+type ReleaseParams struct {
+	ID    int64
+	Owner uuid.UUID
+	Error string // why the effect was not performed
+}
+
+// RecordAttemptParams is the input of RecordAttempt.
+type RecordAttemptParams struct {
+	ID    int64
+	Owner uuid.UUID
+	Error string // empty for an attempt without error
+}
+
+// FlagStaleParams is the input of FlagStale.
+type FlagStaleParams struct {
+	StaleAfter time.Duration
+	Limit      int // at most this many claims per call
+}
+
+// ListParams filters List. Zero values mean "any".
+type ListParams struct {
+	States    []State
+	Consumer  string
+	OlderThan time.Duration // ClaimedAt older than now (database clock) minus this
+	AfterID   int64         // keyset paging: only IDs greater than this
+	Limit     int           // 0 means a default of 100
+}
+
+// ResolveParams is the input of Resolve.
+type ResolveParams struct {
+	ID         int64
+	Resolution Resolution
+	By         string
+	Note       string
+}
+
+// PurgeParams is the input of PurgeProcessed.
+type PurgeParams struct {
+	OlderThan time.Duration
+	Limit     int
+}
+
+// Stats is a summary of the claims table, for metrics. Times are from the
+// database clock.
+type Stats struct {
+	Now              time.Time
+	Claimed          int64
+	Released         int64
+	Flagged          int64
+	OldestUnfinished *time.Time // ClaimedAt of the oldest claimed or released claim
+}

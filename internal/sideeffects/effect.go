@@ -1,0 +1,152 @@
+package sideeffects
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+)
+
+// Effect is an external side effect (an HTTP call, an email, a charge) run
+// once per claimed message. key is the message's dedup key: the effect must
+// pass it downstream as the idempotency key, unchanged on every attempt.
+//
+// msg is the SDK's own message value; an effect must treat it as read-only.
+// The returned error is classified by Classify: wrap it with Retryable,
+// Permanent or Unknown to say what happened; an unwrapped error counts as
+// OutcomeUnknown (the safe default: a claim is only released when the effect
+// definitely did not happen).
+type Effect interface {
+	Perform(ctx context.Context, msg *azservicebus.ReceivedMessage, key string) error
+}
+
+// EffectFunc adapts a function to Effect.
+type EffectFunc func(ctx context.Context, msg *azservicebus.ReceivedMessage, key string) error
+
+// Perform calls f.
+func (f EffectFunc) Perform(ctx context.Context, msg *azservicebus.ReceivedMessage, key string) error {
+	return f(ctx, msg, key)
+}
+
+// TxEffect is a database-only effect. It runs inside the transaction that
+// inserts the claim marker, so the marker and the effect's writes commit
+// together or not at all (one phase, no reconciliation needed). The
+// transaction is the only database handle it gets: a write made any other
+// way would escape the guarantee.
+type TxEffect interface {
+	PerformTx(ctx context.Context, tx *sql.Tx, msg *azservicebus.ReceivedMessage, key string) error
+}
+
+// TxEffectFunc adapts a function to TxEffect.
+type TxEffectFunc func(ctx context.Context, tx *sql.Tx, msg *azservicebus.ReceivedMessage, key string) error
+
+// PerformTx calls f.
+func (f TxEffectFunc) PerformTx(ctx context.Context, tx *sql.Tx, msg *azservicebus.ReceivedMessage, key string) error {
+	return f(ctx, tx, msg, key)
+}
+
+// Handler is what a Router resolves a message to: exactly one of Effect or
+// TxEffect is set.
+type Handler struct {
+	Name     string // route name, for logs and metrics
+	Effect   Effect
+	TxEffect TxEffect
+}
+
+// Router picks the handler for a message. It returns an *InputError when the
+// message cannot be handled at all (no route, a body the route cannot take):
+// the processor dead-letters such messages with the error's reason.
+type Router interface {
+	Route(msg *azservicebus.ReceivedMessage) (Handler, error)
+}
+
+// InputError is bad input: the message can never be processed, so it is
+// dead-lettered with Reason as DeadLetterReason and Description as
+// ErrorDescription.
+type InputError struct {
+	Reason      string // short, machine-readable: "NoRoute", "MalformedBody", ...
+	Description string // human-readable
+}
+
+func (e *InputError) Error() string { return e.Reason + ": " + e.Description }
+
+// Dead-letter reasons for bad input.
+const (
+	ReasonNoRoute       = "NoRoute"
+	ReasonMalformedBody = "MalformedBody"
+)
+
+// Outcome is what an effect attempt did. Every effect error is sorted into
+// one of these in one place (Classify).
+type Outcome int
+
+const (
+	// OutcomeOK: the effect happened.
+	OutcomeOK Outcome = iota
+	// OutcomeRetryable: the effect was definitely not performed and may
+	// succeed later (release the claim, abandon the message).
+	OutcomeRetryable
+	// OutcomePermanent: the effect was definitely not performed and never
+	// will be (release the claim, dead-letter the message).
+	OutcomePermanent
+	// OutcomeUnknown: the effect may or may not have happened (keep the
+	// claim with its last error; the reconciler flags it).
+	OutcomeUnknown
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeOK:
+		return "ok"
+	case OutcomeRetryable:
+		return "retryable"
+	case OutcomePermanent:
+		return "permanent"
+	case OutcomeUnknown:
+		return "unknown"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// Error is a classified effect error.
+type Error struct {
+	Outcome Outcome
+	// RetryAfter is the downstream's Retry-After, when it gave one.
+	RetryAfter time.Duration
+	Err        error
+}
+
+func (e *Error) Error() string {
+	if e.Err == nil {
+		return e.Outcome.String()
+	}
+	return e.Outcome.String() + ": " + e.Err.Error()
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Retryable marks err as "not performed, may succeed later".
+func Retryable(err error) error { return &Error{Outcome: OutcomeRetryable, Err: err} }
+
+// Permanent marks err as "not performed, never will be".
+func Permanent(err error) error { return &Error{Outcome: OutcomePermanent, Err: err} }
+
+// Unknown marks err as "may or may not have happened".
+func Unknown(err error) error { return &Error{Outcome: OutcomeUnknown, Err: err} }
+
+// Classify sorts an effect's error into an Outcome: nil is OutcomeOK, an
+// *Error (anywhere in the chain) is its Outcome, anything else — including a
+// cancelled or timed-out context — is OutcomeUnknown.
+func Classify(err error) Outcome {
+	if err == nil {
+		return OutcomeOK
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Outcome
+	}
+	return OutcomeUnknown
+}
