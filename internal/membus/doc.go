@@ -1,0 +1,49 @@
+// Package membus is an in-memory Azure Service Bus queue for tests and the
+// chaos harness. It speaks the SDK's own types end to end: producers send
+// *azservicebus.Message, consumers receive *azservicebus.ReceivedMessage
+// from a *Receiver whose methods have the signatures of
+// *azservicebus.Receiver, and failures are *azservicebus.Error values with
+// the SDK's codes (check them with errors.As and Error.Code, as with the
+// real SDK). Code written against a small receiver interface runs unchanged
+// on either.
+//
+// What it models, as the service does:
+//
+//   - Peek-lock delivery. Each delivery is a new *ReceivedMessage with a new
+//     random LockToken, LockedUntil = now + LockDuration, and DeliveryCount
+//     1 on the first delivery, +1 on each redelivery. SequenceNumber and
+//     EnqueuedTime are assigned at send; a nil MessageID gets a generated
+//     one.
+//   - ReceiveMessages blocks until a message is available (or ctx ends or
+//     the receiver is closed), then gathers for TimeAfterFirstMessage
+//     (default 20ms) up to maxMessages. Messages gathered are returned with
+//     a nil error even if ctx ends meanwhile; ctx.Err() only when none were.
+//   - Settlement by lock token, from any receiver on the queue (as the SDK
+//     allows since 1.10). Complete removes the message; Abandon makes it
+//     available at once; DeadLetter moves it to the dead-letter queue with
+//     its reason and description; RenewMessageLock extends the lock by
+//     LockDuration from now and updates msg.LockedUntil.
+//   - Lock expiry: a delivery whose lock runs out is redelivered. Settling or
+//     renewing an expired, settled or superseded delivery fails with
+//     CodeLockLost. After MaxDeliveryCount deliveries, an abandon or expiry
+//     dead-letters the message with ReasonMaxDeliveryCountExceeded.
+//   - Closed receivers fail every call with CodeClosed; locks they handed
+//     out are kept until they run out, like a crashed replica's.
+//   - Topics fan each sent message out to every subscription, each a Queue.
+//
+// Switchable faults (FailReceives, FailSettlements, FailRenewals,
+// ExpireLock, ExpireAllLocks, DuplicateSends) reproduce what a consumer sees
+// in production: connection loss, settlements that never arrive, locks lost
+// mid-work and producer retries that enqueue a message twice. Stats,
+// DeadLetters, Completed, Drained and WaitIdle let tests wait for and check
+// the outcome without sleeping.
+//
+// What it does not model: sessions (SessionID is carried, not enforced),
+// scheduled messages (rejected at send), deferral, receive-and-delete mode,
+// transactions, duplicate detection (duplicates always get through, which
+// is the case the consumer must handle), message TTL and expiry, prefetch
+// and the SDK's release of messages that arrive between ReceiveMessages
+// calls, auto-forwarding, and reading the dead-letter sub-queue through a
+// receiver (use DeadLetters). Lock expiry is evaluated lazily on each call,
+// plus a timer for blocked callers, so the package starts no goroutines.
+package membus
