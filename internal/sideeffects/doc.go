@@ -1,0 +1,82 @@
+// Package sideeffects runs the effects of claimed messages and sorts every
+// result into one of four outcomes (see Outcome and Classify):
+//
+//   - ok: the effect happened — mark the claim processed, complete;
+//   - retryable: definitely not performed, may succeed later — release the
+//     claim, abandon;
+//   - permanent: definitely not performed, never will be — release the
+//     claim, dead-letter;
+//   - unknown: may or may not have happened — keep the claim with its last
+//     error; the reconciler flags it for an operator.
+//
+// There are two kinds of effect. An Effect calls something outside the
+// claims database (an HTTP API, a mailer) and receives the message's dedup
+// key, which it must pass downstream as the idempotency key, unchanged on
+// every attempt. A TxEffect writes only to the claims database and receives
+// the *sql.Tx in which the claim marker is inserted (the store's ClaimTx
+// calls it): the marker and its writes commit together or not at all.
+//
+// A Router resolves a message to its Handler. Routes (built by NewRouter)
+// maps subjects to Go effects; HTTPRouter (built by LoadRoutes or
+// ParseRoutes from a routes file, SBCLAIM_ROUTES) maps them to HTTP calls;
+// Chain combines routers.
+//
+// # The HTTP effect
+//
+// Each route sends the message body, with the message's ContentType (or the
+// route's), to a fixed method and URL. The URL is never built from message
+// content: a URL containing template syntax ({, }, $, <, > or their
+// percent-encodings), or that is not an absolute http/https URL, is refused
+// at start-up. Configured headers take their values from the file ({value:
+// ...}) or, for secrets, from environment variables ({fromEnv: NAME}); a
+// missing variable is a start-up error naming the route, header and
+// variable, and secret values are redacted from every log line and error.
+//
+// Every request carries Idempotency-Key: the dedup key, or key + ":" + step
+// name for a route with steps. Steps run in order, each as its own request
+// with its own classification. If step 2 fails and the effect is retried,
+// step 1 is sent again with the same key (key:step1) and the downstream
+// replays its first answer instead of acting twice. A step that fails
+// permanently after an earlier step was performed makes the effect partial,
+// reported as unknown so that the claim is kept for an operator.
+//
+// Application properties traceparent, tracestate and Diagnostic-Id are
+// forwarded as headers when the message carries them. Redirects are never
+// followed. Each route has a timeout per request (default 10s).
+//
+// One Perform call makes one attempt per step; RetryPolicy.Do retries the
+// whole effect (same key every time) with exponential backoff and jitter,
+// bounded by attempts and a time budget inside the lock-renewal window.
+//
+// # Response classification
+//
+// One table in code (statusTable in classify.go) decides; the first row
+// that matches wins:
+//
+//	| Answer                                              | Outcome   | Why / what happens next                                            |
+//	|-----------------------------------------------------|-----------|--------------------------------------------------------------------|
+//	| 2xx                                                 | ok        | performed (or replayed by the downstream's idempotency layer)      |
+//	| 3xx                                                 | permanent | redirects are not followed; the route URL is wrong                 |
+//	| 408 Request Timeout                                 | retryable | not performed; Retry-After honoured                                |
+//	| 409 Conflict                                        | unknown   | same key still in flight downstream; retry later with the same key |
+//	| 422 Unprocessable Entity                            | permanent | the key was already used with another payload                      |
+//	| 429 Too Many Requests                               | retryable | rate limited, not performed; Retry-After honoured                  |
+//	| other 4xx                                           | permanent | the downstream rejected the request; not performed                 |
+//	| 500 Internal Server Error                           | unknown   | the downstream may have performed the effect                       |
+//	| 502 Bad Gateway                                     | unknown   | the downstream may have performed the effect                       |
+//	| 503 Service Unavailable                             | retryable | not performed; Retry-After honoured                                |
+//	| 504 Gateway Timeout                                 | unknown   | the downstream may have performed the effect                       |
+//	| other 5xx                                           | unknown   | the downstream may have performed the effect                       |
+//	| no answer: DNS, dial or TLS error (nothing sent)    | retryable | no connection was made, so nothing reached the downstream          |
+//	| no answer: timeout or error after the request began | unknown   | the downstream may have received and performed it                  |
+//
+// Retry-After is read as delay-seconds or an HTTP-date; it replaces the
+// next backoff wait, and when it would end after the retry budget the loop
+// stops and the message goes back to the broker instead. Whether the
+// request was sent is known from net/http/httptrace (GotConn, WroteRequest)
+// and net.OpError's "dial" operation.
+//
+// Retryable and unknown outcomes are retried by RetryPolicy (same key, so
+// safe); ok and permanent stop it. After the last attempt, retryable
+// releases the claim and abandons the message, unknown keeps the claim.
+package sideeffects

@@ -1,0 +1,499 @@
+// Package fakedownstream is an idempotent HTTP API for tests, the chaos
+// harness and the demo (cmd/demoapi). It behaves like a well-built
+// downstream with Idempotency-Key support (Stripe's rules):
+//
+//   - the first request with a key performs the effect and stores its
+//     answer (201 Created);
+//   - a repeat with the same key and the same payload replays the stored
+//     answer (with Idempotent-Replayed: true) and performs nothing;
+//   - the same key with another payload is answered 422;
+//   - the same key while the first request is still running is answered
+//     409;
+//   - a request without Idempotency-Key is answered 400.
+//
+// Keys are scoped by URL path, so /payments and /emails keep separate
+// stores; counters are per key across paths. It counts effects and raw
+// requests per key, records the headers of every request, and injects
+// faults on demand (see Fault and FaultRule). Control endpoints: GET
+// /_counts (JSON), POST /_faults (a FaultRule as JSON) and DELETE /_faults.
+package fakedownstream
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Fault is a failure the fake injects into a request.
+type Fault int
+
+const (
+	// FaultNone answers normally.
+	FaultNone Fault = iota
+	// FaultUnavailable answers 503 with Retry-After before doing anything.
+	FaultUnavailable
+	// FaultErrorBefore answers 500 without performing the effect.
+	FaultErrorBefore
+	// FaultErrorAfter performs the effect (or replays it), stores the
+	// success, then answers 500: the caller cannot tell it happened.
+	FaultErrorAfter
+	// FaultHang performs the effect (or replays it), stores the success,
+	// then sends nothing until the caller gives up (the request's context
+	// ends): "performed, then the response was lost".
+	FaultHang
+)
+
+var faultNames = map[Fault]string{
+	FaultNone:        "none",
+	FaultUnavailable: "unavailable",
+	FaultErrorBefore: "error-before",
+	FaultErrorAfter:  "error-after",
+	FaultHang:        "hang",
+}
+
+func (f Fault) String() string {
+	if s, ok := faultNames[f]; ok {
+		return s
+	}
+	return "Fault(" + strconv.Itoa(int(f)) + ")"
+}
+
+// ParseFault reads a fault name: none, unavailable, error-before,
+// error-after, hang.
+func ParseFault(s string) (Fault, error) {
+	for f, n := range faultNames {
+		if n == s {
+			return f, nil
+		}
+	}
+	return FaultNone, fmt.Errorf("unknown fault %q (want none, unavailable, error-before, error-after or hang)", s)
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (f Fault) MarshalText() ([]byte, error) { return []byte(f.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (f *Fault) UnmarshalText(b []byte) error {
+	v, err := ParseFault(string(b))
+	*f = v
+	return err
+}
+
+// FaultRule says when to inject a fault. Rules are checked in the order
+// they were added; the first that applies to a request fires.
+type FaultRule struct {
+	Fault Fault `json:"fault"`
+	// Key limits the rule to one idempotency key; empty means any key.
+	Key string `json:"key,omitempty"`
+	// Times is how many requests the rule fires for; 0 means unlimited.
+	Times int `json:"times,omitempty"`
+	// Probability (0 < p < 1) fires the rule for that share of the
+	// requests it applies to, drawn from the fake's seeded source; 0 or
+	// >= 1 means always.
+	Probability float64 `json:"probability,omitempty"`
+	// RetryAfterSeconds is sent as Retry-After with FaultUnavailable
+	// (default 1).
+	RetryAfterSeconds int `json:"retryAfterSeconds,omitempty"`
+}
+
+// Options configures a Server.
+type Options struct {
+	// Seed seeds the source that Probability rules draw from (runs are
+	// reproducible for a given seed and request order).
+	Seed uint64
+	// Latency is how long performing an effect takes (during which a
+	// concurrent request with the same key gets 409).
+	Latency time.Duration
+	// Logger receives one Info line per effect; nil discards.
+	Logger *slog.Logger
+}
+
+// Server is the fake downstream, an http.Handler. It is safe for
+// concurrent use.
+type Server struct {
+	logger *slog.Logger
+
+	mu       sync.Mutex
+	latency  time.Duration
+	rand     *rand.Rand
+	rules    []*FaultRule
+	entries  map[entryKey]*entry
+	counts   map[string]*KeyCounts
+	headers  map[string][]http.Header
+	effects  int
+	requests int
+}
+
+type entryKey struct{ path, key string }
+
+type entry struct {
+	hash    [32]byte
+	running bool
+	status  int
+	body    []byte
+}
+
+// KeyCounts are the counters of one idempotency key.
+type KeyCounts struct {
+	Effects  int `json:"effects"`
+	Requests int `json:"requests"`
+}
+
+// New returns a Server.
+func New(opts Options) *Server {
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Server{
+		logger:  logger,
+		latency: opts.Latency,
+		rand:    rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15)),
+		entries: map[entryKey]*entry{},
+		counts:  map[string]*KeyCounts{},
+		headers: map[string][]http.Header{},
+	}
+}
+
+// maxBody bounds the request bodies the fake reads.
+const maxBody = 1 << 20
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/_counts":
+		if r.Method == http.MethodGet {
+			s.serveCounts(w)
+			return
+		}
+	case "/_faults":
+		switch r.Method {
+		case http.MethodPost:
+			s.serveAddFault(w, r)
+			return
+		case http.MethodDelete:
+			s.ClearFaults()
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+	}
+	s.serveEffect(w, r)
+}
+
+func (s *Server) serveEffect(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("Idempotency-Key")
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		// The caller gave up while sending: nothing performed.
+		http.Error(w, "read body: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	if len(body) > maxBody {
+		http.Error(w, "body too large", http.StatusRequestEntityTooLarge)
+		return
+	}
+
+	s.mu.Lock()
+	s.requests++
+	if key == "" {
+		s.mu.Unlock()
+		http.Error(w, "Idempotency-Key header is required", http.StatusBadRequest)
+		return
+	}
+	c := s.countsFor(key)
+	c.Requests++
+	s.headers[key] = append(s.headers[key], r.Header.Clone())
+	fault, rule := s.pickFault(key)
+	s.mu.Unlock()
+
+	switch fault {
+	case FaultUnavailable:
+		w.Header().Set("Retry-After", strconv.Itoa(max(rule.RetryAfterSeconds, 1)))
+		http.Error(w, "injected fault: unavailable", http.StatusServiceUnavailable)
+		return
+	case FaultErrorBefore:
+		http.Error(w, "injected fault: error before the effect", http.StatusInternalServerError)
+		return
+	}
+
+	status, respBody, replayed := s.perform(r, key, body)
+	if status == 0 {
+		return // the caller went away during the effect; nothing stored
+	}
+
+	switch fault {
+	case FaultErrorAfter:
+		http.Error(w, "injected fault: error after the effect", http.StatusInternalServerError)
+		return
+	case FaultHang:
+		<-r.Context().Done()
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if replayed {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(respBody)
+}
+
+// perform applies the idempotency rules. It returns the answer to send,
+// whether it was replayed, or status 0 when the request's context ended
+// before the effect completed (nothing performed or stored).
+func (s *Server) perform(r *http.Request, key string, body []byte) (status int, respBody []byte, replayed bool) {
+	hash := sha256.Sum256(body)
+	ek := entryKey{path: r.URL.Path, key: key}
+
+	s.mu.Lock()
+	if e, ok := s.entries[ek]; ok {
+		s.mu.Unlock()
+		switch {
+		case e.hash != hash:
+			return http.StatusUnprocessableEntity, jsonError("Idempotency-Key was already used with another payload"), false
+		case e.running:
+			return http.StatusConflict, jsonError("a request with this Idempotency-Key is in progress"), false
+		}
+		return e.status, e.body, true
+	}
+	e := &entry{hash: hash, running: true}
+	s.entries[ek] = e
+	latency := s.latency
+	s.mu.Unlock()
+
+	if latency > 0 {
+		t := time.NewTimer(latency)
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			t.Stop()
+			s.mu.Lock()
+			delete(s.entries, ek)
+			s.mu.Unlock()
+			return 0, nil, false
+		}
+	}
+
+	s.mu.Lock()
+	s.effects++
+	n := s.effects
+	s.countsFor(key).Effects++
+	e.running = false
+	e.status = http.StatusCreated
+	e.body, _ = json.Marshal(map[string]any{
+		"effect":         n,
+		"idempotencyKey": key,
+		"path":           r.URL.Path,
+		"bytes":          len(body),
+	})
+	e.body = append(e.body, '\n')
+	s.mu.Unlock()
+
+	s.logger.LogAttrs(r.Context(), slog.LevelInfo, "effect performed",
+		slog.Int("effect", n),
+		slog.String("idempotency_key", key),
+		slog.String("method", r.Method),
+		slog.String("path", r.URL.Path),
+		slog.Int("bytes", len(body)))
+	return e.status, e.body, false
+}
+
+func jsonError(msg string) []byte {
+	b, _ := json.Marshal(map[string]string{"error": msg})
+	return append(b, '\n')
+}
+
+// pickFault returns the fault for this request, consuming one use of the
+// rule that fired. Called with s.mu held.
+func (s *Server) pickFault(key string) (Fault, FaultRule) {
+	for i, r := range s.rules {
+		if r.Key != "" && r.Key != key {
+			continue
+		}
+		if r.Probability > 0 && r.Probability < 1 && s.rand.Float64() >= r.Probability {
+			continue
+		}
+		fired := *r
+		if r.Times > 0 {
+			r.Times--
+			if r.Times == 0 {
+				s.rules = slices.Delete(s.rules, i, i+1)
+			}
+		}
+		return fired.Fault, fired
+	}
+	return FaultNone, FaultRule{}
+}
+
+func (s *Server) countsFor(key string) *KeyCounts {
+	c, ok := s.counts[key]
+	if !ok {
+		c = &KeyCounts{}
+		s.counts[key] = c
+	}
+	return c
+}
+
+// AddFault adds a fault rule (after the existing ones).
+func (s *Server) AddFault(rule FaultRule) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.rules = append(s.rules, &rule)
+}
+
+// FailNext injects f into the next n requests (any key).
+func (s *Server) FailNext(n int, f Fault) { s.AddFault(FaultRule{Fault: f, Times: n}) }
+
+// FailKey injects f into the next n requests with key (n = 0: all of them).
+func (s *Server) FailKey(key string, n int, f Fault) {
+	s.AddFault(FaultRule{Fault: f, Key: key, Times: n})
+}
+
+// SetFault injects f into every request (FaultNone clears all rules).
+func (s *Server) SetFault(f Fault) {
+	s.ClearFaults()
+	if f != FaultNone {
+		s.AddFault(FaultRule{Fault: f})
+	}
+}
+
+// SetFaultRate injects f into a share p of all requests.
+func (s *Server) SetFaultRate(p float64, f Fault) {
+	s.AddFault(FaultRule{Fault: f, Probability: p})
+}
+
+// ClearFaults removes every fault rule.
+func (s *Server) ClearFaults() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.rules = nil
+}
+
+// SetLatency changes how long an effect takes.
+func (s *Server) SetLatency(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.latency = d
+}
+
+// Effects returns how many times the effect was performed for key.
+func (s *Server) Effects(key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c, ok := s.counts[key]; ok {
+		return c.Effects
+	}
+	return 0
+}
+
+// Requests returns how many requests carried key.
+func (s *Server) Requests(key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c, ok := s.counts[key]; ok {
+		return c.Requests
+	}
+	return 0
+}
+
+// TotalEffects returns how many effects were performed, all keys.
+func (s *Server) TotalEffects() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.effects
+}
+
+// TotalRequests returns how many effect requests arrived (control endpoints
+// excluded), with or without a key.
+func (s *Server) TotalRequests() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.requests
+}
+
+// Keys returns every idempotency key seen, sorted.
+func (s *Server) Keys() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keys := make([]string, 0, len(s.counts))
+	for k := range s.counts {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// Headers returns a copy of the headers of every request that carried key,
+// in arrival order.
+func (s *Server) Headers(key string) []http.Header {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]http.Header, len(s.headers[key]))
+	for i, h := range s.headers[key] {
+		out[i] = h.Clone()
+	}
+	return out
+}
+
+// Duplicates returns the keys whose effect was performed more than once
+// (always empty unless the fake is broken: the chaos harness checks it).
+func (s *Server) Duplicates() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var keys []string
+	for k, c := range s.counts {
+		if c.Effects > 1 {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// Counts is the JSON served at GET /_counts.
+type Counts struct {
+	TotalEffects  int                   `json:"totalEffects"`
+	TotalRequests int                   `json:"totalRequests"`
+	Keys          map[string]*KeyCounts `json:"keys"`
+}
+
+// Snapshot returns the current counters.
+func (s *Server) Snapshot() Counts {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := Counts{TotalEffects: s.effects, TotalRequests: s.requests, Keys: make(map[string]*KeyCounts, len(s.counts))}
+	for k, v := range s.counts {
+		cp := *v
+		c.Keys[k] = &cp
+	}
+	return c
+}
+
+func (s *Server) serveCounts(w http.ResponseWriter) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(s.Snapshot())
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(buf.Bytes())
+}
+
+func (s *Server) serveAddFault(w http.ResponseWriter, r *http.Request) {
+	var rule FaultRule
+	dec := json.NewDecoder(io.LimitReader(r.Body, 64<<10))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&rule); err != nil {
+		http.Error(w, "fault rule: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	s.AddFault(rule)
+	w.WriteHeader(http.StatusNoContent)
+}

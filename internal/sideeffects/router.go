@@ -1,0 +1,153 @@
+package sideeffects
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+)
+
+// AnySubject in Match.Subject matches every message, with or without a
+// Subject.
+const AnySubject = "*"
+
+// Match selects messages for a route: Subject must equal the message's
+// Subject (or be AnySubject), and when Property is set, the message must
+// carry that application property with that value (compared as text).
+type Match struct {
+	Subject  string
+	Property *PropertyMatch
+}
+
+// PropertyMatch is one application property name=value.
+type PropertyMatch struct {
+	Name  string
+	Value string
+}
+
+// Matches reports whether msg is selected.
+func (m Match) Matches(msg *azservicebus.ReceivedMessage) bool {
+	if m.Subject != AnySubject {
+		if msg.Subject == nil || *msg.Subject != m.Subject {
+			return false
+		}
+	}
+	if m.Property != nil {
+		v, ok := msg.ApplicationProperties[m.Property.Name]
+		if !ok || propertyText(v) != m.Property.Value {
+			return false
+		}
+	}
+	return true
+}
+
+func (m Match) String() string {
+	s := "subject=" + m.Subject
+	if m.Property != nil {
+		s += " " + m.Property.Name + "=" + m.Property.Value
+	}
+	return s
+}
+
+// propertyText renders an application property value the way a routes file
+// writes it.
+func propertyText(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case []byte:
+		return string(v)
+	case nil:
+		return ""
+	}
+	return fmt.Sprint(v)
+}
+
+// Route maps messages to one Go effect: exactly one of Effect or TxEffect
+// is set. It is the in-code counterpart of a routes file entry, for programs
+// (tests, the chaos harness) whose effects are Go functions.
+type Route struct {
+	Name     string
+	Match    Match
+	Effect   Effect
+	TxEffect TxEffect
+	// JSONBody, when set, dead-letters messages whose body is not valid JSON
+	// (ReasonMalformedBody) before any claim is taken.
+	JSONBody bool
+}
+
+// Routes is an in-code Router: the first route whose Match selects the
+// message wins; no match is an *InputError with ReasonNoRoute. Build it with
+// NewRouter, which checks it.
+type Routes []Route
+
+var _ Router = Routes(nil)
+
+// NewRouter checks routes (a name, a subject, exactly one effect, unique
+// names) and returns them as a Router.
+func NewRouter(routes ...Route) (Routes, error) {
+	seen := make(map[string]bool, len(routes))
+	var errs []error
+	for i, r := range routes {
+		switch {
+		case r.Name == "":
+			errs = append(errs, fmt.Errorf("route %d: Name is required", i))
+		case seen[r.Name]:
+			errs = append(errs, fmt.Errorf("route %q: Name is used twice", r.Name))
+		}
+		seen[r.Name] = true
+		if r.Match.Subject == "" {
+			errs = append(errs, fmt.Errorf("route %q: Match.Subject is required (use %q for any)", r.Name, AnySubject))
+		}
+		if (r.Effect == nil) == (r.TxEffect == nil) {
+			errs = append(errs, fmt.Errorf("route %q: exactly one of Effect and TxEffect must be set", r.Name))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return Routes(routes), nil
+}
+
+// Route implements Router.
+func (rs Routes) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
+	for _, r := range rs {
+		if !r.Match.Matches(msg) {
+			continue
+		}
+		if r.JSONBody {
+			if err := checkJSONBody(r.Name, msg.Body); err != nil {
+				return Handler{}, err
+			}
+		}
+		return Handler{Name: r.Name, Effect: r.Effect, TxEffect: r.TxEffect}, nil
+	}
+	return Handler{}, noRoute(msg)
+}
+
+// Chain returns a Router that asks each router in turn and returns the
+// first handler found. A router's NoRoute error passes to the next; any
+// other error (a malformed body) stops the search.
+func Chain(routers ...Router) Router { return chain(routers) }
+
+type chain []Router
+
+func (c chain) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
+	for _, r := range c {
+		h, err := r.Route(msg)
+		var ie *InputError
+		if errors.As(err, &ie) && ie.Reason == ReasonNoRoute {
+			continue
+		}
+		return h, err
+	}
+	return Handler{}, noRoute(msg)
+}
+
+func noRoute(msg *azservicebus.ReceivedMessage) error {
+	subject := "(none)"
+	if msg.Subject != nil {
+		subject = fmt.Sprintf("%q", *msg.Subject)
+	}
+	return &InputError{Reason: ReasonNoRoute, Description: "no route matches subject " + subject}
+}

@@ -1,0 +1,475 @@
+package sideeffects
+
+import (
+	"bytes"
+	"cmp"
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/santhosh-tekuri/jsonschema/v6/kind"
+	"go.yaml.in/yaml/v3"
+	"golang.org/x/text/language"
+	"golang.org/x/text/message"
+)
+
+// RoutesSchema is the JSON Schema a routes file is validated against at
+// start-up (routes.schema.json, embedded).
+//
+//go:embed routes.schema.json
+var RoutesSchema []byte
+
+// DefaultRouteTimeout is a route's per-request timeout when the file sets
+// none.
+const DefaultRouteTimeout = 10 * time.Second
+
+// reservedHeaders are set by sbclaim itself; a routes file cannot configure
+// them (canonical form).
+var reservedHeaders = []string{
+	"Idempotency-Key", "Content-Type", "Content-Length", "Host", "Traceparent",
+	"Tracestate", "Diagnostic-Id", "Transfer-Encoding", "Connection",
+}
+
+// RoutesError is one problem found in a routes file at start-up. It names
+// the route and the field so an operator knows exactly what to fix; it
+// never contains a secret value.
+type RoutesError struct {
+	Route   string // route name, "routes[i]" when it has none, "" for the file itself
+	Field   string // path inside the route (or the file), e.g. "url", "steps[1].timeout"
+	Problem string
+}
+
+func (e *RoutesError) Error() string {
+	var b strings.Builder
+	if e.Route != "" {
+		fmt.Fprintf(&b, "route %q: ", e.Route)
+	}
+	if e.Field != "" {
+		fmt.Fprintf(&b, "field %q: ", e.Field)
+	}
+	b.WriteString(e.Problem)
+	return b.String()
+}
+
+// The routes file, as decoded after schema validation.
+type routesFile struct {
+	Version int         `yaml:"version"`
+	Routes  []routeSpec `yaml:"routes"`
+}
+
+type routeSpec struct {
+	Name        string                `yaml:"name"`
+	Match       matchSpec             `yaml:"match"`
+	Body        string                `yaml:"body"`
+	ContentType string                `yaml:"contentType"`
+	Timeout     string                `yaml:"timeout"`
+	Method      string                `yaml:"method"`
+	URL         string                `yaml:"url"`
+	Headers     map[string]headerSpec `yaml:"headers"`
+	Steps       []stepSpec            `yaml:"steps"`
+}
+
+type matchSpec struct {
+	Subject  string         `yaml:"subject"`
+	Property *PropertyMatch `yaml:"property"`
+}
+
+type stepSpec struct {
+	Name    string                `yaml:"name"`
+	Method  string                `yaml:"method"`
+	URL     string                `yaml:"url"`
+	Headers map[string]headerSpec `yaml:"headers"`
+	Timeout string                `yaml:"timeout"`
+}
+
+type headerSpec struct {
+	FromEnv *string `yaml:"fromEnv"`
+	Value   *string `yaml:"value"`
+}
+
+// LoadRoutes reads the routes file at path (SBCLAIM_ROUTES) and builds its
+// HTTP effects; see ParseRoutes. It uses a default HTTP client.
+func LoadRoutes(path string, getenv func(string) string, logger *slog.Logger) (*HTTPRouter, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("routes file: %w", err)
+	}
+	r, err := ParseRoutes(data, getenv, nil, logger)
+	if err != nil {
+		return nil, fmt.Errorf("routes file %s: %w", path, err)
+	}
+	return r, nil
+}
+
+// ParseRoutes validates a routes file (YAML) against RoutesSchema, checks
+// what a schema cannot (URLs that could take a value from a message,
+// reserved headers, environment variables that are not set) and builds one
+// HTTP effect per route. Every problem is reported at once, each as a
+// *RoutesError naming the route and field (errors.As finds the first).
+//
+// getenv (os.Getenv when nil) supplies header values declared with
+// fromEnv; they are resolved once, here, and never logged or put in an
+// error. client (nil for a default one) sends the requests; ParseRoutes
+// uses a copy of it that never follows redirects. logger (nil discards)
+// receives one Debug line per attempt and one Info line per failed attempt.
+func ParseRoutes(data []byte, getenv func(string) string, client *http.Client, logger *slog.Logger) (*HTTPRouter, error) {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	var doc any
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, &RoutesError{Problem: "not valid YAML: " + err.Error()}
+	}
+	doc = jsonValue(doc)
+	if errs := validateSchema(doc); len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	var file routesFile
+	if err := yaml.Unmarshal(data, &file); err != nil {
+		return nil, &RoutesError{Problem: "decode: " + err.Error()}
+	}
+	return buildRouter(&file, getenv, client, logger)
+}
+
+var routesSchema = func() *jsonschema.Schema {
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(RoutesSchema))
+	if err != nil {
+		panic("sideeffects: routes.schema.json: " + err.Error())
+	}
+	c := jsonschema.NewCompiler()
+	if err := c.AddResource("routes.schema.json", doc); err != nil {
+		panic("sideeffects: routes.schema.json: " + err.Error())
+	}
+	s, err := c.Compile("routes.schema.json")
+	if err != nil {
+		panic("sideeffects: routes.schema.json: " + err.Error())
+	}
+	return s
+}()
+
+// jsonValue turns a YAML-decoded value into the JSON data model the schema
+// validator takes (string-keyed maps; timestamps as text).
+func jsonValue(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, e := range v {
+			v[k] = jsonValue(e)
+		}
+		return v
+	case map[any]any:
+		m := make(map[string]any, len(v))
+		for k, e := range v {
+			m[fmt.Sprint(k)] = jsonValue(e)
+		}
+		return m
+	case []any:
+		for i, e := range v {
+			v[i] = jsonValue(e)
+		}
+		return v
+	case time.Time:
+		return v.Format(time.RFC3339Nano)
+	case nil, bool, string, int, int64, uint64, float64:
+		return v
+	}
+	return fmt.Sprint(v)
+}
+
+var schemaPrinter = message.NewPrinter(language.English)
+
+// validateSchema returns one *RoutesError per leaf schema violation.
+func validateSchema(doc any) []error {
+	err := routesSchema.Validate(doc)
+	if err == nil {
+		return nil
+	}
+	var ve *jsonschema.ValidationError
+	if !errors.As(err, &ve) {
+		return []error{&RoutesError{Problem: err.Error()}}
+	}
+	var errs []error
+	var walk func(e *jsonschema.ValidationError)
+	walk = func(e *jsonschema.ValidationError) {
+		if len(e.Causes) > 0 {
+			for _, c := range e.Causes {
+				walk(c)
+			}
+			return
+		}
+		loc := e.InstanceLocation
+		switch k := e.ErrorKind.(type) {
+		case *kind.Required:
+			for _, m := range k.Missing {
+				errs = append(errs, schemaError(doc, append(slices.Clone(loc), m), "missing (required)"))
+			}
+		case *kind.AdditionalProperties:
+			for _, p := range k.Properties {
+				errs = append(errs, schemaError(doc, append(slices.Clone(loc), p), "unknown field"))
+			}
+		case *kind.FalseSchema:
+			errs = append(errs, schemaError(doc, loc, "not allowed in a route with steps (set it on each step)"))
+		case *kind.Pattern:
+			errs = append(errs, schemaError(doc, loc, patternProblem(loc, k)))
+		default:
+			errs = append(errs, schemaError(doc, loc, e.ErrorKind.LocalizedString(schemaPrinter)))
+		}
+	}
+	walk(ve)
+	return errs
+}
+
+func patternProblem(loc []string, k *kind.Pattern) string {
+	last := ""
+	if len(loc) > 0 {
+		last = loc[len(loc)-1]
+	}
+	switch {
+	case last == "timeout":
+		return fmt.Sprintf("%q is not a duration (write it like 5s, 1500ms or 1m30s)", k.Got)
+	case last == "name":
+		return fmt.Sprintf("%q is not a valid name (letters, digits, '.', '_', '-'; at most 64)", k.Got)
+	case last == "fromEnv":
+		return fmt.Sprintf("%q is not an environment variable name", k.Got)
+	case len(loc) >= 2 && loc[len(loc)-2] == "headers":
+		return "not a valid HTTP header name"
+	}
+	return k.LocalizedString(schemaPrinter)
+}
+
+// schemaError names the route (by its name when it has one) and the field
+// at loc, a JSON pointer split into tokens.
+func schemaError(doc any, loc []string, problem string) error {
+	if len(loc) >= 2 && loc[0] == "routes" {
+		i, _ := strconv.Atoi(loc[1])
+		return &RoutesError{Route: routeLabel(doc, i), Field: fieldPath(loc[2:]), Problem: problem}
+	}
+	return &RoutesError{Field: fieldPath(loc), Problem: problem}
+}
+
+func routeLabel(doc any, i int) string {
+	if m, ok := doc.(map[string]any); ok {
+		if rs, ok := m["routes"].([]any); ok && i < len(rs) {
+			if r, ok := rs[i].(map[string]any); ok {
+				if n, ok := r["name"].(string); ok && n != "" {
+					return n
+				}
+			}
+		}
+	}
+	return fmt.Sprintf("routes[%d]", i)
+}
+
+func fieldPath(tokens []string) string {
+	var b strings.Builder
+	for i, t := range tokens {
+		if _, err := strconv.Atoi(t); err == nil && i > 0 {
+			b.WriteString("[" + t + "]")
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(t)
+	}
+	return b.String()
+}
+
+// buildRouter checks what the schema cannot and resolves the routes.
+func buildRouter(file *routesFile, getenv func(string) string, client *http.Client, logger *slog.Logger) (*HTTPRouter, error) {
+	if client == nil {
+		client = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	}
+	c := *client // never follow redirects: a 3xx is classified, not chased
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+	router := &HTTPRouter{logger: logger}
+	var errs []error
+	fail := func(route, field, format string, args ...any) {
+		errs = append(errs, &RoutesError{Route: route, Field: field, Problem: fmt.Sprintf(format, args...)})
+	}
+	var secrets []string
+	names := map[string]bool{}
+	for _, rs := range file.Routes {
+		if names[rs.Name] {
+			fail(rs.Name, "name", "used by two routes")
+		}
+		names[rs.Name] = true
+
+		r := &httpRoute{
+			name:        rs.Name,
+			match:       Match{Subject: rs.Match.Subject, Property: rs.Match.Property},
+			jsonBody:    rs.Body == "json",
+			contentType: rs.ContentType,
+			client:      &c,
+			logger:      logger,
+		}
+		if r.contentType == "" {
+			r.contentType = "application/octet-stream"
+			if r.jsonBody {
+				r.contentType = "application/json"
+			}
+		}
+		routeTimeout := DefaultRouteTimeout
+		if rs.Timeout != "" {
+			d, err := parseTimeout(rs.Timeout)
+			if err != nil {
+				fail(rs.Name, "timeout", "%v", err)
+			}
+			routeTimeout = d
+		}
+
+		steps := rs.Steps
+		if len(steps) == 0 {
+			steps = []stepSpec{{Method: rs.Method, URL: rs.URL}}
+		}
+		stepNames := map[string]bool{}
+		for i, ss := range steps {
+			prefix := ""
+			if len(rs.Steps) > 0 {
+				prefix = fmt.Sprintf("steps[%d].", i)
+				if stepNames[ss.Name] {
+					fail(rs.Name, prefix+"name", "step name %q is used twice", ss.Name)
+				}
+				stepNames[ss.Name] = true
+			}
+			st := &httpStep{name: ss.Name, method: cmp.Or(ss.Method, http.MethodPost), timeout: routeTimeout}
+			if ss.Timeout != "" {
+				d, err := parseTimeout(ss.Timeout)
+				if err != nil {
+					fail(rs.Name, prefix+"timeout", "%v", err)
+				}
+				st.timeout = d
+			}
+			if err := checkURL(ss.URL); err != nil {
+				fail(rs.Name, prefix+"url", "%v", err)
+			}
+			st.url = ss.URL
+
+			// Route headers apply to every step; a step's own header of the
+			// same name replaces it.
+			merged := map[string]headerSpec{}
+			fields := map[string]string{}
+			for n, h := range rs.Headers {
+				merged[http.CanonicalHeaderKey(n)] = h
+				fields[http.CanonicalHeaderKey(n)] = "headers." + n
+			}
+			for n, h := range ss.Headers {
+				merged[http.CanonicalHeaderKey(n)] = h
+				fields[http.CanonicalHeaderKey(n)] = prefix + "headers." + n
+			}
+			for _, n := range slices.Sorted(maps.Keys(merged)) {
+				h, field := merged[n], fields[n]
+				if slices.Contains(reservedHeaders, n) {
+					fail(rs.Name, field, "header %s is set by sbclaim and cannot be configured", n)
+					continue
+				}
+				hv := header{name: n}
+				switch {
+				case h.FromEnv != nil:
+					hv.value = getenv(*h.FromEnv)
+					hv.secret = true
+					if hv.value == "" {
+						fail(rs.Name, field+".fromEnv", "environment variable %s (header %s) is not set or empty", *h.FromEnv, n)
+						continue
+					}
+					if !validHeaderValue(hv.value) {
+						fail(rs.Name, field+".fromEnv", "environment variable %s (header %s) holds a value that is not a valid header value (control characters)", *h.FromEnv, n)
+						continue
+					}
+					secrets = append(secrets, hv.value)
+				case h.Value != nil:
+					hv.value = *h.Value
+					if !validHeaderValue(hv.value) {
+						fail(rs.Name, field+".value", "not a valid header value (control characters)")
+						continue
+					}
+				}
+				st.headers = append(st.headers, hv)
+			}
+			r.steps = append(r.steps, st)
+		}
+		router.routes = append(router.routes, r)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	red := newRedactor(secrets)
+	for _, r := range router.routes {
+		r.redact = red
+	}
+	return router, nil
+}
+
+func parseTimeout(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a duration (write it like 5s, 1500ms or 1m30s)", s)
+	}
+	if d <= 0 {
+		return 0, fmt.Errorf("%q must be greater than zero", s)
+	}
+	return d, nil
+}
+
+// checkURL refuses any URL that could take a value from the message: the
+// URL is fixed text in the routes file, absolute http(s), with no template
+// syntax (raw or percent-encoded) and no credentials.
+func checkURL(raw string) error {
+	lower := strings.ToLower(raw)
+	for _, bad := range []string{"{", "}", "$", "%7b", "%7d", "%24", "<", ">", "%3c", "%3e"} {
+		if strings.Contains(lower, bad) {
+			return fmt.Errorf("URL %q contains template syntax %q: a route URL is fixed text and never takes a value from the message", raw, bad)
+		}
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("URL %q does not parse: %v", raw, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+		return fmt.Errorf("URL %q must be an absolute http:// or https:// URL", raw)
+	}
+	if u.User != nil {
+		return fmt.Errorf("URL %q must not carry credentials: put them in a header with fromEnv", u.Redacted())
+	}
+	return nil
+}
+
+func validHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// redactor replaces every secret header value with [REDACTED].
+type redactor struct{ r *strings.Replacer }
+
+func newRedactor(secrets []string) *redactor {
+	var pairs []string
+	for _, s := range secrets {
+		pairs = append(pairs, s, "[REDACTED]")
+	}
+	return &redactor{r: strings.NewReplacer(pairs...)}
+}
+
+func (r *redactor) String(s string) string {
+	if r == nil || r.r == nil {
+		return s
+	}
+	return r.r.Replace(s)
+}
