@@ -1,0 +1,35 @@
+// Package reconciler finds the claims whose outcome nobody will record and
+// hands them to operators, and deletes old finished claims.
+//
+// A claim is committed before its effect runs (DESIGN.md §2). If the
+// processor dies, hangs, or loses the message's lock between the claim and
+// MarkProcessed, the claim stays "claimed" with a heartbeat that stops
+// moving; if an effect was released (definitely not performed) and no
+// redelivery took it over, it stays "released". Nothing in the processor
+// path can tell those apart from slow work, so the reconciler does, by the
+// database clock:
+//
+//   - The flag pass calls Store.FlagStale in batches of FlagBatchSize until
+//     a batch comes back short. The staleness test (no heartbeat for
+//     StaleAfter) is inside the store's UPDATE, so a claim processed or
+//     heartbeated between two passes is never flagged, and two reconcilers
+//     racing flag each claim once. Every flagged claim is logged at Warn
+//     with claim_id, message_id, consumer and reason.
+//   - The purge pass calls Store.PurgeProcessed in batches of
+//     PurgeBatchSize (one bounded DELETE each, no long table locks) until a
+//     batch is short or MaxPurgePerTick rows are gone. The store never
+//     deletes an unfinished, flagged or unresolved claim.
+//   - Stats feed the gauges (unfinished, oldest unfinished age, flagged).
+//
+// A tick (RunOnce) holds the database lock LockName; when another replica
+// holds it the tick does nothing and reports Locked false. Each query has
+// its own timeout (QueryTimeout), named in the error when it fires. Run
+// schedules ticks with robfig/cron (no overlap, panics recovered) and, when
+// its context ends, waits for a running tick up to ShutdownTimeout.
+//
+// Redrive re-runs a flagged claim's effect with the same idempotency key
+// (the claim's MessageID) from its stored payload, then resolves the claim
+// as redriven. The downstream deduplicates on the key, so redriving a claim
+// whose effect did happen before the crash performs it once. The chaos
+// harness calls RunOnce and Redrive directly.
+package reconciler
