@@ -1,0 +1,505 @@
+package processor
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+	"unicode/utf16"
+	"unicode/utf8"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"github.com/cenkalti/backoff/v5"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/sideeffects"
+)
+
+// Dead-letter reasons set by the processor (besides the router's
+// sideeffects.ReasonNoRoute and ReasonMalformedBody).
+const (
+	ReasonMissingDedupKey        = "MissingDedupKey"
+	ReasonInvalidDedupKey        = "InvalidDedupKey"
+	ReasonDedupKeyTooLong        = "DedupKeyTooLong"
+	ReasonBodyTooLarge           = "BodyTooLarge"
+	ReasonIdempotencyKeyConflict = "IdempotencyKeyConflict"
+	ReasonEffectFailed           = "EffectFailed"
+)
+
+// delivery is one received message on its way through the protocol.
+type delivery struct {
+	msg      *azservicebus.ReceivedMessage
+	lr       *liveReceiver
+	received time.Time
+	key      string
+	hash     []byte
+	handler  sideeffects.Handler
+	claimID  int64
+	log      *slog.Logger
+}
+
+// handleBatch takes what one ReceiveMessages call returned: it validates
+// each message, claims the valid ones in one round trip, and hands each to
+// a worker. Every message holds one slot until it is settled.
+func (p *Processor) handleBatch(ctx, work context.Context, lr *liveReceiver, msgs []*azservicebus.ReceivedMessage, slots chan struct{}) {
+	now := time.Now()
+	ds := make([]*delivery, len(msgs))
+	for i, m := range msgs {
+		lr.pending.Add(1)
+		p.inflight.Add(1)
+		ds[i] = &delivery{msg: m, lr: lr, received: now, log: p.log.With(
+			"message_id", m.MessageID, "delivery_count", m.DeliveryCount)}
+	}
+	finish := func(d *delivery, o Outcome, args ...any) {
+		p.finish(d, o, args...)
+		<-slots
+	}
+	if ctx.Err() != nil {
+		// Received while shutting down: nothing was claimed, hand it back.
+		for _, d := range ds {
+			go func() {
+				p.abandon(d)
+				finish(d, OutcomeAbandoned, "reason", "shutting down")
+			}()
+		}
+		return
+	}
+
+	var batch []*delivery
+	for _, d := range ds {
+		if reason, desc := p.validate(d); reason != "" {
+			go func() {
+				p.deadLetter(d, reason, desc)
+				finish(d, OutcomeDeadLettered, "reason", reason)
+			}()
+			continue
+		}
+		if d.handler.TxEffect != nil {
+			go func() { finish(d, p.runTx(work, d)) }()
+			continue
+		}
+		batch = append(batch, d)
+	}
+	if len(batch) == 0 {
+		return
+	}
+
+	params := &claim.ClaimBatchParams{Host: p.opts.Host, Claims: make([]claim.ClaimParams, len(batch))}
+	for i, d := range batch {
+		params.Claims[i] = p.claimParams(d)
+	}
+	sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
+	results, err := p.opts.Store.ClaimBatch(sctx, params)
+	cancel()
+	if err == nil && len(results) != len(batch) {
+		err = fmt.Errorf("store returned %d results for %d claims", len(results), len(batch))
+	}
+	if err != nil {
+		// Store unavailable (or broken): nothing was claimed by this call
+		// that we know of; hand every message back for redelivery.
+		for _, d := range batch {
+			go func() {
+				p.abandon(d)
+				finish(d, OutcomeAbandoned, "reason", "claim failed", "error", err)
+			}()
+		}
+		return
+	}
+	for i, d := range batch {
+		res := results[i]
+		go func() { finish(d, p.afterClaim(work, d, res)) }()
+	}
+}
+
+// validate resolves the dedup key and the handler. A non-empty reason means
+// the message can never be processed: dead-letter it.
+func (p *Processor) validate(d *delivery) (reason, description string) {
+	key, err := p.opts.Key(d.msg)
+	if err != nil {
+		return ReasonMissingDedupKey, err.Error()
+	}
+	if !utf8.ValidString(key) {
+		return ReasonInvalidDedupKey, "the dedup key is not valid UTF-8"
+	}
+	if n := len(utf16.Encode([]rune(key))); n > claim.MaxMessageIDLength {
+		return ReasonDedupKeyTooLong, fmt.Sprintf("the dedup key is %d characters long; at most %d are allowed", n, claim.MaxMessageIDLength)
+	}
+	d.key = key
+	if key != d.msg.MessageID {
+		d.log = d.log.With("dedup_key", key)
+	}
+	if n := len(d.msg.Body); n > p.opts.MaxPayloadBytes {
+		return ReasonBodyTooLarge, fmt.Sprintf("the body is %d bytes; at most %d are allowed (SBCLAIM_MAX_PAYLOAD_BYTES)", n, p.opts.MaxPayloadBytes)
+	}
+	h, err := p.opts.Router.Route(d.msg)
+	if err != nil {
+		var in *sideeffects.InputError
+		if errors.As(err, &in) {
+			return in.Reason, in.Description
+		}
+		return sideeffects.ReasonNoRoute, err.Error()
+	}
+	if h.Effect == nil && h.TxEffect == nil {
+		return sideeffects.ReasonNoRoute, fmt.Sprintf("route %q has no effect", h.Name)
+	}
+	d.handler = h
+	d.hash = claim.HashPayload(d.msg.Body)
+	d.log = d.log.With("route", h.Name)
+	return "", ""
+}
+
+func (p *Processor) claimParams(d *delivery) claim.ClaimParams {
+	cp := claim.ClaimParams{
+		MessageID:     d.key,
+		Consumer:      p.opts.Consumer,
+		Entity:        p.opts.Entity,
+		PayloadHash:   d.hash,
+		DeliveryCount: int(d.msg.DeliveryCount),
+	}
+	if d.msg.Subject != nil {
+		cp.Subject = *d.msg.Subject
+	}
+	if d.msg.ContentType != nil {
+		cp.ContentType = *d.msg.ContentType
+	}
+	if p.opts.StorePayload {
+		cp.Payload = d.msg.Body
+		if cp.Payload == nil {
+			cp.Payload = []byte{}
+		}
+		if len(d.msg.ApplicationProperties) > 0 {
+			cp.Properties = make(map[string]string, len(d.msg.ApplicationProperties))
+			for k, v := range d.msg.ApplicationProperties {
+				cp.Properties[k] = fmt.Sprint(v)
+			}
+		}
+	}
+	return cp
+}
+
+// afterClaim follows the claim's outcome (DESIGN.md §2).
+func (p *Processor) afterClaim(work context.Context, d *delivery, res claim.ClaimResult) Outcome {
+	c := res.Claim
+	if c != nil {
+		d.claimID = c.ID
+		d.log = d.log.With("claim_id", c.ID)
+	}
+	switch res.Outcome {
+	case claim.OutcomeWon:
+		return p.runClaimed(work, d, c)
+	case claim.OutcomeConflict:
+		p.deadLetter(d, ReasonIdempotencyKeyConflict, fmt.Sprintf(
+			"dedup key %q was already claimed (claim %d, consumer %q) with another payload: existing sha256 %x, this message's sha256 %x",
+			d.key, c.ID, p.opts.Consumer, c.PayloadHash, d.hash))
+		return OutcomeConflict
+	case claim.OutcomeDuplicate:
+		if c.State != claim.StateReleased {
+			// Someone owns it or finished it: never run the effect again,
+			// and complete so the duplicate does not bounce to the DLQ.
+			p.complete(d)
+			return OutcomeDuplicate
+		}
+		sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
+		taken, err := p.opts.Store.TakeOver(sctx, &claim.TakeOverParams{
+			ID: c.ID, Host: p.opts.Host, DeliveryCount: int(d.msg.DeliveryCount)})
+		cancel()
+		switch {
+		case err == nil:
+			d.log.Info("took over released claim")
+			return p.runClaimed(work, d, taken)
+		case errors.Is(err, claim.ErrStateChanged):
+			// Another delivery took it over first.
+			p.complete(d)
+			return OutcomeDuplicate
+		default:
+			d.log.Warn("take over failed", "error", err)
+			p.abandon(d)
+			return OutcomeAbandoned
+		}
+	}
+	d.log.Error("store returned an unknown claim outcome", "outcome", res.Outcome)
+	p.abandon(d)
+	return OutcomeAbandoned
+}
+
+// runClaimed runs the effect of a claim this attempt owns, records the
+// outcome and settles the message.
+func (p *Processor) runClaimed(work context.Context, d *delivery, c *claim.Claim) Outcome {
+	p.metrics.ClaimsInFlight.Inc()
+	defer p.metrics.ClaimsInFlight.Dec()
+	stopKeepAlive := p.keepAlive(work, d, c)
+	defer stopKeepAlive()
+
+	if crashed(p.opts.Hooks.AfterClaim, work, d) {
+		return OutcomeCrashed
+	}
+
+	start := time.Now()
+	err := p.opts.Retry.Do(work, func(ctx context.Context) error {
+		return d.handler.Effect.Perform(ctx, d.msg, d.key)
+	}, func(attempt int, err error) {
+		d.log.Warn("effect attempt failed", "attempt", attempt, "error", err)
+		p.storeCall(work, d, "record attempt", func(ctx context.Context) error {
+			return p.opts.Store.RecordAttempt(ctx, &claim.RecordAttemptParams{ID: c.ID, Owner: c.Owner, Error: err.Error()})
+		})
+	})
+	eo := sideeffects.Classify(err)
+	p.metrics.EffectSeconds.WithLabelValues(d.handler.Name, eo.String()).Observe(time.Since(start).Seconds())
+
+	switch eo {
+	case sideeffects.OutcomeOK:
+		if crashed(p.opts.Hooks.AfterEffect, work, d) {
+			return OutcomeCrashed
+		}
+		err := p.markProcessed(work, d, c)
+		switch {
+		case errors.Is(err, claim.ErrStateChanged):
+			// The reconciler flagged the claim while the effect ran (no
+			// heartbeat got through). The flagged row is the trace: an
+			// operator resolves it, a redrive is deduplicated downstream.
+			stopKeepAlive()
+			d.log.Warn("effect done but the claim was flagged meanwhile; leaving it to operators")
+			p.complete(d)
+			return OutcomeFlagged
+		case err != nil:
+			// The effect happened but could not be recorded. Keep the
+			// claim (it goes stale and is flagged) and let the broker
+			// redeliver: the redelivery takes the duplicate path.
+			stopKeepAlive()
+			d.log.Error("effect done but marking processed failed", "error", err)
+			p.abandon(d)
+			return OutcomeUnknown
+		}
+		if crashed(p.opts.Hooks.AfterMarkProcessed, work, d) {
+			return OutcomeCrashed
+		}
+		stopKeepAlive()
+		p.complete(d)
+		return OutcomeProcessed
+
+	case sideeffects.OutcomeRetryable, sideeffects.OutcomePermanent:
+		p.release(work, d, c, err)
+		stopKeepAlive()
+		if eo == sideeffects.OutcomeRetryable {
+			p.abandon(d)
+			return OutcomeReleased
+		}
+		p.deadLetter(d, ReasonEffectFailed, err.Error())
+		return OutcomeDeadLettered
+
+	default: // unknown: keep the claim with its last error
+		stopKeepAlive()
+		d.log.Warn("effect outcome unknown after retries; claim kept for the reconciler", "error", err)
+		p.abandon(d)
+		return OutcomeUnknown
+	}
+}
+
+// runTx is the one-phase path: the marker and the effect's writes commit in
+// one transaction.
+func (p *Processor) runTx(work context.Context, d *delivery) Outcome {
+	if work.Err() != nil {
+		p.abandon(d)
+		return OutcomeAbandoned
+	}
+	ctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
+	defer cancel()
+	start := time.Now()
+	res, err := p.opts.Store.ClaimTx(ctx, &claim.ClaimTxParams{Host: p.opts.Host, Claim: p.claimParams(d)},
+		func(ctx context.Context, tx *sql.Tx) error {
+			return d.handler.TxEffect.PerformTx(ctx, tx, d.msg, d.key)
+		})
+	if err != nil {
+		eo := sideeffects.Classify(err)
+		if errors.Is(err, claim.ErrUnavailable) {
+			eo = sideeffects.OutcomeRetryable
+		}
+		p.metrics.EffectSeconds.WithLabelValues(d.handler.Name, eo.String()).Observe(time.Since(start).Seconds())
+		d.log.Warn("transactional effect rolled back", "error", err, "effect_outcome", eo.String())
+		if eo == sideeffects.OutcomePermanent {
+			p.deadLetter(d, ReasonEffectFailed, err.Error())
+			return OutcomeDeadLettered
+		}
+		// Nothing was committed: safe to redeliver whatever the error.
+		p.abandon(d)
+		return OutcomeAbandoned
+	}
+	if res.Outcome == claim.OutcomeWon {
+		p.metrics.EffectSeconds.WithLabelValues(d.handler.Name, sideeffects.OutcomeOK.String()).Observe(time.Since(start).Seconds())
+		if res.Claim != nil {
+			d.claimID = res.Claim.ID
+			d.log = d.log.With("claim_id", res.Claim.ID)
+		}
+		p.complete(d)
+		return OutcomeProcessed
+	}
+	// Duplicate or conflict: handled like the two-phase path (a released
+	// claim cannot occur on this path, but would be taken over correctly).
+	return p.afterClaim(work, d, res)
+}
+
+func crashed(hook func(context.Context, *azservicebus.ReceivedMessage) error, ctx context.Context, d *delivery) bool {
+	if hook == nil {
+		return false
+	}
+	if err := hook(ctx, d.msg); errors.Is(err, ErrCrash) {
+		d.log.Debug("simulated crash")
+		return true
+	}
+	return false
+}
+
+// markProcessed retries a store outage for a while: the effect already
+// happened, and recording it now saves a flag and an operator's time.
+func (p *Processor) markProcessed(work context.Context, d *delivery, c *claim.Claim) error {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = 100 * time.Millisecond
+	b.MaxInterval = 2 * time.Second
+	_, err := backoff.Retry(work, func() (struct{}, error) {
+		ctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
+		defer cancel()
+		err := p.opts.Store.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: c.ID, Owner: c.Owner})
+		if err != nil && !errors.Is(err, claim.ErrUnavailable) {
+			return struct{}{}, backoff.Permanent(err)
+		}
+		return struct{}{}, err
+	}, backoff.WithBackOff(b), backoff.WithMaxTries(5))
+	return err
+}
+
+func (p *Processor) release(work context.Context, d *delivery, c *claim.Claim, cause error) {
+	p.storeCall(work, d, "release", func(ctx context.Context) error {
+		return p.opts.Store.Release(ctx, &claim.ReleaseParams{ID: c.ID, Owner: c.Owner, Error: cause.Error()})
+	})
+}
+
+// storeCall runs a best-effort store write and logs its failure.
+func (p *Processor) storeCall(work context.Context, d *delivery, what string, fn func(ctx context.Context) error) {
+	ctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
+	defer cancel()
+	if err := fn(ctx); err != nil {
+		d.log.Warn(what+" failed", "error", err)
+	}
+}
+
+// keepAlive renews the message lock and writes the claim heartbeat on one
+// ticker until the returned stop is called (idempotent; it waits for the
+// ticker goroutine, so nothing is renewed after settlement).
+func (p *Processor) keepAlive(work context.Context, d *delivery, c *claim.Claim) (stop func()) {
+	ctx, cancel := context.WithCancel(work)
+	interval := p.opts.HeartbeatInterval
+	renew := p.opts.MaxLockRenewal > 0 && d.msg.LockedUntil != nil
+	if renew {
+		if half := d.msg.LockedUntil.Sub(d.received) / 2; half < interval {
+			interval = max(half, 10*time.Millisecond)
+		}
+	}
+	renewUntil := d.received.Add(p.opts.MaxLockRenewal)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		heartbeat := true
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if renew && time.Now().Before(renewUntil) {
+				rctx, rcancel := context.WithTimeout(ctx, p.opts.SettleTimeout)
+				err := d.lr.r.RenewMessageLock(rctx, d.msg, nil)
+				rcancel()
+				switch {
+				case err == nil:
+					p.metrics.LockRenewals.Inc()
+				case isLockLost(err):
+					p.metrics.LockLosses.Inc()
+					d.log.Warn("message lock lost; the claim still decides the outcome")
+					renew = false
+				case ctx.Err() == nil:
+					d.log.Warn("lock renewal failed", "error", err)
+				}
+			}
+			if heartbeat {
+				hctx, hcancel := context.WithTimeout(ctx, p.opts.StoreTimeout)
+				err := p.opts.Store.Heartbeat(hctx, &claim.HeartbeatParams{ID: c.ID, Owner: c.Owner})
+				hcancel()
+				switch {
+				case err == nil:
+					p.metrics.Heartbeats.Inc()
+				case errors.Is(err, claim.ErrStateChanged):
+					d.log.Warn("claim no longer ours (flagged?); heartbeats stop")
+					heartbeat = false
+				case ctx.Err() == nil:
+					d.log.Warn("heartbeat failed", "error", err)
+				}
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// Settlement runs on its own short context: a shutdown must not strand
+// work whose outcome is already committed.
+func (p *Processor) settleCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), p.opts.SettleTimeout)
+}
+
+func (p *Processor) settled(d *delivery, what string, err error) {
+	switch {
+	case err == nil:
+	case isLockLost(err):
+		p.metrics.LockLosses.Inc()
+		d.log.Warn(what+": lock lost; the broker redelivers and the claim decides", "error", err)
+	default:
+		d.log.Warn(what+" failed; the lock will expire and the broker redeliver", "error", err)
+	}
+}
+
+func (p *Processor) complete(d *delivery) {
+	ctx, cancel := p.settleCtx()
+	defer cancel()
+	p.settled(d, "complete", d.lr.r.CompleteMessage(ctx, d.msg, nil))
+}
+
+func (p *Processor) abandon(d *delivery) {
+	ctx, cancel := p.settleCtx()
+	defer cancel()
+	p.settled(d, "abandon", d.lr.r.AbandonMessage(ctx, d.msg, nil))
+}
+
+func (p *Processor) deadLetter(d *delivery, reason, description string) {
+	ctx, cancel := p.settleCtx()
+	defer cancel()
+	p.metrics.DeadLetters.WithLabelValues(reason).Inc()
+	if len(description) > 1024 {
+		description = description[:1024]
+	}
+	p.settled(d, "dead-letter", d.lr.r.DeadLetterMessage(ctx, d.msg, &azservicebus.DeadLetterOptions{
+		Reason: &reason, ErrorDescription: &description}))
+}
+
+// finish writes the message's final log line and metrics and frees its
+// slot in the receiver.
+func (p *Processor) finish(d *delivery, o Outcome, args ...any) {
+	p.metrics.Messages.WithLabelValues(string(o)).Inc()
+	level := slog.LevelInfo
+	switch o {
+	case OutcomeUnknown, OutcomeConflict, OutcomeDeadLettered, OutcomeFlagged, OutcomeAbandoned:
+		level = slog.LevelWarn
+	}
+	args = append(args, "outcome", string(o), "duration_ms", time.Since(d.received).Milliseconds())
+	if d.claimID == 0 {
+		args = append(args, "claim_id", nil)
+	}
+	d.log.Log(context.Background(), level, "message finished", args...)
+	d.lr.pending.Done()
+	p.inflight.Done()
+}

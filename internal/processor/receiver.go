@@ -1,0 +1,44 @@
+package processor
+
+import (
+	"context"
+	"errors"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+)
+
+// Receiver is the part of *azservicebus.Receiver the processor uses. The
+// SDK's receiver satisfies it as it is; so does the in-memory broker that
+// tests and the chaos harness use (package membus).
+type Receiver interface {
+	ReceiveMessages(ctx context.Context, maxMessages int, options *azservicebus.ReceiveMessagesOptions) ([]*azservicebus.ReceivedMessage, error)
+	CompleteMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.CompleteMessageOptions) error
+	AbandonMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.AbandonMessageOptions) error
+	DeadLetterMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.DeadLetterOptions) error
+	RenewMessageLock(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.RenewMessageLockOptions) error
+	Close(ctx context.Context) error
+}
+
+var _ Receiver = (*azservicebus.Receiver)(nil)
+
+// NewReceiverFunc opens a receiver. The processor calls it at start and
+// again, with backoff, when a receiver reports CodeConnectionLost or
+// CodeClosed.
+type NewReceiverFunc func(ctx context.Context) (Receiver, error)
+
+func sbCode(err error) azservicebus.Code {
+	var sbErr *azservicebus.Error
+	if errors.As(err, &sbErr) {
+		return sbErr.Code
+	}
+	return ""
+}
+
+func isLockLost(err error) bool { return sbCode(err) == azservicebus.CodeLockLost }
+
+// needsNewReceiver reports whether a receive error means the receiver (its
+// link or connection) is gone and must be recreated.
+func needsNewReceiver(err error) bool {
+	c := sbCode(err)
+	return c == azservicebus.CodeConnectionLost || c == azservicebus.CodeClosed
+}
