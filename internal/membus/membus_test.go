@@ -162,7 +162,7 @@ func TestLockExpiryRedelivers(t *testing.T) {
 
 func TestRenewKeepsLock(t *testing.T) {
 	t.Parallel()
-	const lock = 300 * time.Millisecond
+	const lock = 400 * time.Millisecond
 	q := membus.NewQueue("q", membus.QueueOptions{LockDuration: lock})
 	a, b := q.NewReceiver(), q.NewReceiver()
 	send(t, q, "m1")
@@ -172,7 +172,7 @@ func TestRenewKeepsLock(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	renewed := make(chan error, 1)
 	go func() {
-		tick := time.NewTicker(lock / 10)
+		tick := time.NewTicker(lock / 20)
 		defer tick.Stop()
 		for {
 			select {
@@ -187,7 +187,7 @@ func TestRenewKeepsLock(t *testing.T) {
 			}
 		}
 	}()
-	rctx, rcancel := context.WithTimeout(t.Context(), 5*lock)
+	rctx, rcancel := context.WithTimeout(t.Context(), 4*lock)
 	defer rcancel()
 	msgs, err := b.ReceiveMessages(rctx, 1, nil)
 	cancel()
@@ -371,6 +371,12 @@ func TestReceiveMessagesMaxAndContext(t *testing.T) {
 	msgs, err = r.ReceiveMessages(ctx, 1, nil)
 	if len(msgs) != 0 || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("empty queue: %d messages, err %v", len(msgs), err)
+	}
+	// A cancelled caller gets nothing locked, even when messages wait.
+	send(t, q, "6")
+	msgs, err = r.ReceiveMessages(ctx, 1, nil)
+	if len(msgs) != 0 || err == nil || q.Stats().Locked != 5 {
+		t.Fatalf("cancelled ctx: %d messages, err %v, stats %+v", len(msgs), err, q.Stats())
 	}
 	if _, err := r.ReceiveMessages(t.Context(), 0, nil); err == nil {
 		t.Fatal("maxMessages 0 accepted")

@@ -43,6 +43,9 @@ func (r *Receiver) ReceiveMessages(ctx context.Context, maxMessages int, options
 	if err := r.checkOpen(); err != nil {
 		return nil, err
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, err // lock nothing for a caller that has stopped
+	}
 	gather := defaultTimeAfterFirstMessage
 	if options != nil && options.TimeAfterFirstMessage > 0 {
 		gather = options.TimeAfterFirstMessage
