@@ -18,6 +18,7 @@
 //     the receiver is closed), then gathers for TimeAfterFirstMessage
 //     (default 20ms) up to maxMessages. Messages gathered are returned with
 //     a nil error even if ctx ends meanwhile; ctx.Err() only when none were.
+//     A call whose ctx has already ended locks nothing.
 //   - Settlement by lock token, from any receiver on the queue (as the SDK
 //     allows since 1.10). Complete removes the message; Abandon makes it
 //     available at once; DeadLetter moves it to the dead-letter queue with
