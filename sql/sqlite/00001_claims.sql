@@ -50,5 +50,8 @@ CREATE INDEX ix_claims_unfinished ON claims (heartbeat_utc)
 CREATE INDEX ix_claims_finished ON claims (coalesce(resolved_utc, processed_utc))
     WHERE state IN ('processed', 'resolved');
 
+-- Operators' queue: flagged claims (List by state, Stats).
+CREATE INDEX ix_claims_flagged ON claims (id) WHERE state = 'flagged';
+
 -- +goose Down
 DROP TABLE claims;

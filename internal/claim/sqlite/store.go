@@ -1,0 +1,666 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/pressly/goose/v3"
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/claim/sqlstore"
+	schema "github.com/sbclaim/sbclaim/sql"
+)
+
+var _ claim.Store = (*Store)(nil)
+
+// Store is the SQLite claims table.
+type Store struct {
+	db      *sql.DB
+	lockKey string
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithLockKey sets the key of the process-wide TryLock registry, normally
+// the absolute path of the database file. Stores with the same key share
+// their named locks. The default is unique to the *sql.DB.
+func WithLockKey(key string) Option { return func(s *Store) { s.lockKey = key } }
+
+// New wraps an open database. The caller owns the pool settings; Open sets
+// the ones this package needs (one connection, busy timeout, WAL).
+func New(db *sql.DB, opts ...Option) *Store {
+	s := &Store{db: db, lockKey: fmt.Sprintf("db:%p", db)}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// DB returns the database the store uses.
+func (s *Store) DB() *sql.DB { return s.db }
+
+// busyTimeout is how long a statement waits for another process's write
+// lock before failing with SQLITE_BUSY (reported as claim.ErrUnavailable).
+const busyTimeout = 10 * time.Second
+
+// Open opens a SQLite claims store from a URL: "sqlite:/path/file.db",
+// "sqlite:relative.db", "sqlite:///abs/path.db" or "sqlite::memory:". A
+// memory database is migrated on open (it starts empty and dies with the
+// store); a file database is migrated by Migrate.
+func Open(ctx context.Context, url string) (*Store, error) {
+	path, err := ParseURL(url)
+	if err != nil {
+		return nil, err
+	}
+	memory := path == ":memory:"
+	pragmas := fmt.Sprintf("_pragma=busy_timeout(%d)&_pragma=foreign_keys(1)&_txlock=immediate", busyTimeout.Milliseconds())
+	if !memory {
+		pragmas += "&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)"
+	}
+	db, err := sql.Open("sqlite", path+"?"+pragmas)
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite: %w", err)
+	}
+	// One connection: SQLite has one writer anyway, queueing in
+	// database/sql avoids SQLITE_BUSY between our own goroutines, and a
+	// memory database lives exactly as long as its connection.
+	db.SetMaxOpenConns(1)
+	db.SetMaxIdleConns(1)
+	db.SetConnMaxLifetime(0)
+	db.SetConnMaxIdleTime(0)
+
+	key := "memory:" + fmt.Sprintf("%p", db)
+	if !memory {
+		if abs, err := filepath.Abs(path); err == nil {
+			key = "file:" + abs
+		} else {
+			key = "file:" + path
+		}
+	}
+	s := New(db, WithLockKey(key))
+	if err := s.Ping(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+	}
+	if memory {
+		if err := Migrate(ctx, db); err != nil {
+			db.Close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// ParseURL returns the file path (or ":memory:") of a sqlite: URL.
+func ParseURL(url string) (string, error) {
+	rest, ok := strings.CutPrefix(url, "sqlite:")
+	if !ok {
+		return "", fmt.Errorf("sqlite: URL must start with \"sqlite:\"")
+	}
+	if strings.HasPrefix(rest, "//") {
+		rest = rest[2:] // sqlite:///abs/path → /abs/path
+	}
+	if i := strings.IndexByte(rest, '?'); i >= 0 {
+		return "", fmt.Errorf("sqlite: URL query parameters are not supported")
+	}
+	if rest == "" {
+		return "", fmt.Errorf("sqlite: URL has no file path (use sqlite:/path/file.db or sqlite::memory:)")
+	}
+	return rest, nil
+}
+
+// Migrate applies the embedded SQLite migrations (sql/sqlite) to db.
+func Migrate(ctx context.Context, db *sql.DB) error {
+	fsys, err := schema.Dialect("sqlite")
+	if err != nil {
+		return fmt.Errorf("migrate sqlite: %w", err)
+	}
+	p, err := goose.NewProvider(goose.DialectSQLite3, db, fsys)
+	if err != nil {
+		return fmt.Errorf("migrate sqlite: %w", err)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		return fmt.Errorf("migrate sqlite: %w", translate(err))
+	}
+	return nil
+}
+
+// SQL fragments for the database clock.
+const (
+	nowSQL = `strftime('%Y-%m-%dT%H:%M:%f','now')`
+	// agoSQL is now minus the modifier in parameter ?1 (see ago).
+	agoSQL = `strftime('%Y-%m-%dT%H:%M:%f','now',?1)`
+	// timeLayout parses the text nowSQL writes.
+	timeLayout = "2006-01-02T15:04:05.000"
+)
+
+// ago returns the strftime modifier that subtracts d.
+func ago(d time.Duration) string { return fmt.Sprintf("-%.3f seconds", d.Seconds()) }
+
+const columns = `id, message_id, consumer, owner, state, entity, subject, content_type,
+	properties, payload_hash, payload, delivery_count, claimed_by, claimed_utc,
+	heartbeat_utc, processed_utc, released_utc, attempts, last_error, flagged_utc,
+	flag_reason, resolved_utc, resolved_by, resolution, resolution_note`
+
+const insertColumns = `message_id, consumer, owner, state, entity, subject, content_type,
+	properties, payload_hash, payload, delivery_count, claimed_by, claimed_utc, heartbeat_utc, processed_utc`
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanClaim(r scanner) (*claim.Claim, error) {
+	var (
+		c                                      claim.Claim
+		owner, state, props, resolution        string
+		claimed, heartbeat                     string
+		processed, released, flagged, resolved sql.NullString
+	)
+	err := r.Scan(&c.ID, &c.MessageID, &c.Consumer, &owner, &state, &c.Entity, &c.Subject, &c.ContentType,
+		&props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &claimed,
+		&heartbeat, &processed, &released, &c.Attempts, &c.LastError, &flagged,
+		&c.FlagReason, &resolved, &c.ResolvedBy, &resolution, &c.ResolutionNote)
+	if err != nil {
+		return nil, err
+	}
+	if c.Owner, err = uuid.Parse(owner); err != nil {
+		return nil, fmt.Errorf("claim %d: owner: %w", c.ID, err)
+	}
+	c.State, c.Resolution = claim.State(state), claim.Resolution(resolution)
+	if c.Properties, err = sqlstore.DecodeProperties(props); err != nil {
+		return nil, fmt.Errorf("claim %d: %w", c.ID, err)
+	}
+	var errs []error
+	c.ClaimedAt, err = parseTime(claimed)
+	errs = append(errs, err)
+	c.HeartbeatAt, err = parseTime(heartbeat)
+	errs = append(errs, err)
+	for _, p := range []struct {
+		dst **time.Time
+		src sql.NullString
+	}{{&c.ProcessedAt, processed}, {&c.ReleasedAt, released}, {&c.FlaggedAt, flagged}, {&c.ResolvedAt, resolved}} {
+		*p.dst, err = parseNullTime(p.src)
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("claim %d: %w", c.ID, err)
+	}
+	return &c, nil
+}
+
+func parseTime(s string) (time.Time, error) {
+	t, err := time.ParseInLocation(timeLayout, s, time.UTC)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("parse time %q: %w", s, err)
+	}
+	return t, nil
+}
+
+func parseNullTime(s sql.NullString) (*time.Time, error) {
+	if !s.Valid {
+		return nil, nil
+	}
+	t, err := parseTime(s.String)
+	if err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// ClaimBatch inserts the batch's distinct keys in one multi-row
+// INSERT ... ON CONFLICT DO NOTHING RETURNING and reads the rows of the
+// keys that already existed, in one transaction.
+func (s *Store) ClaimBatch(ctx context.Context, params *claim.ClaimBatchParams) ([]claim.ClaimResult, error) {
+	plan, err := sqlstore.NewPlan(params.Claims)
+	if err != nil {
+		return nil, err
+	}
+	if len(plan.First) == 0 {
+		return nil, nil
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("claim batch: begin: %w", translate(err))
+	}
+	defer tx.Rollback()
+
+	won, existing, err := s.insertClaims(ctx, tx, params.Host, plan, claim.StateClaimed)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("claim batch: commit: %w", translate(err))
+	}
+	return plan.Results(won, existing)
+}
+
+// insertClaims inserts the plan's distinct keys in state (claimed, or
+// processed for ClaimTx) and returns the rows it inserted and the rows
+// that already existed for the other keys.
+func (s *Store) insertClaims(ctx context.Context, tx *sql.Tx, host string, plan *sqlstore.Plan, state claim.State) (won, existing map[sqlstore.Key]*claim.Claim, err error) {
+	processed := "NULL"
+	if state == claim.StateProcessed {
+		processed = nowSQL
+	}
+	var (
+		q    strings.Builder
+		args []any
+	)
+	q.WriteString("INSERT INTO claims (" + insertColumns + ") VALUES ")
+	for n, i := range plan.First {
+		c := &plan.Claims[i]
+		props, err := sqlstore.EncodeProperties(c.Properties)
+		if err != nil {
+			return nil, nil, fmt.Errorf("claim %s/%s: %w", c.MessageID, c.Consumer, err)
+		}
+		payload := c.Payload
+		if state == claim.StateProcessed {
+			payload = nil
+		}
+		if n > 0 {
+			q.WriteString(", ")
+		}
+		q.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, " + nowSQL + ", " + nowSQL + ", " + processed + ")")
+		args = append(args, c.MessageID, c.Consumer, uuid.New().String(), string(state), c.Entity, c.Subject,
+			c.ContentType, props, c.PayloadHash, nullBytes(payload), c.DeliveryCount, host)
+	}
+	q.WriteString(" ON CONFLICT (message_id, consumer) DO NOTHING RETURNING " + columns)
+
+	won = make(map[sqlstore.Key]*claim.Claim, len(plan.First))
+	if err := queryClaims(ctx, tx, q.String(), args, func(c *claim.Claim) { won[sqlstore.KeyOf(c)] = c }); err != nil {
+		return nil, nil, fmt.Errorf("claim batch: insert: %w", err)
+	}
+	if len(won) == len(plan.First) {
+		return won, nil, nil
+	}
+
+	q.Reset()
+	args = args[:0]
+	q.WriteString("SELECT " + columns + " FROM claims WHERE (message_id, consumer) IN (VALUES ")
+	n := 0
+	for _, i := range plan.First {
+		c := &plan.Claims[i]
+		if _, ok := won[sqlstore.Key{MessageID: c.MessageID, Consumer: c.Consumer}]; ok {
+			continue
+		}
+		if n > 0 {
+			q.WriteString(", ")
+		}
+		n++
+		q.WriteString("(?, ?)")
+		args = append(args, c.MessageID, c.Consumer)
+	}
+	q.WriteString(")")
+	existing = make(map[sqlstore.Key]*claim.Claim, n)
+	if err := queryClaims(ctx, tx, q.String(), args, func(c *claim.Claim) { existing[sqlstore.KeyOf(c)] = c }); err != nil {
+		return nil, nil, fmt.Errorf("claim batch: read existing: %w", err)
+	}
+	return won, existing, nil
+}
+
+func nullBytes(b []byte) any {
+	if b == nil {
+		return nil
+	}
+	return b
+}
+
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+func queryClaims(ctx context.Context, q querier, query string, args []any, each func(*claim.Claim)) error {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return translate(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		c, err := scanClaim(rows)
+		if err != nil {
+			return translate(err)
+		}
+		each(c)
+	}
+	return translate(rows.Err())
+}
+
+// ClaimTx inserts the marker already processed and runs fn in the same
+// transaction. fn must use only tx (see the package doc).
+func (s *Store) ClaimTx(ctx context.Context, params *claim.ClaimTxParams, fn func(ctx context.Context, tx *sql.Tx) error) (claim.ClaimResult, error) {
+	plan, err := sqlstore.NewPlan([]claim.ClaimParams{params.Claim})
+	if err != nil {
+		return claim.ClaimResult{}, err
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return claim.ClaimResult{}, fmt.Errorf("claim tx: begin: %w", translate(err))
+	}
+	defer tx.Rollback()
+
+	won, existing, err := s.insertClaims(ctx, tx, params.Host, plan, claim.StateProcessed)
+	if err != nil {
+		return claim.ClaimResult{}, err
+	}
+	res, err := plan.Results(won, existing)
+	if err != nil {
+		return claim.ClaimResult{}, err
+	}
+	if res[0].Outcome != claim.OutcomeWon {
+		return res[0], nil // the deferred rollback ends the transaction
+	}
+	if err := fn(ctx, tx); err != nil {
+		return claim.ClaimResult{}, err
+	}
+	if err := tx.Commit(); err != nil {
+		return claim.ClaimResult{}, fmt.Errorf("claim tx %s/%s: commit: %w", params.Claim.MessageID, params.Claim.Consumer, translate(err))
+	}
+	return res[0], nil
+}
+
+// TakeOver moves a released claim back to claimed under a new owner.
+func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*claim.Claim, error) {
+	row := s.db.QueryRowContext(ctx, `UPDATE claims SET state = 'claimed', owner = ?, claimed_by = ?,
+		delivery_count = ?, heartbeat_utc = `+nowSQL+`
+		WHERE id = ? AND state = 'released' RETURNING `+columns,
+		uuid.New().String(), params.Host, params.DeliveryCount, params.ID)
+	c, err := scanClaim(row)
+	if err != nil {
+		return nil, fmt.Errorf("take over claim %d: %w", params.ID, guarded(err))
+	}
+	return c, nil
+}
+
+// guarded turns "no row" from a guarded UPDATE ... RETURNING into
+// ErrStateChanged.
+func guarded(err error) error {
+	if errors.Is(err, sql.ErrNoRows) {
+		return claim.ErrStateChanged
+	}
+	return translate(err)
+}
+
+// execGuarded runs an UPDATE guarded on id and owner and reports
+// ErrStateChanged when it matched no row.
+func (s *Store) execGuarded(ctx context.Context, op string, id int64, query string, args ...any) error {
+	res, err := s.db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return fmt.Errorf("%s claim %d: %w", op, id, translate(err))
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("%s claim %d: %w", op, id, translate(err))
+	}
+	if n == 0 {
+		return fmt.Errorf("%s claim %d: %w", op, id, claim.ErrStateChanged)
+	}
+	return nil
+}
+
+// Heartbeat refreshes the heartbeat of a claimed claim held by Owner.
+func (s *Store) Heartbeat(ctx context.Context, params *claim.HeartbeatParams) error {
+	return s.execGuarded(ctx, "heartbeat", params.ID,
+		`UPDATE claims SET heartbeat_utc = `+nowSQL+` WHERE id = ? AND owner = ? AND state = 'claimed'`,
+		params.ID, params.Owner.String())
+}
+
+// MarkProcessed moves a claimed claim held by Owner to processed.
+func (s *Store) MarkProcessed(ctx context.Context, params *claim.MarkProcessedParams) error {
+	return s.execGuarded(ctx, "mark processed", params.ID,
+		`UPDATE claims SET state = 'processed', processed_utc = `+nowSQL+`, payload = NULL
+		WHERE id = ? AND owner = ? AND state = 'claimed'`,
+		params.ID, params.Owner.String())
+}
+
+// Release moves a claimed claim held by Owner to released.
+func (s *Store) Release(ctx context.Context, params *claim.ReleaseParams) error {
+	return s.execGuarded(ctx, "release", params.ID,
+		`UPDATE claims SET state = 'released', released_utc = `+nowSQL+`, heartbeat_utc = `+nowSQL+`, last_error = ?
+		WHERE id = ? AND owner = ? AND state = 'claimed'`,
+		params.Error, params.ID, params.Owner.String())
+}
+
+// RecordAttempt counts an effect attempt on a claimed claim held by Owner.
+func (s *Store) RecordAttempt(ctx context.Context, params *claim.RecordAttemptParams) error {
+	return s.execGuarded(ctx, "record attempt", params.ID,
+		`UPDATE claims SET attempts = attempts + 1, last_error = ? WHERE id = ? AND owner = ? AND state = 'claimed'`,
+		params.Error, params.ID, params.Owner.String())
+}
+
+// stalePredicate is the staleness test, in the UPDATE itself and in its
+// candidate scan. ?1 is the StaleAfter modifier.
+const stalePredicate = `state IN ('claimed', 'released') AND processed_utc IS NULL AND flagged_utc IS NULL
+	AND heartbeat_utc < ` + agoSQL
+
+// FlagStale flags at most Limit stale claims in one UPDATE.
+func (s *Store) FlagStale(ctx context.Context, params *claim.FlagStaleParams) ([]*claim.Claim, error) {
+	staleAfter, limit, err := sqlstore.ValidateFlag(params)
+	if err != nil {
+		return nil, err
+	}
+	q := `UPDATE claims SET state = 'flagged', flagged_utc = ` + nowSQL + `,
+		flag_reason = CASE state WHEN 'released' THEN '` + sqlstore.ReasonReleased + `' ELSE '` + sqlstore.ReasonNoHeartbeat + `' END
+			|| heartbeat_utc || 'Z'
+		WHERE id IN (SELECT id FROM claims WHERE ` + stalePredicate + ` ORDER BY heartbeat_utc LIMIT ?2)
+		AND ` + stalePredicate + `
+		RETURNING ` + columns
+	var out []*claim.Claim
+	if err := queryClaims(ctx, s.db, q, []any{ago(staleAfter), limit}, func(c *claim.Claim) { out = append(out, c) }); err != nil {
+		return nil, fmt.Errorf("flag stale claims: %w", err)
+	}
+	return out, nil
+}
+
+// List returns claims oldest ID first.
+func (s *Store) List(ctx context.Context, params *claim.ListParams) ([]*claim.Claim, error) {
+	if err := sqlstore.ValidateList(params); err != nil {
+		return nil, err
+	}
+	where := []string{"id > ?2"}
+	args := []any{ago(params.OlderThan), params.AfterID}
+	if len(params.States) > 0 {
+		ph := make([]string, len(params.States))
+		for i, st := range params.States {
+			args = append(args, string(st))
+			ph[i] = fmt.Sprintf("?%d", len(args))
+		}
+		where = append(where, "state IN ("+strings.Join(ph, ", ")+")")
+	}
+	if params.Consumer != "" {
+		args = append(args, params.Consumer)
+		where = append(where, fmt.Sprintf("consumer = ?%d", len(args)))
+	}
+	if params.OlderThan > 0 {
+		where = append(where, "claimed_utc < "+agoSQL)
+	}
+	args = append(args, sqlstore.Limit(params.Limit, sqlstore.DefaultListLimit))
+	q := fmt.Sprintf("SELECT %s FROM claims WHERE %s ORDER BY id LIMIT ?%d", columns, strings.Join(where, " AND "), len(args))
+	var out []*claim.Claim
+	if err := queryClaims(ctx, s.db, q, args, func(c *claim.Claim) { out = append(out, c) }); err != nil {
+		return nil, fmt.Errorf("list claims: %w", err)
+	}
+	return out, nil
+}
+
+// Get returns one claim by ID.
+func (s *Store) Get(ctx context.Context, id int64) (*claim.Claim, error) {
+	c, err := scanClaim(s.db.QueryRowContext(ctx, "SELECT "+columns+" FROM claims WHERE id = ?", id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("get claim %d: %w", id, claim.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get claim %d: %w", id, translate(err))
+	}
+	return c, nil
+}
+
+// Resolve closes a flagged claim.
+func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*claim.Claim, error) {
+	if err := sqlstore.ValidateResolve(params); err != nil {
+		return nil, err
+	}
+	row := s.db.QueryRowContext(ctx, `UPDATE claims SET state = 'resolved', resolved_utc = `+nowSQL+`,
+		resolved_by = ?1, resolution = ?2, resolution_note = ?3,
+		processed_utc = CASE WHEN ?2 = 'redriven' THEN `+nowSQL+` ELSE processed_utc END,
+		payload = CASE WHEN ?2 = 'redriven' THEN NULL ELSE payload END
+		WHERE id = ?4 AND state = 'flagged' RETURNING `+columns,
+		params.By, string(params.Resolution), params.Note, params.ID)
+	c, err := scanClaim(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		if _, gerr := s.Get(ctx, params.ID); gerr != nil {
+			return nil, fmt.Errorf("resolve: %w", gerr)
+		}
+		return nil, fmt.Errorf("resolve claim %d: %w", params.ID, claim.ErrStateChanged)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("resolve claim %d: %w", params.ID, translate(err))
+	}
+	return c, nil
+}
+
+// PurgeProcessed deletes at most Limit finished claims older than OlderThan.
+func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (int64, error) {
+	olderThan, limit, err := sqlstore.ValidatePurge(params)
+	if err != nil {
+		return 0, err
+	}
+	const finished = `state IN ('processed', 'resolved') AND coalesce(resolved_utc, processed_utc) < ` + agoSQL
+	res, err := s.db.ExecContext(ctx, `DELETE FROM claims WHERE id IN (
+			SELECT id FROM claims WHERE `+finished+` ORDER BY coalesce(resolved_utc, processed_utc) LIMIT ?2)
+		AND `+finished, ago(olderThan), limit)
+	if err != nil {
+		return 0, fmt.Errorf("purge claims: %w", translate(err))
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("purge claims: %w", translate(err))
+	}
+	return n, nil
+}
+
+// Stats summarises the table; the counts use the partial indexes.
+func (s *Store) Stats(ctx context.Context) (*claim.Stats, error) {
+	var (
+		st     claim.Stats
+		now    string
+		oldest sql.NullString
+	)
+	err := s.db.QueryRowContext(ctx, `SELECT `+nowSQL+`,
+		(SELECT count(*) FROM claims WHERE processed_utc IS NULL AND flagged_utc IS NULL AND state = 'claimed'),
+		(SELECT count(*) FROM claims WHERE processed_utc IS NULL AND flagged_utc IS NULL AND state = 'released'),
+		(SELECT count(*) FROM claims WHERE state = 'flagged'),
+		(SELECT min(claimed_utc) FROM claims WHERE processed_utc IS NULL AND flagged_utc IS NULL)`).
+		Scan(&now, &st.Claimed, &st.Released, &st.Flagged, &oldest)
+	if err != nil {
+		return nil, fmt.Errorf("claim stats: %w", translate(err))
+	}
+	if st.Now, err = parseTime(now); err != nil {
+		return nil, fmt.Errorf("claim stats: %w", err)
+	}
+	if st.OldestUnfinished, err = parseNullTime(oldest); err != nil {
+		return nil, fmt.Errorf("claim stats: %w", err)
+	}
+	return &st, nil
+}
+
+// locks is the process-wide TryLock registry: lock key + name → held.
+var locks struct {
+	sync.Mutex
+	held map[string]bool
+}
+
+// TryLock takes a process-wide named lock for this database file. SQLite
+// has no session locks; one process per SQLite file is the supported
+// deployment, so a process-wide lock is a database-wide lock.
+func (s *Store) TryLock(ctx context.Context, name string) (func(context.Context) error, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, false, err
+	}
+	key := s.lockKey + "\x00" + name
+	locks.Lock()
+	defer locks.Unlock()
+	if locks.held[key] {
+		return nil, false, nil
+	}
+	if locks.held == nil {
+		locks.held = make(map[string]bool)
+	}
+	locks.held[key] = true
+	var once sync.Once
+	unlock := func(context.Context) error {
+		once.Do(func() {
+			locks.Lock()
+			delete(locks.held, key)
+			locks.Unlock()
+		})
+		return nil
+	}
+	return unlock, true, nil
+}
+
+// Now returns the database clock.
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	var now string
+	if err := s.db.QueryRowContext(ctx, "SELECT "+nowSQL).Scan(&now); err != nil {
+		return time.Time{}, fmt.Errorf("database clock: %w", translate(err))
+	}
+	return parseTime(now)
+}
+
+// Ping checks the database answers a query.
+func (s *Store) Ping(ctx context.Context) error {
+	var one int
+	if err := s.db.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
+		return fmt.Errorf("ping sqlite: %w", translate(err))
+	}
+	return nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+// claimsUniqueColumns is how SQLite names the claims unique index in a
+// constraint error ("UNIQUE constraint failed: claims.message_id,
+// claims.consumer"): SQLite reports columns, not the index name.
+const claimsUniqueColumns = "claims.message_id, claims.consumer"
+
+// translate maps driver errors to the claim sentinels: a unique violation
+// of the claims index is ErrDuplicate (any other unique violation stays a
+// plain error); a database that cannot be opened, stays busy past the busy
+// timeout, or is closed is ErrUnavailable.
+func translate(err error) error {
+	if err == nil {
+		return nil
+	}
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		code := se.Code()
+		switch {
+		case code == sqlite3.SQLITE_CONSTRAINT_UNIQUE || code == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
+			if strings.Contains(se.Error(), claimsUniqueColumns) {
+				return fmt.Errorf("%w: %w", claim.ErrDuplicate, err)
+			}
+			return err
+		}
+		switch code & 0xff {
+		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_IOERR,
+			sqlite3.SQLITE_FULL, sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_READONLY:
+			return fmt.Errorf("%w: %w", claim.ErrUnavailable, err)
+		}
+		return err
+	}
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) || errors.Is(err, io.EOF) || sqlstore.ErrClosedDB(err) {
+		return fmt.Errorf("%w: %w", claim.ErrUnavailable, err)
+	}
+	return err
+}

@@ -1,0 +1,105 @@
+package sqlite_test
+
+import (
+	"database/sql"
+	"errors"
+	"path/filepath"
+	"testing"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
+	"github.com/sbclaim/sbclaim/internal/claim/sqlite"
+)
+
+// harness is the SQLite conformance harness: a migrated temp-file
+// database per store.
+func harness() claimtest.Harness {
+	return claimtest.Harness{
+		NewStore: func(t *testing.T) claim.Store {
+			t.Helper()
+			s, err := sqlite.Open(t.Context(), "sqlite:"+filepath.Join(t.TempDir(), "claims.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			if err := sqlite.Migrate(t.Context(), s.DB()); err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+		DB: func(t *testing.T, s claim.Store) *sql.DB { return s.(*sqlite.Store).DB() },
+		Features: claimtest.Features{
+			UncommittedInsertBlocks: false, // one writer at a time; the store queues on one connection
+			ExtraUniqueIndexSQL:     `CREATE UNIQUE INDEX ux_test_subject ON claims (subject)`,
+			InsertClaimSQL: `INSERT INTO claims (message_id, consumer, owner, state, payload_hash, claimed_utc, heartbeat_utc)
+				VALUES (?, ?, ?, 'claimed', ?, strftime('%Y-%m-%dT%H:%M:%f','now'), strftime('%Y-%m-%dT%H:%M:%f','now'))`,
+			BackdateSQL: `UPDATE claims SET
+				claimed_utc   = strftime('%Y-%m-%dT%H:%M:%f', claimed_utc,   '-' || ?1 || ' seconds'),
+				heartbeat_utc = strftime('%Y-%m-%dT%H:%M:%f', heartbeat_utc, '-' || ?1 || ' seconds'),
+				processed_utc = strftime('%Y-%m-%dT%H:%M:%f', processed_utc, '-' || ?1 || ' seconds'),
+				released_utc  = strftime('%Y-%m-%dT%H:%M:%f', released_utc,  '-' || ?1 || ' seconds'),
+				flagged_utc   = strftime('%Y-%m-%dT%H:%M:%f', flagged_utc,   '-' || ?1 || ' seconds'),
+				resolved_utc  = strftime('%Y-%m-%dT%H:%M:%f', resolved_utc,  '-' || ?1 || ' seconds')
+				WHERE id = ?2`,
+		},
+	}
+}
+
+func TestConformance(t *testing.T) {
+	claimtest.Exercise(t, harness())
+}
+
+func TestParseURL(t *testing.T) {
+	for url, want := range map[string]string{
+		"sqlite:/var/lib/claims.db":   "/var/lib/claims.db",
+		"sqlite:///var/lib/claims.db": "/var/lib/claims.db",
+		"sqlite:claims.db":            "claims.db",
+		"sqlite::memory:":             ":memory:",
+	} {
+		got, err := sqlite.ParseURL(url)
+		if err != nil || got != want {
+			t.Errorf("ParseURL(%q) = %q, %v; want %q", url, got, err, want)
+		}
+	}
+	for _, url := range []string{"sqlite:", "postgres://x", "sqlite:/x.db?mode=ro"} {
+		if _, err := sqlite.ParseURL(url); err == nil {
+			t.Errorf("ParseURL(%q) succeeded", url)
+		}
+	}
+}
+
+func TestOpenMemoryIsMigrated(t *testing.T) {
+	ctx := t.Context()
+	s, err := sqlite.Open(ctx, "sqlite::memory:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	res, err := s.ClaimBatch(ctx, &claim.ClaimBatchParams{Claims: []claim.ClaimParams{{
+		MessageID: "m", Consumer: "c", PayloadHash: claim.HashPayload(nil),
+	}}})
+	if err != nil || res[0].Outcome != claim.OutcomeWon {
+		t.Fatalf("claim on a memory store: %v %v", res, err)
+	}
+}
+
+func TestMigrateIsIdempotent(t *testing.T) {
+	ctx := t.Context()
+	s, err := sqlite.Open(ctx, "sqlite:"+filepath.Join(t.TempDir(), "c.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for range 2 {
+		if err := sqlite.Migrate(ctx, s.DB()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestOpenUnopenableFileIsUnavailable(t *testing.T) {
+	_, err := sqlite.Open(t.Context(), "sqlite:"+filepath.Join(t.TempDir(), "missing-dir", "c.db"))
+	if !errors.Is(err, claim.ErrUnavailable) {
+		t.Fatalf("Open in a missing directory: %v, want ErrUnavailable", err)
+	}
+}

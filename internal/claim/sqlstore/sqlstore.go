@@ -1,0 +1,206 @@
+// Package sqlstore holds the dialect-independent parts of the SQL claim
+// stores: input validation, batch planning (intra-batch duplicates),
+// outcome classification, property encoding and defaults. Dialect SQL and
+// driver error translation stay in each dialect package.
+package sqlstore
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+)
+
+// Defaults applied when a params struct leaves a limit at zero.
+const (
+	DefaultListLimit  = 100
+	DefaultFlagLimit  = 100
+	DefaultPurgeLimit = 1000
+	// MaxConsumerLength is the width of the Consumer column.
+	MaxConsumerLength = 200
+)
+
+// Key is the dedup key of a claim: the claims unique index.
+type Key struct {
+	MessageID string
+	Consumer  string
+}
+
+// KeyOf returns the key of a claim.
+func KeyOf(c *claim.Claim) Key { return Key{c.MessageID, c.Consumer} }
+
+// ValidateClaim checks one message before it reaches the database, so a bad
+// value is a clear error instead of a constraint violation.
+func ValidateClaim(p *claim.ClaimParams) error {
+	if n := utf8.RuneCountInString(p.MessageID); n == 0 || n > claim.MaxMessageIDLength {
+		return fmt.Errorf("claim: MessageID must be 1..%d characters, got %d", claim.MaxMessageIDLength, n)
+	}
+	if n := utf8.RuneCountInString(p.Consumer); n == 0 || n > MaxConsumerLength {
+		return fmt.Errorf("claim %s: Consumer must be 1..%d characters, got %d", p.MessageID, MaxConsumerLength, n)
+	}
+	if len(p.PayloadHash) == 0 {
+		return fmt.Errorf("claim %s/%s: PayloadHash is empty", p.MessageID, p.Consumer)
+	}
+	return nil
+}
+
+// Plan is a batch reduced to its distinct keys. Only the first message of
+// each key is sent to the database; later messages with the same key are
+// classified against the row the first one produced ("first wins").
+type Plan struct {
+	Claims []claim.ClaimParams
+	// First holds, per distinct key, the index in Claims of its first
+	// message, in input order.
+	First []int
+}
+
+// NewPlan validates a batch and finds its distinct keys.
+func NewPlan(claims []claim.ClaimParams) (*Plan, error) {
+	p := &Plan{Claims: claims}
+	seen := make(map[Key]bool, len(claims))
+	for i := range claims {
+		if err := ValidateClaim(&claims[i]); err != nil {
+			return nil, err
+		}
+		k := Key{claims[i].MessageID, claims[i].Consumer}
+		if !seen[k] {
+			seen[k] = true
+			p.First = append(p.First, i)
+		}
+	}
+	return p, nil
+}
+
+// Results classifies every message of the batch, in input order. won holds
+// the rows this call inserted, existing the rows that were already there;
+// every distinct key must be in one of them.
+func (p *Plan) Results(won, existing map[Key]*claim.Claim) ([]claim.ClaimResult, error) {
+	out := make([]claim.ClaimResult, len(p.Claims))
+	first := make(map[Key]bool, len(p.First))
+	for i := range p.Claims {
+		c := &p.Claims[i]
+		k := Key{c.MessageID, c.Consumer}
+		if row, ok := won[k]; ok && !first[k] {
+			first[k] = true
+			out[i] = claim.ClaimResult{Outcome: claim.OutcomeWon, Claim: row}
+			continue
+		}
+		first[k] = true
+		row := existing[k]
+		if row == nil {
+			row = won[k]
+		}
+		if row == nil {
+			return nil, fmt.Errorf("claim %s/%s: neither inserted nor found", c.MessageID, c.Consumer)
+		}
+		out[i] = Classify(c.PayloadHash, row)
+	}
+	return out, nil
+}
+
+// Classify compares a message's payload hash with an existing claim of the
+// same key: the same hash is a duplicate, another hash a conflict. The
+// claim is copied so results never share a pointer.
+func Classify(hash []byte, existing *claim.Claim) claim.ClaimResult {
+	cp := *existing
+	if bytes.Equal(hash, existing.PayloadHash) {
+		return claim.ClaimResult{Outcome: claim.OutcomeDuplicate, Claim: &cp}
+	}
+	return claim.ClaimResult{Outcome: claim.OutcomeConflict, Claim: &cp}
+}
+
+// EncodeProperties returns the JSON object stored in the Properties column.
+func EncodeProperties(props map[string]string) (string, error) {
+	if len(props) == 0 {
+		return "{}", nil
+	}
+	b, err := json.Marshal(props)
+	if err != nil {
+		return "", fmt.Errorf("encode properties: %w", err)
+	}
+	return string(b), nil
+}
+
+// DecodeProperties parses the Properties column; an empty object is nil.
+func DecodeProperties(s string) (map[string]string, error) {
+	if s == "" || s == "{}" {
+		return nil, nil
+	}
+	var m map[string]string
+	if err := json.Unmarshal([]byte(s), &m); err != nil {
+		return nil, fmt.Errorf("decode properties: %w", err)
+	}
+	if len(m) == 0 {
+		return nil, nil
+	}
+	return m, nil
+}
+
+// ValidateFlag checks FlagStale's params and fills the default limit.
+func ValidateFlag(p *claim.FlagStaleParams) (time.Duration, int, error) {
+	if p.StaleAfter <= 0 {
+		return 0, 0, fmt.Errorf("flag stale: StaleAfter must be positive, got %s", p.StaleAfter)
+	}
+	return p.StaleAfter, Limit(p.Limit, DefaultFlagLimit), nil
+}
+
+// ValidatePurge checks PurgeProcessed's params and fills the default limit.
+func ValidatePurge(p *claim.PurgeParams) (time.Duration, int, error) {
+	if p.OlderThan < 0 {
+		return 0, 0, fmt.Errorf("purge: OlderThan must not be negative, got %s", p.OlderThan)
+	}
+	return p.OlderThan, Limit(p.Limit, DefaultPurgeLimit), nil
+}
+
+// ValidateList checks List's params.
+func ValidateList(p *claim.ListParams) error {
+	for _, s := range p.States {
+		if !s.Valid() {
+			return fmt.Errorf("list: unknown state %q", s)
+		}
+	}
+	if p.OlderThan < 0 {
+		return fmt.Errorf("list: OlderThan must not be negative, got %s", p.OlderThan)
+	}
+	return nil
+}
+
+// ValidateResolve checks Resolve's params.
+func ValidateResolve(p *claim.ResolveParams) error {
+	if !p.Resolution.Valid() {
+		return fmt.Errorf("resolve claim %d: unknown resolution %q", p.ID, p.Resolution)
+	}
+	if p.By == "" {
+		return fmt.Errorf("resolve claim %d: By (who resolves) is required", p.ID)
+	}
+	return nil
+}
+
+// Limit returns n, or def when n is not positive.
+func Limit(n, def int) int {
+	if n <= 0 {
+		return def
+	}
+	return n
+}
+
+// Flag reasons, followed by the time of the last sign of life (UTC).
+const (
+	ReasonNoHeartbeat = "no heartbeat since "
+	ReasonReleased    = "released and not taken over since "
+)
+
+// ErrClosedDB reports whether err is database/sql's "database is closed",
+// which has no exported sentinel.
+func ErrClosedDB(err error) bool {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if e.Error() == "sql: database is closed" {
+			return true
+		}
+	}
+	return false
+}
