@@ -35,7 +35,8 @@ func (s Summary) Print(w io.Writer) {
 		fmt.Fprintf(&b, "  %s: no effect; dead-lettered NoRoute\n", s.PoisonID)
 	}
 	if o := s.Orders; o != nil {
-		fmt.Fprintf(&b, "  GET /_counts: every %s-ord-* key exactly 1 effect per subscription consumer (%d keys)\n", s.RunID, o.UniqueKeys)
+		fmt.Fprintf(&b, "  GET /_counts: every %s-ord-* key exactly 1 effect per subscription consumer (%d keys);\n", s.RunID, o.UniqueKeys)
+		b.WriteString("    with docker-compose.yml that is 2: billing -> /invoices and notifications -> /emails\n")
 	}
 	b.WriteString("  any count above 1 per consumer is a duplicate effect: a bug worth a report\n")
 	_, _ = io.WriteString(w, b.String())

@@ -1,0 +1,684 @@
+package emulator
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sbclaim/sbclaim/internal/sideeffects"
+)
+
+// Limits of the Service Bus emulator, from its documentation and its
+// Config.json schema (Azure/azure-service-bus-emulator-installer).
+const (
+	emulatorNamespace   = "sbemulatorns"
+	maxEntities         = 50 // queues + topics + subscriptions
+	maxConnections      = 10 // concurrent AMQP connections
+	minLock             = 5 * time.Second
+	minSubscriptionLock = time.Minute // the schema's minimum for subscriptions
+	maxLock             = 5 * time.Minute
+	minTTL              = 5 * time.Minute
+	maxTTL              = time.Hour
+	minDupWindow        = 5 * time.Second
+	maxDupWindow        = 5 * time.Minute
+	minDeliveryCount    = 1
+	maxDeliveryCount    = 10
+)
+
+// Subjects demosender sends (cmd/demosender/plan.go).
+const (
+	paymentSubject = "payment"
+	orderSubject   = "order"
+	poisonSubject  = "refund"
+)
+
+// The Config.json shape. Unknown fields are rejected, so a misspelt
+// property (silently ignored by the emulator) fails the test.
+type config struct {
+	UserConfig struct {
+		Namespaces []namespace `json:"Namespaces"`
+		Logging    struct {
+			Type string `json:"Type"`
+		} `json:"Logging"`
+	} `json:"UserConfig"`
+}
+
+type namespace struct {
+	Name   string  `json:"Name"`
+	Queues []queue `json:"Queues"`
+	Topics []topic `json:"Topics"`
+}
+
+type queue struct {
+	Name       string          `json:"Name"`
+	Properties queueProperties `json:"Properties"`
+}
+
+type queueProperties struct {
+	DeadLetteringOnMessageExpiration    bool   `json:"DeadLetteringOnMessageExpiration"`
+	DefaultMessageTimeToLive            string `json:"DefaultMessageTimeToLive"`
+	DuplicateDetectionHistoryTimeWindow string `json:"DuplicateDetectionHistoryTimeWindow"`
+	ForwardDeadLetteredMessagesTo       string `json:"ForwardDeadLetteredMessagesTo"`
+	ForwardTo                           string `json:"ForwardTo"`
+	LockDuration                        string `json:"LockDuration"`
+	MaxDeliveryCount                    int    `json:"MaxDeliveryCount"`
+	RequiresDuplicateDetection          bool   `json:"RequiresDuplicateDetection"`
+	RequiresSession                     bool   `json:"RequiresSession"`
+}
+
+type topic struct {
+	Name       string `json:"Name"`
+	Properties struct {
+		DefaultMessageTimeToLive            string `json:"DefaultMessageTimeToLive"`
+		DuplicateDetectionHistoryTimeWindow string `json:"DuplicateDetectionHistoryTimeWindow"`
+		RequiresDuplicateDetection          bool   `json:"RequiresDuplicateDetection"`
+	} `json:"Properties"`
+	Subscriptions []subscription `json:"Subscriptions"`
+}
+
+type subscription struct {
+	Name       string `json:"Name"`
+	Properties struct {
+		DeadLetteringOnMessageExpiration bool   `json:"DeadLetteringOnMessageExpiration"`
+		DefaultMessageTimeToLive         string `json:"DefaultMessageTimeToLive"`
+		ForwardDeadLetteredMessagesTo    string `json:"ForwardDeadLetteredMessagesTo"`
+		ForwardTo                        string `json:"ForwardTo"`
+		LockDuration                     string `json:"LockDuration"`
+		MaxDeliveryCount                 int    `json:"MaxDeliveryCount"`
+		RequiresSession                  bool   `json:"RequiresSession"`
+	} `json:"Properties"`
+	Rules []json.RawMessage `json:"Rules"`
+}
+
+func loadConfig(t *testing.T) *config {
+	t.Helper()
+	data, err := os.ReadFile("Config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var c config
+	if err := dec.Decode(&c); err != nil {
+		t.Fatalf("Config.json: %v", err)
+	}
+	if len(c.UserConfig.Namespaces) != 1 {
+		t.Fatalf("Config.json: the emulator takes exactly one namespace, got %d", len(c.UserConfig.Namespaces))
+	}
+	return &c
+}
+
+// isoDuration matches the ISO-8601 durations the emulator accepts, limited
+// to days and time parts (years and months have no fixed length).
+var isoDuration = regexp.MustCompile(`^P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)?)S)?)?$`)
+
+// parseISODuration parses an ISO-8601 duration such as PT30S, PT1M,
+// PT1H30M or P1DT2H.
+func parseISODuration(s string) (time.Duration, error) {
+	m := isoDuration.FindStringSubmatch(s)
+	if m == nil || s == "P" || strings.HasSuffix(s, "T") {
+		return 0, fmt.Errorf("%q is not an ISO-8601 duration (PnDTnHnMnS)", s)
+	}
+	var d time.Duration
+	for i, unit := range []time.Duration{24 * time.Hour, time.Hour, time.Minute} {
+		if m[i+1] == "" {
+			continue
+		}
+		n, err := strconv.ParseInt(m[i+1], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%q: %w", s, err)
+		}
+		d += time.Duration(n) * unit
+	}
+	if m[4] != "" {
+		f, err := strconv.ParseFloat(m[4], 64)
+		if err != nil {
+			return 0, fmt.Errorf("%q: %w", s, err)
+		}
+		d += time.Duration(f * float64(time.Second))
+	}
+	return d, nil
+}
+
+func TestParseISODuration(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]time.Duration{
+		"PT5S":     5 * time.Second,
+		"PT30S":    30 * time.Second,
+		"PT1M":     time.Minute,
+		"PT5M":     5 * time.Minute,
+		"PT1H":     time.Hour,
+		"PT1H30M":  90 * time.Minute,
+		"P1D":      24 * time.Hour,
+		"P1DT2H":   26 * time.Hour,
+		"PT0.5S":   500 * time.Millisecond,
+		"PT1M30S":  90 * time.Second,
+		"P0DT0H5M": 5 * time.Minute,
+	} {
+		got, err := parseISODuration(in)
+		if err != nil || got != want {
+			t.Errorf("parseISODuration(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "P", "PT", "30s", "PT5", "P1Y", "P1M", "PT-5S", "pt5s", "P1DT"} {
+		if d, err := parseISODuration(bad); err == nil {
+			t.Errorf("parseISODuration(%q) = %v, want an error", bad, d)
+		}
+	}
+}
+
+// entityName is the emulator schema's pattern for entity names.
+var entityName = regexp.MustCompile(`^[A-Za-z0-9]$|^[A-Za-z0-9][\w.\-/]*[A-Za-z0-9]$`)
+
+// checkRange parses an ISO-8601 value and checks it lies within [lo, hi].
+func checkRange(field, value string, lo, hi time.Duration) (time.Duration, error) {
+	d, err := parseISODuration(value)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", field, err)
+	}
+	if d < lo || d > hi {
+		return d, fmt.Errorf("%s = %s (%v) is outside the emulator's range %v..%v", field, value, d, lo, hi)
+	}
+	return d, nil
+}
+
+// entityLimits summarises Config.json for the compose checks.
+type entityLimits struct {
+	queues        map[string]bool
+	subscriptions map[string]map[string]bool // topic -> subscription
+	maxLock       time.Duration
+	maxDeliveries int
+}
+
+// checkConfig applies the emulator's limits and returns what it declares.
+func checkConfig(c *config) (entityLimits, []error) {
+	var errs []error
+	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	lim := entityLimits{queues: map[string]bool{}, subscriptions: map[string]map[string]bool{}}
+
+	switch c.UserConfig.Logging.Type {
+	case "File", "Console", "File,Console", "Console,File":
+	default:
+		fail("Logging.Type = %q, want File, Console or both", c.UserConfig.Logging.Type)
+	}
+	ns := c.UserConfig.Namespaces[0]
+	if ns.Name != emulatorNamespace {
+		fail("namespace %q: the emulator only accepts %q", ns.Name, emulatorNamespace)
+	}
+
+	entities := 0
+	names := map[string]bool{}
+	name := func(kind, n string) {
+		entities++
+		if !entityName.MatchString(n) {
+			fail("%s name %q does not match %s", kind, n, entityName)
+		}
+	}
+	deliveries := func(field string, n int) {
+		if n < minDeliveryCount || n > maxDeliveryCount {
+			fail("%s = %d is outside the emulator's range %d..%d", field, n, minDeliveryCount, maxDeliveryCount)
+		}
+		lim.maxDeliveries = max(lim.maxDeliveries, n)
+	}
+	lock := func(field, v string, lo time.Duration) {
+		d, err := checkRange(field, v, lo, maxLock)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		lim.maxLock = max(lim.maxLock, d)
+	}
+	ttl := func(field, v string) {
+		if _, err := checkRange(field, v, minTTL, maxTTL); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	dupWindow := func(field, v string) {
+		if _, err := checkRange(field, v, minDupWindow, maxDupWindow); err != nil {
+			errs = append(errs, err)
+		}
+	}
+
+	for _, q := range ns.Queues {
+		name("queue", q.Name)
+		if names[q.Name] {
+			fail("entity name %q is used twice", q.Name)
+		}
+		names[q.Name] = true
+		lim.queues[q.Name] = true
+		p := q.Properties
+		lock("queue "+q.Name+" LockDuration", p.LockDuration, minLock)
+		deliveries("queue "+q.Name+" MaxDeliveryCount", p.MaxDeliveryCount)
+		ttl("queue "+q.Name+" DefaultMessageTimeToLive", p.DefaultMessageTimeToLive)
+		dupWindow("queue "+q.Name+" DuplicateDetectionHistoryTimeWindow", p.DuplicateDetectionHistoryTimeWindow)
+		if p.RequiresSession {
+			fail("queue %s requires sessions: the processor receives without sessions", q.Name)
+		}
+	}
+	for _, tp := range ns.Topics {
+		name("topic", tp.Name)
+		if names[tp.Name] {
+			fail("entity name %q is used twice", tp.Name)
+		}
+		names[tp.Name] = true
+		ttl("topic "+tp.Name+" DefaultMessageTimeToLive", tp.Properties.DefaultMessageTimeToLive)
+		dupWindow("topic "+tp.Name+" DuplicateDetectionHistoryTimeWindow", tp.Properties.DuplicateDetectionHistoryTimeWindow)
+		if len(tp.Subscriptions) == 0 {
+			fail("topic %s has no subscription (the emulator requires at least one)", tp.Name)
+		}
+		subs := map[string]bool{}
+		for _, s := range tp.Subscriptions {
+			field := "subscription " + tp.Name + "/" + s.Name
+			name("subscription", s.Name)
+			if subs[s.Name] {
+				fail("%s is declared twice", field)
+			}
+			subs[s.Name] = true
+			lock(field+" LockDuration", s.Properties.LockDuration, minSubscriptionLock)
+			deliveries(field+" MaxDeliveryCount", s.Properties.MaxDeliveryCount)
+			ttl(field+" DefaultMessageTimeToLive", s.Properties.DefaultMessageTimeToLive)
+			if s.Properties.RequiresSession {
+				fail("%s requires sessions: the processor receives without sessions", field)
+			}
+		}
+		lim.subscriptions[tp.Name] = subs
+	}
+	if entities > maxEntities {
+		fail("%d entities (queues + topics + subscriptions); the emulator allows %d", entities, maxEntities)
+	}
+	return lim, errs
+}
+
+func TestConfigWithinEmulatorLimits(t *testing.T) {
+	t.Parallel()
+	lim, errs := checkConfig(loadConfig(t))
+	for _, err := range errs {
+		t.Error(err)
+	}
+	// What docker-compose.yml and the README rely on.
+	if !lim.queues["payments"] {
+		t.Error(`queue "payments" is missing`)
+	}
+	if subs := lim.subscriptions["orders"]; !subs["billing"] || !subs["notifications"] {
+		t.Errorf(`topic "orders" needs subscriptions billing and notifications, has %v`, subs)
+	}
+}
+
+// The limit checks must be able to fail: break a copy of the config in each
+// way the emulator would reject and expect an error naming it.
+func TestCheckConfigRejects(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		mutate func(*config)
+		want   string
+	}{
+		"namespace":      {func(c *config) { c.UserConfig.Namespaces[0].Name = "prod" }, "sbemulatorns"},
+		"logging":        {func(c *config) { c.UserConfig.Logging.Type = "" }, "Logging.Type"},
+		"lock too short": {func(c *config) { c.UserConfig.Namespaces[0].Queues[0].Properties.LockDuration = "PT4S" }, "LockDuration"},
+		"lock too long":  {func(c *config) { c.UserConfig.Namespaces[0].Queues[0].Properties.LockDuration = "PT6M" }, "LockDuration"},
+		"lock not iso":   {func(c *config) { c.UserConfig.Namespaces[0].Queues[0].Properties.LockDuration = "30s" }, "ISO-8601"},
+		"subscription lock": {func(c *config) {
+			c.UserConfig.Namespaces[0].Topics[0].Subscriptions[0].Properties.LockDuration = "PT30S"
+		}, "LockDuration"},
+		"deliveries 0":  {func(c *config) { c.UserConfig.Namespaces[0].Queues[0].Properties.MaxDeliveryCount = 0 }, "MaxDeliveryCount"},
+		"deliveries 11": {func(c *config) { c.UserConfig.Namespaces[0].Queues[0].Properties.MaxDeliveryCount = 11 }, "MaxDeliveryCount"},
+		"ttl":           {func(c *config) { c.UserConfig.Namespaces[0].Queues[0].Properties.DefaultMessageTimeToLive = "PT2H" }, "DefaultMessageTimeToLive"},
+		"topic ttl":     {func(c *config) { c.UserConfig.Namespaces[0].Topics[0].Properties.DefaultMessageTimeToLive = "P1D" }, "DefaultMessageTimeToLive"},
+		"sessions":      {func(c *config) { c.UserConfig.Namespaces[0].Queues[0].Properties.RequiresSession = true }, "sessions"},
+		"bad name":      {func(c *config) { c.UserConfig.Namespaces[0].Queues[0].Name = "-payments" }, "does not match"},
+		"too many entities": {func(c *config) {
+			ns := &c.UserConfig.Namespaces[0]
+			for i := range maxEntities {
+				q := ns.Queues[0]
+				q.Name = fmt.Sprintf("extra%d", i)
+				ns.Queues = append(ns.Queues, q)
+			}
+		}, "entities"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c := loadConfig(t)
+			tc.mutate(c)
+			_, errs := checkConfig(c)
+			err := errors.Join(errs...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v, want an error mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// The docker-compose.yml shape, as far as these checks need it.
+type composeFile struct {
+	Services map[string]composeService `yaml:"services"`
+}
+
+type composeService struct {
+	Image           string            `yaml:"image"`
+	Command         []string          `yaml:"command"`
+	Environment     map[string]string `yaml:"environment"`
+	Volumes         []string          `yaml:"volumes"`
+	StopGracePeriod string            `yaml:"stop_grace_period"`
+	DependsOn       map[string]struct {
+		Condition string `yaml:"condition"`
+	} `yaml:"depends_on"`
+}
+
+func loadCompose(t *testing.T) *composeFile {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("..", "docker-compose.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c composeFile
+	if err := yaml.Unmarshal(data, &c); err != nil {
+		t.Fatalf("docker-compose.yml: %v", err)
+	}
+	if len(c.Services) == 0 {
+		t.Fatal("docker-compose.yml: no services")
+	}
+	return &c
+}
+
+// hostFile maps a container path to the repository file mounted there.
+func (s composeService) hostFile(containerPath string) (string, bool) {
+	for _, v := range s.Volumes {
+		parts := strings.Split(v, ":")
+		if len(parts) >= 2 && parts[1] == containerPath && strings.HasPrefix(parts[0], "./") {
+			return filepath.Join("..", filepath.FromSlash(parts[0])), true
+		}
+	}
+	return "", false
+}
+
+func TestComposeEntitiesExist(t *testing.T) {
+	t.Parallel()
+	lim, _ := checkConfig(loadConfig(t))
+	compose := loadCompose(t)
+
+	consumers := map[string]map[string][]string{} // entity -> consumer -> services
+	connections := 0
+	for name, svc := range compose.Services {
+		env := svc.Environment
+		if env["SBCLAIM_SERVICEBUS_CONNECTION_STRING"] != "" {
+			connections++
+		}
+		q, tp, sub := env["SBCLAIM_QUEUE"], env["SBCLAIM_TOPIC"], env["SBCLAIM_SUBSCRIPTION"]
+		if q != "" && !lim.queues[q] {
+			t.Errorf("service %s: SBCLAIM_QUEUE=%q is not a queue in Config.json", name, q)
+		}
+		if tp != "" {
+			if _, ok := lim.subscriptions[tp]; !ok {
+				t.Errorf("service %s: SBCLAIM_TOPIC=%q is not a topic in Config.json", name, tp)
+			}
+		}
+		if sub != "" && !lim.subscriptions[tp][sub] {
+			t.Errorf("service %s: subscription %q of topic %q is not in Config.json", name, sub, tp)
+		}
+		// Receivers name one entity and a consumer; only the sender may
+		// name a queue and a topic, or a topic without a subscription.
+		if c := env["SBCLAIM_CONSUMER"]; c != "" {
+			entity := q
+			if q == "" {
+				entity = tp + "/" + sub
+			}
+			if (q == "") == (tp == "") || (tp != "" && sub == "") {
+				t.Errorf("service %s: a processor needs SBCLAIM_QUEUE or SBCLAIM_TOPIC+SBCLAIM_SUBSCRIPTION, has %q %q %q", name, q, tp, sub)
+			}
+			if consumers[entity] == nil {
+				consumers[entity] = map[string][]string{}
+			}
+			consumers[entity][c] = append(consumers[entity][c], name)
+		}
+	}
+
+	// Two replicas of one consumer on the queue, so duplicates race.
+	if reps := consumers["payments"]["payments"]; len(reps) < 2 {
+		t.Errorf("want at least two processor replicas of consumer payments on queue payments, got %v", reps)
+	}
+	// Every subscription of orders is consumed, each by its own consumer.
+	seen := map[string]bool{}
+	for sub := range lim.subscriptions["orders"] {
+		cs := consumers["orders/"+sub]
+		if len(cs) == 0 {
+			t.Errorf("subscription orders/%s has no processor", sub)
+		}
+		for c := range cs {
+			if seen[c] {
+				t.Errorf("consumer %q is used on two subscriptions: their claims would collide", c)
+			}
+			seen[c] = true
+		}
+	}
+
+	sender, ok := compose.Services["demosender"]
+	if !ok {
+		t.Fatal("no demosender service")
+	}
+	if q := sender.Environment["SBCLAIM_QUEUE"]; !lim.queues[q] {
+		t.Errorf("demosender sends to queue %q, not in Config.json", q)
+	}
+	if tp := sender.Environment["SBCLAIM_TOPIC"]; lim.subscriptions[tp] == nil {
+		t.Errorf("demosender sends to topic %q, not in Config.json", tp)
+	}
+	if connections > maxConnections {
+		t.Errorf("%d services connect to the emulator; it allows %d connections", connections, maxConnections)
+	}
+
+	sb := compose.Services["servicebus"]
+	if f, ok := sb.hostFile("/ServiceBus_Emulator/ConfigFiles/Config.json"); !ok || filepath.Base(f) != "Config.json" {
+		t.Errorf("servicebus does not mount emulator/Config.json at /ServiceBus_Emulator/ConfigFiles/Config.json: %v", sb.Volumes)
+	}
+}
+
+// routeURLs returns every url in a routes file (top level and steps).
+func routeURLs(t *testing.T, path string) []string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Routes []struct {
+			URL   string `yaml:"url"`
+			Steps []struct {
+				URL string `yaml:"url"`
+			} `yaml:"steps"`
+		} `yaml:"routes"`
+	}
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	var urls []string
+	for _, r := range doc.Routes {
+		if r.URL != "" {
+			urls = append(urls, r.URL)
+		}
+		for _, s := range r.Steps {
+			urls = append(urls, s.URL)
+		}
+	}
+	return urls
+}
+
+func message(subject, body string) *azservicebus.ReceivedMessage {
+	return &azservicebus.ReceivedMessage{MessageID: "m1", Subject: &subject, Body: []byte(body)}
+}
+
+func TestComposeRoutes(t *testing.T) {
+	t.Parallel()
+	compose := loadCompose(t)
+	logger := slog.New(slog.DiscardHandler)
+
+	mounted := map[string]bool{}
+	for name, svc := range compose.Services {
+		routesPath := svc.Environment["SBCLAIM_ROUTES"]
+		if routesPath == "" {
+			continue
+		}
+		file, ok := svc.hostFile(routesPath)
+		if !ok {
+			t.Errorf("service %s: SBCLAIM_ROUTES=%s is not a file mounted from the repository", name, routesPath)
+			continue
+		}
+		mounted[filepath.Base(file)] = true
+
+		// The processor's own loader: schema, URLs, headers.
+		router, err := sideeffects.LoadRoutes(file, os.Getenv, logger)
+		if err != nil {
+			t.Errorf("service %s: %v", name, err)
+			continue
+		}
+		for _, raw := range routeURLs(t, file) {
+			u, err := url.Parse(raw)
+			if err != nil {
+				t.Errorf("%s: %v", file, err)
+				continue
+			}
+			host := u.Hostname()
+			target, ok := compose.Services[host]
+			if !ok {
+				t.Errorf("%s: route URL %s: host %q is not a compose service", file, raw, host)
+				continue
+			}
+			if host == "demoapi" {
+				_, port, _ := net.SplitHostPort(target.Environment["SBCLAIM_DEMOAPI_ADDR"])
+				if u.Port() != port {
+					t.Errorf("%s: route URL %s: demoapi listens on port %q", file, raw, port)
+				}
+			}
+		}
+
+		// What demosender sends must be routed, except the poison message.
+		env := svc.Environment
+		if _, err := router.Route(message(poisonSubject, `{"x":1}`)); !isNoRoute(err) {
+			t.Errorf("service %s: subject %q must have no route (demosender's poison message), got %v", name, poisonSubject, err)
+		}
+		var want string
+		switch {
+		case env["SBCLAIM_QUEUE"] == "payments":
+			want = paymentSubject
+		case env["SBCLAIM_TOPIC"] == "orders":
+			want = orderSubject
+		default:
+			continue // the reconciler: checked through the processors' files
+		}
+		if _, err := router.Route(message(want, `{"id":"x"}`)); err != nil {
+			t.Errorf("service %s: subject %q has no route: %v", name, want, err)
+		}
+	}
+
+	// Every compose routes file is used, and routes.compose.yaml (the one the
+	// README names) is among them.
+	files, err := filepath.Glob("routes*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if !mounted[f] {
+			t.Errorf("emulator/%s is not mounted as SBCLAIM_ROUTES by any service", f)
+		}
+	}
+	if !mounted["routes.compose.yaml"] {
+		t.Error("emulator/routes.compose.yaml is not used by any service")
+	}
+
+	// The reconciler can redrive claims of every consumer: each processor's
+	// routes file is mounted in it too.
+	rec := compose.Services["reconciler"]
+	for f := range mounted {
+		found := false
+		for _, v := range rec.Volumes {
+			if strings.HasPrefix(v, "./emulator/"+f+":") {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("reconciler does not mount emulator/%s (needed to redrive that consumer's claims)", f)
+		}
+	}
+}
+
+func isNoRoute(err error) bool {
+	var ie *sideeffects.InputError
+	return errors.As(err, &ie) && ie.Reason == sideeffects.ReasonNoRoute
+}
+
+func composeDuration(t *testing.T, service, field, v string) time.Duration {
+	t.Helper()
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		t.Fatalf("service %s: %s=%q: %v", service, field, v, err)
+	}
+	return d
+}
+
+// The reconciler refuses windows that are too short; check the compose
+// values against the same rules and against Config.json, so that
+// `docker compose up` does not stop on a configuration error.
+func TestComposeReconcilerWindows(t *testing.T) {
+	t.Parallel()
+	lim, _ := checkConfig(loadConfig(t))
+	compose := loadCompose(t)
+	rec, ok := compose.Services["reconciler"]
+	if !ok {
+		t.Fatal("no reconciler service")
+	}
+	env := rec.Environment
+	if !slices.Equal(rec.Command, []string{"run"}) {
+		t.Errorf("reconciler command = %v, want [run]", rec.Command)
+	}
+	heartbeat := composeDuration(t, "reconciler", "SBCLAIM_HEARTBEAT_INTERVAL", env["SBCLAIM_HEARTBEAT_INTERVAL"])
+	stale := composeDuration(t, "reconciler", "SBCLAIM_STALE_AFTER", env["SBCLAIM_STALE_AFTER"])
+	retention := composeDuration(t, "reconciler", "SBCLAIM_RETENTION", env["SBCLAIM_RETENTION"])
+	lock := composeDuration(t, "reconciler", "SBCLAIM_LOCK_DURATION", env["SBCLAIM_LOCK_DURATION"])
+	deliveries, err := strconv.Atoi(env["SBCLAIM_MAX_DELIVERY_COUNT"])
+	if err != nil {
+		t.Fatalf("SBCLAIM_MAX_DELIVERY_COUNT: %v", err)
+	}
+
+	if stale < 3*heartbeat {
+		t.Errorf("SBCLAIM_STALE_AFTER %v < 3 × heartbeat %v", stale, heartbeat)
+	}
+	if lock < lim.maxLock || deliveries < lim.maxDeliveries {
+		t.Errorf("reconciler assumes lock %v × %d deliveries; Config.json has up to %v × %d", lock, deliveries, lim.maxLock, lim.maxDeliveries)
+	}
+	if retention < lock*time.Duration(deliveries) {
+		t.Errorf("SBCLAIM_RETENTION %v < lock %v × %d deliveries", retention, lock, deliveries)
+	}
+	if retention < maxTTL {
+		t.Errorf("SBCLAIM_RETENTION %v is shorter than the entities' message TTL %v: a message could be redelivered after its claim is purged", retention, maxTTL)
+	}
+
+	for name, svc := range compose.Services {
+		penv := svc.Environment
+		if penv["SBCLAIM_CONSUMER"] == "" {
+			continue
+		}
+		if hb := penv["SBCLAIM_HEARTBEAT_INTERVAL"]; composeDuration(t, name, "SBCLAIM_HEARTBEAT_INTERVAL", hb) != heartbeat {
+			t.Errorf("service %s: heartbeat %s differs from the reconciler's %v", name, hb, heartbeat)
+		}
+		shutdown := composeDuration(t, name, "SBCLAIM_SHUTDOWN_TIMEOUT", penv["SBCLAIM_SHUTDOWN_TIMEOUT"])
+		grace := composeDuration(t, name, "stop_grace_period", svc.StopGracePeriod)
+		if shutdown >= grace {
+			t.Errorf("service %s: SBCLAIM_SHUTDOWN_TIMEOUT %v must be below stop_grace_period %v", name, shutdown, grace)
+		}
+		if svc.DependsOn["migrate"].Condition != "service_completed_successfully" {
+			t.Errorf("service %s must wait for migrate to complete", name)
+		}
+	}
+}

@@ -1,0 +1,31 @@
+// Package emulator holds the local Service Bus setup used by
+// docker-compose.yml and the tests that keep it consistent; it has no code
+// of its own.
+//
+// Config.json declares the emulator's entities:
+//
+//   - queue "payments": LockDuration PT30S, MaxDeliveryCount 5. A short lock
+//     makes lock renewal visible in a demo (the processor renews every
+//     ~15 s) while leaving an HTTP effect with a 5 s timeout plenty of
+//     room; five deliveries let a message survive a few abandons (a
+//     downstream outage, a replica restart) before it is dead-lettered, and
+//     keep the retention floor (lock × deliveries = 2.5 min) small.
+//   - topic "orders" with subscriptions "billing" and "notifications": two
+//     consumers of the same message, each with its own claims (claims are
+//     unique per MessageId and consumer) and its own routes file. The
+//     emulator's minimum LockDuration for a subscription is PT1M, so they
+//     use that; MaxDeliveryCount 5 as for the queue. Rules is empty, which
+//     gives each subscription the default match-all rule.
+//
+// Duplicate detection is off on purpose: the demo sends duplicates, and the
+// point is that the consumers, not the broker, absorb them (the broker's
+// detection window is minutes at most and does not cover redeliveries).
+//
+// The tests check Config.json against the emulator's documented limits
+// (namespace name sbemulatorns, LockDuration PT5S-PT5M, MaxDeliveryCount
+// 1-10, message TTL at most PT1H, at most 50 entities) and check that every
+// queue, topic and subscription docker-compose.yml names exists, that every
+// routes file a compose service mounts loads with the processor's own
+// loader, that every route URL points at a compose service, and that the
+// reconciler's windows are valid for these entities.
+package emulator
