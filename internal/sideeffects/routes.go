@@ -221,6 +221,12 @@ func validateSchema(doc any) []error {
 			}
 		case *kind.FalseSchema:
 			errs = append(errs, schemaError(doc, loc, "not allowed in a route with steps (set it on each step)"))
+		case *kind.MinProperties, *kind.MaxProperties:
+			if len(loc) >= 2 && loc[len(loc)-2] == "headers" {
+				errs = append(errs, schemaError(doc, loc, "set exactly one of fromEnv (a secret, read from the environment) or value (fixed text)"))
+				break
+			}
+			errs = append(errs, schemaError(doc, loc, e.ErrorKind.LocalizedString(schemaPrinter)))
 		case *kind.Pattern:
 			errs = append(errs, schemaError(doc, loc, patternProblem(loc, k)))
 		default:
