@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-
-
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/sqlite"
 )
@@ -220,5 +218,3 @@ func (c *countingStore) FlagStale(ctx context.Context, p *claim.FlagStaleParams)
 	c.flagCalls.Add(1)
 	return c.Store.FlagStale(ctx, p)
 }
-
-
