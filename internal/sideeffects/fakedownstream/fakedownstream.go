@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -146,6 +147,10 @@ type entry struct {
 type KeyCounts struct {
 	Effects  int `json:"effects"`
 	Requests int `json:"requests"`
+	// Paths counts effects per URL path (each path is its own idempotency
+	// store, so two consumers posting the same key to /invoices and
+	// /emails perform one effect each).
+	Paths map[string]int `json:"paths,omitempty"`
 }
 
 // New returns a Server.
@@ -285,7 +290,12 @@ func (s *Server) perform(r *http.Request, key string, body []byte) (status int, 
 	s.mu.Lock()
 	s.effects++
 	n := s.effects
-	s.countsFor(key).Effects++
+	c := s.countsFor(key)
+	c.Effects++
+	if c.Paths == nil {
+		c.Paths = map[string]int{}
+	}
+	c.Paths[r.URL.Path]++
 	e.running = false
 	e.status = http.StatusCreated
 	e.body, _ = json.Marshal(map[string]any{
@@ -394,6 +404,17 @@ func (s *Server) Effects(key string) int {
 	return 0
 }
 
+// EffectsAt returns how many times the effect was performed for key at
+// path.
+func (s *Server) EffectsAt(path, key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c, ok := s.counts[key]; ok {
+		return c.Paths[path]
+	}
+	return 0
+}
+
 // Requests returns how many requests carried key.
 func (s *Server) Requests(key string) int {
 	s.mu.Lock()
@@ -443,19 +464,22 @@ func (s *Server) Headers(key string) []http.Header {
 	return out
 }
 
-// Duplicates returns the keys whose effect was performed more than once
-// (always empty unless the fake is broken: the chaos harness checks it).
+// Duplicates returns "path key" for every key performed more than once at
+// the same path (always empty unless the fake itself is broken; a check
+// for the chaos harness).
 func (s *Server) Duplicates() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var keys []string
+	var dups []string
 	for k, c := range s.counts {
-		if c.Effects > 1 {
-			keys = append(keys, k)
+		for p, n := range c.Paths {
+			if n > 1 {
+				dups = append(dups, p+" "+k)
+			}
 		}
 	}
-	slices.Sort(keys)
-	return keys
+	slices.Sort(dups)
+	return dups
 }
 
 // Counts is the JSON served at GET /_counts.
@@ -472,6 +496,7 @@ func (s *Server) Snapshot() Counts {
 	c := Counts{TotalEffects: s.effects, TotalRequests: s.requests, Keys: make(map[string]*KeyCounts, len(s.counts))}
 	for k, v := range s.counts {
 		cp := *v
+		cp.Paths = maps.Clone(v.Paths)
 		c.Keys[k] = &cp
 	}
 	return c

@@ -90,6 +90,9 @@ func TestIdempotencySemantics(t *testing.T) {
 	if s.Effects("k1") != 2 || s.Requests("k1") != 4 || s.TotalEffects() != 2 || s.TotalRequests() != 5 {
 		t.Errorf("counts: effects %d requests %d total %d/%d", s.Effects("k1"), s.Requests("k1"), s.TotalEffects(), s.TotalRequests())
 	}
+	if s.EffectsAt("/payments", "k1") != 1 || s.EffectsAt("/emails", "k1") != 1 {
+		t.Errorf("EffectsAt: payments %d emails %d, want 1 each", s.EffectsAt("/payments", "k1"), s.EffectsAt("/emails", "k1"))
+	}
 	if got := fmt.Sprint(s.Keys()); got != "[k1]" {
 		t.Errorf("Keys() = %s", got)
 	}
@@ -106,7 +109,7 @@ func TestIdempotencySemantics(t *testing.T) {
 	if err := json.NewDecoder(resp.Body).Decode(&c); err != nil {
 		t.Fatal(err)
 	}
-	if c.TotalEffects != 2 || c.Keys["k1"].Effects != 2 || c.Keys["k1"].Requests != 4 {
+	if c.TotalEffects != 2 || c.Keys["k1"].Effects != 2 || c.Keys["k1"].Requests != 4 || c.Keys["k1"].Paths["/emails"] != 1 {
 		t.Errorf("/_counts = %+v", c)
 	}
 }
