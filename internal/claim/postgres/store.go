@@ -1,0 +1,622 @@
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/claim/sqlstore"
+	schema "github.com/sbclaim/sbclaim/sql"
+)
+
+var _ claim.Store = (*Store)(nil)
+
+// ClaimsUniqueIndex is the name of the claims unique index: a unique
+// violation of this constraint, and only this one, is a duplicate.
+const ClaimsUniqueIndex = "ux_claims_message_consumer"
+
+// Store is the PostgreSQL claims table.
+type Store struct {
+	db *sql.DB
+}
+
+// Option configures a Store. There are none yet; the parameter keeps New's
+// signature the same across dialects.
+type Option func(*Store)
+
+// New wraps an open database whose driver is pgx's stdlib driver.
+func New(db *sql.DB, opts ...Option) *Store {
+	s := &Store{db: db}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// DB returns the database the store uses.
+func (s *Store) DB() *sql.DB { return s.db }
+
+// Open opens a PostgreSQL claims store from a postgres:// or postgresql://
+// URL (libpq parameters such as sslmode, and runtime parameters such as
+// search_path, go in the query string). It checks the database answers
+// but does not migrate: call Migrate.
+func Open(ctx context.Context, url string) (*Store, error) {
+	if !strings.HasPrefix(url, "postgres://") && !strings.HasPrefix(url, "postgresql://") {
+		return nil, errors.New("postgres: URL must start with postgres:// or postgresql://")
+	}
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		// pgx's parse errors can quote the URL, password included.
+		return nil, errors.New("postgres: invalid connection URL")
+	}
+	s := New(db)
+	if err := s.Ping(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Migrate applies the embedded PostgreSQL migrations (sql/postgres) to the
+// current schema of db, holding a session advisory lock keyed by that
+// schema so replicas starting together migrate once.
+func Migrate(ctx context.Context, db *sql.DB) error {
+	var current string
+	if err := db.QueryRowContext(ctx, "SELECT current_schema()").Scan(&current); err != nil {
+		return fmt.Errorf("migrate postgres: %w", translate(err))
+	}
+	h := fnv.New64a()
+	h.Write([]byte("sbclaim-migrate:" + current))
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(int64(h.Sum64())), lock.WithLockTimeout(1, 600))
+	if err != nil {
+		return fmt.Errorf("migrate postgres: %w", err)
+	}
+	fsys, err := schema.Dialect("postgres")
+	if err != nil {
+		return fmt.Errorf("migrate postgres: %w", err)
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, fsys, goose.WithSessionLocker(locker))
+	if err != nil {
+		return fmt.Errorf("migrate postgres: %w", err)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		return fmt.Errorf("migrate postgres: %w", translate(err))
+	}
+	return nil
+}
+
+var columnNames = []string{"id", "message_id", "consumer", "owner", "state", "entity", "subject", "content_type",
+	"properties", "payload_hash", "payload", "delivery_count", "claimed_by", "claimed_utc",
+	"heartbeat_utc", "processed_utc", "released_utc", "attempts", "last_error", "flagged_utc",
+	"flag_reason", "resolved_utc", "resolved_by", "resolution", "resolution_note"}
+
+// cols returns the select list scanClaim reads, each column prefixed.
+func cols(prefix string) string {
+	out := make([]string, len(columnNames))
+	for i, c := range columnNames {
+		out[i] = prefix + c
+		if c == "properties" {
+			out[i] += "::text"
+		}
+	}
+	return strings.Join(out, ", ")
+}
+
+var columns = cols("")
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanClaim(r scanner, extra ...any) (*claim.Claim, error) {
+	var (
+		c                                      claim.Claim
+		state, props, resolution               string
+		processed, released, flagged, resolved sql.NullTime
+	)
+	dest := append(extra, &c.ID, &c.MessageID, &c.Consumer, &c.Owner, &state, &c.Entity, &c.Subject, &c.ContentType,
+		&props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &c.ClaimedAt,
+		&c.HeartbeatAt, &processed, &released, &c.Attempts, &c.LastError, &flagged,
+		&c.FlagReason, &resolved, &c.ResolvedBy, &resolution, &c.ResolutionNote)
+	if err := r.Scan(dest...); err != nil {
+		return nil, err
+	}
+	var err error
+	c.State, c.Resolution = claim.State(state), claim.Resolution(resolution)
+	if c.Properties, err = sqlstore.DecodeProperties(props); err != nil {
+		return nil, fmt.Errorf("claim %d: %w", c.ID, err)
+	}
+	c.ClaimedAt, c.HeartbeatAt = c.ClaimedAt.UTC(), c.HeartbeatAt.UTC()
+	c.ProcessedAt, c.ReleasedAt, c.FlaggedAt, c.ResolvedAt = utc(processed), utc(released), utc(flagged), utc(resolved)
+	return &c, nil
+}
+
+func utc(t sql.NullTime) *time.Time {
+	if !t.Valid {
+		return nil
+	}
+	u := t.Time.UTC()
+	return &u
+}
+
+// secs is the parameter form of a duration: seconds as float8, used with
+// make_interval(secs => $n).
+func secs(d time.Duration) float64 { return d.Seconds() }
+
+// claimSQL inserts the batch and returns, in one statement, the rows it
+// inserted (inserted = true) and the existing rows of the keys it did not
+// insert that the statement's snapshot can see (inserted = false).
+var claimSQL = `WITH input AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+		$7::text[], $8::bytea[], $9::bytea[], $10::int[])
+		WITH ORDINALITY AS i(message_id, consumer, owner, entity, subject, content_type,
+			properties, payload_hash, payload, delivery_count, ord)
+), ins AS (
+	INSERT INTO claims (message_id, consumer, owner, state, entity, subject, content_type,
+		properties, payload_hash, payload, delivery_count, claimed_by, claimed_utc, heartbeat_utc, processed_utc)
+	SELECT message_id, consumer, owner::uuid, $11, entity, subject, content_type,
+		properties::jsonb, payload_hash, payload, delivery_count, $12, now(), now(),
+		CASE WHEN $11 = 'processed' THEN now() END
+	FROM input ORDER BY ord
+	ON CONFLICT (message_id, consumer) DO NOTHING
+	RETURNING ` + columns + `
+)
+SELECT true, * FROM ins
+UNION ALL
+SELECT false, ` + cols("c.") + `
+FROM claims c JOIN input i ON c.message_id = i.message_id AND c.consumer = i.consumer
+WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.message_id = i.message_id AND ins.consumer = i.consumer)`
+
+// ClaimBatch claims the batch in one statement (see the package doc).
+func (s *Store) ClaimBatch(ctx context.Context, params *claim.ClaimBatchParams) ([]claim.ClaimResult, error) {
+	plan, err := sqlstore.NewPlan(params.Claims)
+	if err != nil {
+		return nil, err
+	}
+	if len(plan.First) == 0 {
+		return nil, nil
+	}
+	won, existing, err := insertClaims(ctx, s.db, params.Host, plan, claim.StateClaimed)
+	if err != nil {
+		return nil, err
+	}
+	return plan.Results(won, existing)
+}
+
+// maxClaimAttempts bounds the statements one ClaimBatch sends: the first,
+// plus one more per race in which a key's row committed after the
+// statement's snapshot (in practice at most one more).
+const maxClaimAttempts = 3
+
+func insertClaims(ctx context.Context, q querier, host string, plan *sqlstore.Plan, state claim.State) (won, existing map[sqlstore.Key]*claim.Claim, err error) {
+	won = make(map[sqlstore.Key]*claim.Claim, len(plan.First))
+	existing = make(map[sqlstore.Key]*claim.Claim)
+	pending := plan.First
+	for attempt := 1; len(pending) > 0; attempt++ {
+		if attempt > maxClaimAttempts {
+			c := &plan.Claims[pending[0]]
+			return nil, nil, fmt.Errorf("claim %s/%s: row neither inserted nor found after %d attempts", c.MessageID, c.Consumer, maxClaimAttempts)
+		}
+		var (
+			ids, consumers, owners, entities, subjects, types, props []string
+			hashes, payloads                                         [][]byte
+			counts                                                   []int32
+		)
+		for _, i := range pending {
+			c := &plan.Claims[i]
+			p, err := sqlstore.EncodeProperties(c.Properties)
+			if err != nil {
+				return nil, nil, fmt.Errorf("claim %s/%s: %w", c.MessageID, c.Consumer, err)
+			}
+			payload := c.Payload
+			if state == claim.StateProcessed {
+				payload = nil
+			}
+			ids, consumers, owners = append(ids, c.MessageID), append(consumers, c.Consumer), append(owners, uuid.NewString())
+			entities, subjects, types = append(entities, c.Entity), append(subjects, c.Subject), append(types, c.ContentType)
+			props, hashes, payloads = append(props, p), append(hashes, c.PayloadHash), append(payloads, payload)
+			counts = append(counts, int32(c.DeliveryCount))
+		}
+		rows, err := q.QueryContext(ctx, claimSQL, ids, consumers, owners, entities, subjects, types,
+			props, hashes, payloads, counts, string(state), host)
+		if err != nil {
+			return nil, nil, fmt.Errorf("claim batch: %w", translate(err))
+		}
+		for rows.Next() {
+			var inserted bool
+			c, err := scanClaim(rows, &inserted)
+			if err != nil {
+				rows.Close()
+				return nil, nil, fmt.Errorf("claim batch: %w", translate(err))
+			}
+			if inserted {
+				won[sqlstore.KeyOf(c)] = c
+			} else {
+				existing[sqlstore.KeyOf(c)] = c
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, nil, fmt.Errorf("claim batch: %w", translate(err))
+		}
+		var next []int
+		for _, i := range pending {
+			k := sqlstore.Key{MessageID: plan.Claims[i].MessageID, Consumer: plan.Claims[i].Consumer}
+			if won[k] == nil && existing[k] == nil {
+				next = append(next, i)
+			}
+		}
+		pending = next
+	}
+	return won, existing, nil
+}
+
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+func queryClaims(ctx context.Context, q querier, query string, args []any, each func(*claim.Claim)) error {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return translate(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		c, err := scanClaim(rows)
+		if err != nil {
+			return translate(err)
+		}
+		each(c)
+	}
+	return translate(rows.Err())
+}
+
+// ClaimTx inserts the marker already processed and runs fn in the same
+// transaction.
+func (s *Store) ClaimTx(ctx context.Context, params *claim.ClaimTxParams, fn func(ctx context.Context, tx *sql.Tx) error) (claim.ClaimResult, error) {
+	plan, err := sqlstore.NewPlan([]claim.ClaimParams{params.Claim})
+	if err != nil {
+		return claim.ClaimResult{}, err
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return claim.ClaimResult{}, fmt.Errorf("claim tx: begin: %w", translate(err))
+	}
+	defer tx.Rollback()
+
+	won, existing, err := insertClaims(ctx, tx, params.Host, plan, claim.StateProcessed)
+	if err != nil {
+		return claim.ClaimResult{}, err
+	}
+	res, err := plan.Results(won, existing)
+	if err != nil {
+		return claim.ClaimResult{}, err
+	}
+	if res[0].Outcome != claim.OutcomeWon {
+		return res[0], nil // the deferred rollback ends the transaction
+	}
+	if err := fn(ctx, tx); err != nil {
+		return claim.ClaimResult{}, err
+	}
+	if err := tx.Commit(); err != nil {
+		return claim.ClaimResult{}, fmt.Errorf("claim tx %s/%s: commit: %w", params.Claim.MessageID, params.Claim.Consumer, translate(err))
+	}
+	return res[0], nil
+}
+
+// TakeOver moves a released claim back to claimed under a new owner.
+func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*claim.Claim, error) {
+	row := s.db.QueryRowContext(ctx, `UPDATE claims SET state = 'claimed', owner = $1, claimed_by = $2,
+		delivery_count = $3, heartbeat_utc = now()
+		WHERE id = $4 AND state = 'released' RETURNING `+columns,
+		uuid.NewString(), params.Host, params.DeliveryCount, params.ID)
+	c, err := scanClaim(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("take over claim %d: %w", params.ID, claim.ErrStateChanged)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("take over claim %d: %w", params.ID, translate(err))
+	}
+	return c, nil
+}
+
+// execGuarded runs an UPDATE guarded on id, owner and state and reports
+// ErrStateChanged when it matched no row.
+func (s *Store) execGuarded(ctx context.Context, op string, id int64, query string, args ...any) error {
+	res, err := s.db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return fmt.Errorf("%s claim %d: %w", op, id, translate(err))
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("%s claim %d: %w", op, id, translate(err))
+	}
+	if n == 0 {
+		return fmt.Errorf("%s claim %d: %w", op, id, claim.ErrStateChanged)
+	}
+	return nil
+}
+
+// Heartbeat refreshes the heartbeat of a claimed claim held by Owner.
+func (s *Store) Heartbeat(ctx context.Context, params *claim.HeartbeatParams) error {
+	return s.execGuarded(ctx, "heartbeat", params.ID,
+		`UPDATE claims SET heartbeat_utc = now() WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
+		params.ID, params.Owner.String())
+}
+
+// MarkProcessed moves a claimed claim held by Owner to processed.
+func (s *Store) MarkProcessed(ctx context.Context, params *claim.MarkProcessedParams) error {
+	return s.execGuarded(ctx, "mark processed", params.ID,
+		`UPDATE claims SET state = 'processed', processed_utc = now(), payload = NULL
+		WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
+		params.ID, params.Owner.String())
+}
+
+// Release moves a claimed claim held by Owner to released.
+func (s *Store) Release(ctx context.Context, params *claim.ReleaseParams) error {
+	return s.execGuarded(ctx, "release", params.ID,
+		`UPDATE claims SET state = 'released', released_utc = now(), heartbeat_utc = now(), last_error = $3
+		WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
+		params.ID, params.Owner.String(), params.Error)
+}
+
+// RecordAttempt counts an effect attempt on a claimed claim held by Owner.
+func (s *Store) RecordAttempt(ctx context.Context, params *claim.RecordAttemptParams) error {
+	return s.execGuarded(ctx, "record attempt", params.ID,
+		`UPDATE claims SET attempts = attempts + 1, last_error = $3 WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
+		params.ID, params.Owner.String(), params.Error)
+}
+
+// stalePredicate is the staleness test, in the UPDATE's own WHERE (so READ
+// COMMITTED re-checks it on the latest row version) and in its candidate
+// scan (which the partial index ix_claims_unfinished serves). $1 is
+// StaleAfter in seconds.
+const stalePredicate = `state IN ('claimed', 'released') AND processed_utc IS NULL AND flagged_utc IS NULL
+	AND heartbeat_utc < now() - make_interval(secs => $1)`
+
+// FlagStale flags at most Limit stale claims in one UPDATE.
+func (s *Store) FlagStale(ctx context.Context, params *claim.FlagStaleParams) ([]*claim.Claim, error) {
+	staleAfter, limit, err := sqlstore.ValidateFlag(params)
+	if err != nil {
+		return nil, err
+	}
+	q := `UPDATE claims SET state = 'flagged', flagged_utc = now(),
+		flag_reason = CASE state WHEN 'released' THEN '` + sqlstore.ReasonReleased + `' ELSE '` + sqlstore.ReasonNoHeartbeat + `' END
+			|| to_char(heartbeat_utc AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+		WHERE id IN (SELECT id FROM claims WHERE ` + stalePredicate + ` ORDER BY heartbeat_utc LIMIT $2)
+		AND ` + stalePredicate + `
+		RETURNING ` + columns
+	var out []*claim.Claim
+	if err := queryClaims(ctx, s.db, q, []any{secs(staleAfter), limit}, func(c *claim.Claim) { out = append(out, c) }); err != nil {
+		return nil, fmt.Errorf("flag stale claims: %w", err)
+	}
+	return out, nil
+}
+
+// List returns claims oldest ID first.
+func (s *Store) List(ctx context.Context, params *claim.ListParams) ([]*claim.Claim, error) {
+	if err := sqlstore.ValidateList(params); err != nil {
+		return nil, err
+	}
+	args := []any{params.AfterID}
+	where := []string{"id > $1"}
+	if len(params.States) > 0 {
+		states := make([]string, len(params.States))
+		for i, st := range params.States {
+			states[i] = string(st)
+		}
+		args = append(args, states)
+		where = append(where, fmt.Sprintf("state = ANY($%d::text[])", len(args)))
+	}
+	if params.Consumer != "" {
+		args = append(args, params.Consumer)
+		where = append(where, fmt.Sprintf("consumer = $%d", len(args)))
+	}
+	if params.OlderThan > 0 {
+		args = append(args, secs(params.OlderThan))
+		where = append(where, fmt.Sprintf("claimed_utc < now() - make_interval(secs => $%d)", len(args)))
+	}
+	args = append(args, sqlstore.Limit(params.Limit, sqlstore.DefaultListLimit))
+	q := fmt.Sprintf("SELECT %s FROM claims WHERE %s ORDER BY id LIMIT $%d", columns, strings.Join(where, " AND "), len(args))
+	var out []*claim.Claim
+	if err := queryClaims(ctx, s.db, q, args, func(c *claim.Claim) { out = append(out, c) }); err != nil {
+		return nil, fmt.Errorf("list claims: %w", err)
+	}
+	return out, nil
+}
+
+// Get returns one claim by ID.
+func (s *Store) Get(ctx context.Context, id int64) (*claim.Claim, error) {
+	c, err := scanClaim(s.db.QueryRowContext(ctx, "SELECT "+columns+" FROM claims WHERE id = $1", id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("get claim %d: %w", id, claim.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get claim %d: %w", id, translate(err))
+	}
+	return c, nil
+}
+
+// Resolve closes a flagged claim.
+func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*claim.Claim, error) {
+	if err := sqlstore.ValidateResolve(params); err != nil {
+		return nil, err
+	}
+	row := s.db.QueryRowContext(ctx, `UPDATE claims SET state = 'resolved', resolved_utc = now(),
+		resolved_by = $1, resolution = $2, resolution_note = $3,
+		processed_utc = CASE WHEN $2 = 'redriven' THEN now() ELSE processed_utc END,
+		payload = CASE WHEN $2 = 'redriven' THEN NULL ELSE payload END
+		WHERE id = $4 AND state = 'flagged' RETURNING `+columns,
+		params.By, string(params.Resolution), params.Note, params.ID)
+	c, err := scanClaim(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		if _, gerr := s.Get(ctx, params.ID); gerr != nil {
+			return nil, fmt.Errorf("resolve: %w", gerr)
+		}
+		return nil, fmt.Errorf("resolve claim %d: %w", params.ID, claim.ErrStateChanged)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("resolve claim %d: %w", params.ID, translate(err))
+	}
+	return c, nil
+}
+
+// PurgeProcessed deletes at most Limit finished claims older than OlderThan.
+func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (int64, error) {
+	olderThan, limit, err := sqlstore.ValidatePurge(params)
+	if err != nil {
+		return 0, err
+	}
+	// The expression matches the partial index ix_claims_finished.
+	const finished = `state IN ('processed', 'resolved')
+		AND coalesce(resolved_utc, processed_utc) < now() - make_interval(secs => $1)`
+	res, err := s.db.ExecContext(ctx, `DELETE FROM claims WHERE id IN (
+			SELECT id FROM claims WHERE `+finished+` ORDER BY coalesce(resolved_utc, processed_utc) LIMIT $2)
+		AND `+finished, secs(olderThan), limit)
+	if err != nil {
+		return 0, fmt.Errorf("purge claims: %w", translate(err))
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("purge claims: %w", translate(err))
+	}
+	return n, nil
+}
+
+// Stats summarises the table; each count is served by a partial index.
+func (s *Store) Stats(ctx context.Context) (*claim.Stats, error) {
+	var (
+		st     claim.Stats
+		oldest sql.NullTime
+	)
+	err := s.db.QueryRowContext(ctx, `SELECT now(),
+		(SELECT count(*) FROM claims WHERE processed_utc IS NULL AND flagged_utc IS NULL AND state = 'claimed'),
+		(SELECT count(*) FROM claims WHERE processed_utc IS NULL AND flagged_utc IS NULL AND state = 'released'),
+		(SELECT count(*) FROM claims WHERE state = 'flagged'),
+		(SELECT min(claimed_utc) FROM claims WHERE processed_utc IS NULL AND flagged_utc IS NULL)`).
+		Scan(&st.Now, &st.Claimed, &st.Released, &st.Flagged, &oldest)
+	if err != nil {
+		return nil, fmt.Errorf("claim stats: %w", translate(err))
+	}
+	st.Now = st.Now.UTC()
+	st.OldestUnfinished = utc(oldest)
+	return &st, nil
+}
+
+// lockNamespace is the first key of sbclaim's two-key advisory locks, so
+// TryLock names never collide with single-key locks (goose's migration
+// lock) or other applications' locks keyed on hashtext alone.
+const lockNamespace = 0x5bc1
+
+// TryLock takes a session advisory lock on a dedicated connection, held
+// until unlock.
+func (s *Store) TryLock(ctx context.Context, name string) (func(context.Context) error, bool, error) {
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("try lock %q: %w", name, translate(err))
+	}
+	var ok bool
+	if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1, hashtext($2))", lockNamespace, name).Scan(&ok); err != nil {
+		discard(conn)
+		return nil, false, fmt.Errorf("try lock %q: %w", name, translate(err))
+	}
+	if !ok {
+		conn.Close()
+		return nil, false, nil
+	}
+	var (
+		once      sync.Once
+		unlockErr error
+	)
+	unlock := func(ctx context.Context) error {
+		once.Do(func() {
+			var released bool
+			err := conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1, hashtext($2))", lockNamespace, name).Scan(&released)
+			if err != nil || !released {
+				// Never return a connection that may still hold the lock
+				// to the pool: closing the session releases it.
+				discard(conn)
+				if err != nil {
+					unlockErr = fmt.Errorf("unlock %q: %w", name, translate(err))
+				}
+				return
+			}
+			conn.Close()
+		})
+		return unlockErr
+	}
+	return unlock, true, nil
+}
+
+// discard closes conn's underlying session instead of returning it to the
+// pool.
+func discard(conn *sql.Conn) {
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	conn.Close()
+}
+
+// Now returns the database clock.
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	var now time.Time
+	if err := s.db.QueryRowContext(ctx, "SELECT now()").Scan(&now); err != nil {
+		return time.Time{}, fmt.Errorf("database clock: %w", translate(err))
+	}
+	return now.UTC(), nil
+}
+
+// Ping checks the database answers a query.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.db.PingContext(ctx); err != nil {
+		return fmt.Errorf("ping postgres: %w", translate(err))
+	}
+	return nil
+}
+
+// Close closes the connection pool.
+func (s *Store) Close() error { return s.db.Close() }
+
+// translate maps driver errors to the claim sentinels: SQLSTATE 23505 on
+// the claims unique index is ErrDuplicate (any other unique violation stays
+// a plain error); failures to connect, broken connections, server shutdown
+// and a closed pool are ErrUnavailable.
+func translate(err error) error {
+	if err == nil {
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case pgErr.Code == "23505" && pgErr.ConstraintName == ClaimsUniqueIndex:
+			return fmt.Errorf("%w: %w", claim.ErrDuplicate, err)
+		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
+			pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", // shutdown, cannot connect now
+			pgErr.Code == "53300": // too many connections
+			return fmt.Errorf("%w: %w", claim.ErrUnavailable, err)
+		}
+		return err
+	}
+	var (
+		connectErr *pgconn.ConnectError
+		netErr     net.Error
+	)
+	if errors.As(err, &connectErr) || errors.As(err, &netErr) ||
+		errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		sqlstore.ErrClosedDB(err) || pgconn.SafeToRetry(err) {
+		return fmt.Errorf("%w: %w", claim.ErrUnavailable, err)
+	}
+	return err
+}

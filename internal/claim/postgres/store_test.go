@@ -1,0 +1,122 @@
+package postgres_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
+	"github.com/sbclaim/sbclaim/internal/claim/postgres"
+)
+
+// newStore opens a store on a fresh schema (search_path) of the test
+// database, migrates it, and drops the schema when the test ends, so tests
+// run in parallel without seeing each other's claims.
+func newStore(t *testing.T) *postgres.Store {
+	t.Helper()
+	base := claimtest.PostgresURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	admin, err := sql.Open("pgx", base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close() })
+	name := "claimtest_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:16]
+	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+name); err != nil {
+		t.Fatalf("create schema: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := admin.ExecContext(ctx, "DROP SCHEMA "+name+" CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", name, err)
+		}
+	})
+
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatalf("parse %s: %v", claimtest.PostgresURLEnv, err)
+	}
+	q := u.Query()
+	q.Set("search_path", name)
+	u.RawQuery = q.Encode()
+	s, err := postgres.Open(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := postgres.Migrate(ctx, s.DB()); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestConformance(t *testing.T) {
+	claimtest.PostgresURL(t)
+	claimtest.Exercise(t, claimtest.Harness{
+		NewStore: func(t *testing.T) claim.Store { return newStore(t) },
+		DB:       func(t *testing.T, s claim.Store) *sql.DB { return s.(*postgres.Store).DB() },
+		Features: claimtest.Features{
+			UncommittedInsertBlocks: true,
+			ExtraUniqueIndexSQL:     `CREATE UNIQUE INDEX ux_test_subject ON claims (subject)`,
+			InsertClaimSQL: `INSERT INTO claims (message_id, consumer, owner, state, payload_hash)
+				VALUES ($1, $2, $3::uuid, 'claimed', $4)`,
+			BackdateSQL: `UPDATE claims SET
+				claimed_utc   = claimed_utc   - make_interval(secs => $1),
+				heartbeat_utc = heartbeat_utc - make_interval(secs => $1),
+				processed_utc = processed_utc - make_interval(secs => $1),
+				released_utc  = released_utc  - make_interval(secs => $1),
+				flagged_utc   = flagged_utc   - make_interval(secs => $1),
+				resolved_utc  = resolved_utc  - make_interval(secs => $1)
+				WHERE id = $2`,
+		},
+	})
+}
+
+func TestMigrateIsIdempotent(t *testing.T) {
+	s := newStore(t)
+	if err := postgres.Migrate(t.Context(), s.DB()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestUnreachableServerIsUnavailable(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	// Port 1 on localhost refuses connections.
+	_, err := postgres.Open(ctx, "postgres://u:secret@127.0.0.1:1/db?sslmode=disable&connect_timeout=5")
+	if !errors.Is(err, claim.ErrUnavailable) {
+		t.Fatalf("Open of an unreachable server: %v, want ErrUnavailable", err)
+	}
+}
+
+func TestTryLockIsDatabaseWide(t *testing.T) {
+	a, b := newStore(t), newStore(t) // two pools, as two replicas would have
+	ctx := t.Context()
+	name := fmt.Sprintf("reconciler-%s", uuid.NewString())
+	unlock, ok, err := a.TryLock(ctx, name)
+	if err != nil || !ok {
+		t.Fatalf("TryLock on a: %v %v", ok, err)
+	}
+	if _, ok, err := b.TryLock(ctx, name); err != nil || ok {
+		t.Fatalf("TryLock on b while a holds it: ok %v, err %v", ok, err)
+	}
+	if err := unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	unlockB, ok, err := b.TryLock(ctx, name)
+	if err != nil || !ok {
+		t.Fatalf("TryLock on b after a unlocked: %v %v", ok, err)
+	}
+	unlockB(ctx)
+}
