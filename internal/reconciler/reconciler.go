@@ -251,8 +251,5 @@ func (r *Reconciler) query(ctx context.Context, name string, fn func(context.Con
 	if err != nil && ctx.Err() == nil && qctx.Err() != nil {
 		return fmt.Errorf("%w: %w", context.Cause(qctx), err)
 	}
-	if err != nil {
-		return fmt.Errorf("%s: %w", name, err)
-	}
-	return nil
+	return err // stores name the operation in their errors
 }
