@@ -1,0 +1,44 @@
+// Package mssql is the SQL Server and Azure SQL Database claims store
+// (dbo.Claims, migrations in sql/sqlserver), on github.com/microsoft/go-mssqldb.
+//
+// # Arbiter
+//
+// The unique nonclustered index UX_Claims_MessageId_Consumer decides who
+// owns a message. Only errors 2601/2627 that name that index become
+// claim.ErrDuplicate; a unique violation of anything else stays an error.
+// ClaimBatch uses a set-based INSERT ... SELECT ... WHERE NOT EXISTS, no
+// MERGE, no HOLDLOCK and no IGNORE_DUP_KEY, and falls back to per-key
+// inserts when a concurrent claim makes the set-based INSERT fail (see
+// ClaimBatch). It is correct with READ_COMMITTED_SNAPSHOT on (Azure SQL's
+// default) and off (SQL Server's default).
+//
+// # Clock
+//
+// Every time is written by SYSUTCDATETIME() and every age ("older than
+// StaleAfter") is computed with DATEADD against it, never with a replica's
+// clock.
+//
+// # Deadlines
+//
+// Pass a context with a deadline to every call. go-mssqldb can wait
+// forever on a connection that broke inside a transaction
+// (microsoft/go-mssqldb #407, #160); the context is the only way out, and
+// the store passes the caller's context to every query. The URL's
+// "connection timeout" (default 0, none) is best left alone in favour of
+// context deadlines, as the driver's README recommends.
+//
+// # Errors
+//
+// Driver errors are translated where they happen: network failures, a
+// broken TDS stream, a severed session and Azure SQL's transient errors
+// (40613, 40197, 40501, 49918, ...) wrap claim.ErrUnavailable; the
+// original error stays in the chain.
+//
+// # Not verified against a server on the build machines
+//
+// The build machines have no SQL Server. The T-SQL here is written against
+// the SQL Server documentation and go-mssqldb's source; the conformance
+// suite (claimtest) runs it against a real server when
+// SBCLAIM_TEST_SQLSERVER_URL is set (for example the sqlserver service of
+// docker-compose.yml).
+package mssql

@@ -1,0 +1,481 @@
+package mssql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf16"
+
+	"github.com/google/uuid"
+	mssqldb "github.com/microsoft/go-mssqldb"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/claim/sqlstore"
+)
+
+var _ claim.Store = (*Store)(nil)
+
+// Store is the SQL Server claims table (dbo.Claims).
+type Store struct {
+	db *sql.DB
+}
+
+// New wraps an open database whose driver is go-mssqldb ("sqlserver" or
+// "azuresql"). The caller owns the pool settings.
+func New(db *sql.DB) *Store { return &Store{db: db} }
+
+// DB returns the database the store uses.
+func (s *Store) DB() *sql.DB { return s.db }
+
+// Column widths the store checks or truncates to before sending (nvarchar
+// lengths count UTF-16 code units).
+const (
+	maxEntity     = 400
+	maxClaimedBy  = 256
+	maxLastError  = 4000
+	maxFlagReason = 400
+	maxResolvedBy = 256
+	maxNote       = 4000
+)
+
+// columns is every column of dbo.Claims in scanClaim's order.
+var columnNames = []string{
+	"Id", "MessageId", "Consumer", "Owner", "State", "Entity", "Subject", "ContentType",
+	"Properties", "PayloadHash", "Payload", "DeliveryCount", "ClaimedBy", "ClaimedUtc",
+	"HeartbeatUtc", "ProcessedUtc", "ReleasedUtc", "Attempts", "LastError", "FlaggedUtc",
+	"FlagReason", "ResolvedUtc", "ResolvedBy", "Resolution", "ResolutionNote",
+}
+
+// cols returns the column list with each name prefixed ("c.", "INSERTED.").
+func cols(prefix string) string {
+	var b strings.Builder
+	for i, c := range columnNames {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(prefix)
+		b.WriteString(c)
+	}
+	return b.String()
+}
+
+var (
+	columns         = cols("")
+	insertedColumns = cols("INSERTED.")
+	aliasedColumns  = cols("c.")
+)
+
+// Statements that write several times declare
+//
+//	DECLARE @now datetime2(7) = SYSUTCDATETIME();
+//
+// first: two SYSUTCDATETIME() calls in one statement are two readings of
+// the clock, and the times of one event (ClaimedUtc and HeartbeatUtc of a
+// new claim, ReleasedUtc and HeartbeatUtc of a release) must be equal.
+const declareNow = "DECLARE @now datetime2(7) = SYSUTCDATETIME();\n"
+
+// unfinished is the filter of IX_Claims_Unfinished. Queries over unfinished
+// claims repeat it literally so the optimizer matches the filtered index.
+const unfinished = "ProcessedUtc IS NULL AND FlaggedUtc IS NULL"
+
+func scanClaim(r interface{ Scan(...any) error }) (*claim.Claim, error) {
+	var (
+		c                                      claim.Claim
+		owner                                  mssqldb.UniqueIdentifier
+		state, props, resolution               string
+		processed, released, flagged, resolved sql.NullTime
+	)
+	err := r.Scan(&c.ID, &c.MessageID, &c.Consumer, &owner, &state, &c.Entity, &c.Subject, &c.ContentType,
+		&props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &c.ClaimedAt,
+		&c.HeartbeatAt, &processed, &released, &c.Attempts, &c.LastError, &flagged,
+		&c.FlagReason, &resolved, &c.ResolvedBy, &resolution, &c.ResolutionNote)
+	if err != nil {
+		return nil, err
+	}
+	// mssql.UniqueIdentifier holds the bytes in RFC 4122 (string) order,
+	// having undone SQL Server's mixed-endian wire order in Scan, so it
+	// converts to uuid.UUID as is.
+	c.Owner = uuid.UUID(owner)
+	c.State, c.Resolution = claim.State(state), claim.Resolution(resolution)
+	if c.Properties, err = sqlstore.DecodeProperties(props); err != nil {
+		return nil, fmt.Errorf("claim %d: %w", c.ID, err)
+	}
+	c.ClaimedAt, c.HeartbeatAt = c.ClaimedAt.UTC(), c.HeartbeatAt.UTC()
+	c.ProcessedAt, c.ReleasedAt = nullTime(processed), nullTime(released)
+	c.FlaggedAt, c.ResolvedAt = nullTime(flagged), nullTime(resolved)
+	return &c, nil
+}
+
+func nullTime(t sql.NullTime) *time.Time {
+	if !t.Valid {
+		return nil
+	}
+	u := t.Time.UTC()
+	return &u
+}
+
+// guid converts a uuid to the driver's uniqueidentifier parameter, which
+// sends the bytes in SQL Server's mixed-endian order.
+func guid(u uuid.UUID) mssqldb.UniqueIdentifier { return mssqldb.UniqueIdentifier(u) }
+
+// text sends free text as nvarchar(max). go-mssqldb declares a plain Go
+// string as nvarchar(<its length>), and every distinct declaration is a
+// separate plan in SQL Server's plan cache; nvarchar(max) keeps the
+// declaration, and so the cached plan, the same for every value.
+func text(s string) mssqldb.NVarCharMax { return mssqldb.NVarCharMax(s) }
+
+// truncate shortens s to at most n UTF-16 code units (the unit of an
+// nvarchar(n) column), never splitting a surrogate pair.
+func truncate(s string, n int) string {
+	units := 0
+	for i, r := range s {
+		w := utf16.RuneLen(r)
+		if w < 0 {
+			w = 1 // invalid rune: sent as U+FFFD
+		}
+		if units+w > n {
+			return s[:i]
+		}
+		units += w
+	}
+	return s
+}
+
+// utf16Len is the nvarchar length of s.
+func utf16Len(s string) int { return len(utf16.Encode([]rune(s))) }
+
+// args collects positional parameters; add returns the placeholder
+// (@p1, @p2, ...) go-mssqldb gives the parameter.
+type args []any
+
+func (a *args) add(v any) string {
+	*a = append(*a, v)
+	return "@p" + strconv.Itoa(len(*a))
+}
+
+// agoSQL returns the SQL for "the database clock minus d", adding its
+// parameters to a. DATEADD takes an int, so d is split into seconds
+// (capped at 68 years) and the microsecond remainder.
+func agoSQL(a *args, d time.Duration) string {
+	if d < 0 {
+		d = 0
+	}
+	sec := min(int64(d/time.Second), math.MaxInt32)
+	us := int32((d % time.Second) / time.Microsecond)
+	return "DATEADD(microsecond, -" + a.add(us) + ", DATEADD(second, -" + a.add(int32(sec)) + ", SYSUTCDATETIME()))"
+}
+
+// querier is *sql.DB, *sql.Tx or *sql.Conn.
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// query runs q and calls each for every row of every result set. It always
+// reads the response to its end: go-mssqldb reports an error raised by
+// any statement of a batch only with the batch's last DONE token, and
+// closing rows early cancels the request (it sends an attention), so a
+// caller that stopped after the first row could miss an error or cancel a
+// statement that had not finished. Never use QueryRow for writes here.
+func query(ctx context.Context, q querier, query string, a []any, each func(*sql.Rows) error) error {
+	rows, err := q.QueryContext(ctx, query, a...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for {
+		for rows.Next() {
+			if err := each(rows); err != nil {
+				return err
+			}
+		}
+		if !rows.NextResultSet() {
+			break
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	return rows.Close()
+}
+
+// queryClaims runs q and scans every row as a claim.
+func queryClaims(ctx context.Context, q querier, sqlText string, a []any) ([]*claim.Claim, error) {
+	var out []*claim.Claim
+	err := query(ctx, q, sqlText, a, func(r *sql.Rows) error {
+		c, err := scanClaim(r)
+		if err != nil {
+			return err
+		}
+		out = append(out, c)
+		return nil
+	})
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	return out, nil
+}
+
+// execGuarded runs an UPDATE ... OUTPUT INSERTED.Id guarded on Id, Owner
+// and State, and reports ErrStateChanged when it matched no row.
+func (s *Store) execGuarded(ctx context.Context, op string, id int64, sqlText string, a ...any) error {
+	n := 0
+	err := query(ctx, s.db, sqlText, a, func(*sql.Rows) error { n++; return nil })
+	if err != nil {
+		return fmt.Errorf("%s claim %d: %w", op, id, interpretError(err))
+	}
+	if n == 0 {
+		return fmt.Errorf("%s claim %d: %w", op, id, claim.ErrStateChanged)
+	}
+	return nil
+}
+
+// TakeOver moves a released claim back to claimed under a new owner
+// token. Exactly one concurrent caller matches the guard.
+func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*claim.Claim, error) {
+	out, err := queryClaims(ctx, s.db, `UPDATE dbo.Claims
+SET State = 'claimed', Owner = @p1, ClaimedBy = @p2, DeliveryCount = @p3, HeartbeatUtc = SYSUTCDATETIME()
+OUTPUT `+insertedColumns+`
+WHERE Id = @p4 AND State = 'released';`,
+		[]any{guid(uuid.New()), truncate(params.Host, maxClaimedBy), int32(min(params.DeliveryCount, math.MaxInt32)), params.ID})
+	if err != nil {
+		return nil, fmt.Errorf("take over claim %d: %w", params.ID, err)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("take over claim %d: %w", params.ID, claim.ErrStateChanged)
+	}
+	return out[0], nil
+}
+
+// Heartbeat refreshes the heartbeat of a claimed claim held by Owner.
+func (s *Store) Heartbeat(ctx context.Context, params *claim.HeartbeatParams) error {
+	return s.execGuarded(ctx, "heartbeat", params.ID, `UPDATE dbo.Claims
+SET HeartbeatUtc = SYSUTCDATETIME()
+OUTPUT INSERTED.Id
+WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`,
+		params.ID, guid(params.Owner))
+}
+
+// MarkProcessed moves a claimed claim held by Owner to processed and
+// drops its stored payload.
+func (s *Store) MarkProcessed(ctx context.Context, params *claim.MarkProcessedParams) error {
+	return s.execGuarded(ctx, "mark processed", params.ID, `UPDATE dbo.Claims
+SET State = 'processed', ProcessedUtc = SYSUTCDATETIME(), Payload = NULL
+OUTPUT INSERTED.Id
+WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`,
+		params.ID, guid(params.Owner))
+}
+
+// Release moves a claimed claim held by Owner to released. HeartbeatUtc is
+// set to the release time, so the reconciler's one predicate
+// (HeartbeatUtc older than StaleAfter) finds a release nobody took over.
+func (s *Store) Release(ctx context.Context, params *claim.ReleaseParams) error {
+	return s.execGuarded(ctx, "release", params.ID, declareNow+`UPDATE dbo.Claims
+SET State = 'released', ReleasedUtc = @now, HeartbeatUtc = @now, LastError = @p3
+OUTPUT INSERTED.Id
+WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`,
+		params.ID, guid(params.Owner), text(truncate(params.Error, maxLastError)))
+}
+
+// RecordAttempt counts an effect attempt on a claimed claim held by Owner.
+func (s *Store) RecordAttempt(ctx context.Context, params *claim.RecordAttemptParams) error {
+	return s.execGuarded(ctx, "record attempt", params.ID, `UPDATE dbo.Claims
+SET Attempts = Attempts + 1, LastError = @p3
+OUTPUT INSERTED.Id
+WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`,
+		params.ID, guid(params.Owner), text(truncate(params.Error, maxLastError)))
+}
+
+// FlagStale flags at most Limit stale claims, oldest heartbeat first, in
+// one statement. The staleness test is part of that statement: the CTE
+// reads the candidate rows with UPDLOCK, so each is locked and re-read at
+// its latest committed version (also under READ_COMMITTED_SNAPSHOT) before
+// the UPDATE changes it; a claim processed or heartbeated just before is
+// not stale any more and is not flagged. READPAST skips rows another
+// session holds locked (a heartbeat in flight, another reconciler's flag
+// pass) instead of waiting for them; they are looked at on the next tick.
+func (s *Store) FlagStale(ctx context.Context, params *claim.FlagStaleParams) ([]*claim.Claim, error) {
+	staleAfter, limit, err := sqlstore.ValidateFlag(params)
+	if err != nil {
+		return nil, err
+	}
+	var a args
+	top := a.add(int64(limit))
+	cutoff := agoSQL(&a, staleAfter)
+	released := a.add(sqlstore.ReasonReleased)
+	noHeartbeat := a.add(sqlstore.ReasonNoHeartbeat)
+	q := `WITH stale AS (
+    SELECT TOP (` + top + `) *
+    FROM dbo.Claims WITH (ROWLOCK, UPDLOCK, READPAST)
+    WHERE ` + unfinished + `
+      AND State IN ('claimed', 'released')
+      AND HeartbeatUtc < ` + cutoff + `
+    ORDER BY HeartbeatUtc
+)
+UPDATE stale
+SET State = 'flagged',
+    FlaggedUtc = SYSUTCDATETIME(),
+    FlagReason = CASE State WHEN 'released' THEN ` + released + ` ELSE ` + noHeartbeat + ` END
+        + CONVERT(nvarchar(30), HeartbeatUtc, 126) + N'Z'
+OUTPUT ` + insertedColumns + `;`
+	out, err := queryClaims(ctx, s.db, q, a)
+	if err != nil {
+		return nil, fmt.Errorf("flag stale claims: %w", err)
+	}
+	return out, nil
+}
+
+// List returns claims oldest ID first, keyset-paged on Id.
+func (s *Store) List(ctx context.Context, params *claim.ListParams) ([]*claim.Claim, error) {
+	if err := sqlstore.ValidateList(params); err != nil {
+		return nil, err
+	}
+	var a args
+	top := a.add(int64(sqlstore.Limit(params.Limit, sqlstore.DefaultListLimit)))
+	where := []string{"Id > " + a.add(params.AfterID)}
+	if len(params.States) > 0 {
+		ph := make([]string, len(params.States))
+		for i, st := range params.States {
+			// varchar, like the column: an nvarchar parameter would
+			// convert State on every row instead of the parameter.
+			ph[i] = a.add(mssqldb.VarChar(st))
+		}
+		where = append(where, "State IN ("+strings.Join(ph, ", ")+")")
+	}
+	if params.Consumer != "" {
+		where = append(where, "Consumer = "+a.add(params.Consumer))
+	}
+	if params.OlderThan > 0 {
+		where = append(where, "ClaimedUtc < "+agoSQL(&a, params.OlderThan))
+	}
+	q := "SELECT TOP (" + top + ") " + columns + " FROM dbo.Claims WHERE " + strings.Join(where, " AND ") + " ORDER BY Id;"
+	out, err := queryClaims(ctx, s.db, q, a)
+	if err != nil {
+		return nil, fmt.Errorf("list claims: %w", err)
+	}
+	return out, nil
+}
+
+// Get returns one claim by ID.
+func (s *Store) Get(ctx context.Context, id int64) (*claim.Claim, error) {
+	out, err := queryClaims(ctx, s.db, "SELECT "+columns+" FROM dbo.Claims WHERE Id = @p1;", []any{id})
+	if err != nil {
+		return nil, fmt.Errorf("get claim %d: %w", id, err)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("get claim %d: %w", id, claim.ErrNotFound)
+	}
+	return out[0], nil
+}
+
+// Resolve closes a flagged claim with an audited resolution; a redrive
+// also marks it processed and drops its payload.
+func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*claim.Claim, error) {
+	if err := sqlstore.ValidateResolve(params); err != nil {
+		return nil, err
+	}
+	if n := utf16Len(params.By); n > maxResolvedBy {
+		return nil, fmt.Errorf("resolve claim %d: By is %d characters, at most %d", params.ID, n, maxResolvedBy)
+	}
+	if n := utf16Len(params.Note); n > maxNote {
+		return nil, fmt.Errorf("resolve claim %d: Note is %d characters, at most %d", params.ID, n, maxNote)
+	}
+	redrive := ""
+	if params.Resolution == claim.ResolutionRedriven {
+		redrive = ", ProcessedUtc = @now, Payload = NULL"
+	}
+	out, err := queryClaims(ctx, s.db, declareNow+`UPDATE dbo.Claims
+SET State = 'resolved', ResolvedUtc = @now, ResolvedBy = @p1, Resolution = @p2, ResolutionNote = @p3`+redrive+`
+OUTPUT `+insertedColumns+`
+WHERE Id = @p4 AND State = 'flagged';`,
+		[]any{text(params.By), mssqldb.VarChar(params.Resolution), text(params.Note), params.ID})
+	if err != nil {
+		return nil, fmt.Errorf("resolve claim %d: %w", params.ID, err)
+	}
+	if len(out) == 0 {
+		if _, gerr := s.Get(ctx, params.ID); gerr != nil {
+			return nil, fmt.Errorf("resolve: %w", gerr)
+		}
+		return nil, fmt.Errorf("resolve claim %d: %w", params.ID, claim.ErrStateChanged)
+	}
+	return out[0], nil
+}
+
+// PurgeProcessed deletes at most Limit finished claims older than
+// OlderThan: processed claims by ProcessedUtc first, then resolved claims
+// by ResolvedUtc, each DELETE seeking its filtered index. Claimed,
+// released and flagged claims never match.
+func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (int64, error) {
+	olderThan, limit, err := sqlstore.ValidatePurge(params)
+	if err != nil {
+		return 0, err
+	}
+	var a args
+	top := a.add(int64(limit))
+	cutoff := agoSQL(&a, olderThan)
+	q := `DECLARE @processed bigint = 0, @resolved bigint = 0;
+DELETE TOP (` + top + `) FROM dbo.Claims
+WHERE State = 'processed' AND ProcessedUtc < ` + cutoff + `;
+SET @processed = @@ROWCOUNT;
+IF @processed < ` + top + `
+BEGIN
+    DELETE TOP (` + top + ` - @processed) FROM dbo.Claims
+    WHERE State = 'resolved' AND ResolvedUtc < ` + cutoff + `;
+    SET @resolved = @@ROWCOUNT;
+END;
+SELECT @processed + @resolved;`
+	var n int64
+	err = query(ctx, s.db, q, a, func(r *sql.Rows) error { return r.Scan(&n) })
+	if err != nil {
+		return 0, fmt.Errorf("purge claims: %w", interpretError(err))
+	}
+	return n, nil
+}
+
+// Stats summarises the table; each count reads a filtered index.
+func (s *Store) Stats(ctx context.Context) (*claim.Stats, error) {
+	var (
+		st     claim.Stats
+		oldest sql.NullTime
+	)
+	err := query(ctx, s.db, `SELECT SYSUTCDATETIME(),
+    (SELECT COUNT_BIG(*) FROM dbo.Claims WHERE `+unfinished+` AND State = 'claimed'),
+    (SELECT COUNT_BIG(*) FROM dbo.Claims WHERE `+unfinished+` AND State = 'released'),
+    (SELECT COUNT_BIG(*) FROM dbo.Claims WHERE State = 'flagged'),
+    (SELECT MIN(ClaimedUtc) FROM dbo.Claims WHERE `+unfinished+`);`, nil,
+		func(r *sql.Rows) error { return r.Scan(&st.Now, &st.Claimed, &st.Released, &st.Flagged, &oldest) })
+	if err != nil {
+		return nil, fmt.Errorf("claim stats: %w", interpretError(err))
+	}
+	st.Now = st.Now.UTC()
+	st.OldestUnfinished = nullTime(oldest)
+	return &st, nil
+}
+
+// Now returns the database clock (UTC).
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	var now time.Time
+	err := query(ctx, s.db, "SELECT SYSUTCDATETIME();", nil, func(r *sql.Rows) error { return r.Scan(&now) })
+	if err != nil {
+		return time.Time{}, fmt.Errorf("database clock: %w", interpretError(err))
+	}
+	if now.IsZero() {
+		return time.Time{}, errors.New("database clock: no row")
+	}
+	return now.UTC(), nil
+}
+
+// Ping checks the database answers a query.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.db.PingContext(ctx); err != nil {
+		return fmt.Errorf("ping sql server: %w", interpretError(err))
+	}
+	return nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }

@@ -1,0 +1,92 @@
+-- Least-privilege grants for sbclaim on SQL Server / Azure SQL Database.
+--
+-- Run once per database, as its owner (or a member of db_owner), AFTER the
+-- migrations created dbo.Claims. Not a goose migration: who runs the
+-- binaries is a deployment decision, and the migration identity itself
+-- needs DDL rights the processor and reconciler must not have.
+--
+-- Three identities:
+--
+--   migrator    runs `reconciler migrate` (goose): CREATE TABLE/INDEX and
+--               the goose_db_version table. Give it db_ddladmin plus
+--               SELECT/INSERT/DELETE on dbo.goose_db_version, or run the
+--               migration as the database owner from a pipeline.
+--   processor   claims messages: INSERT/SELECT/UPDATE on dbo.Claims.
+--               (OUTPUT INSERTED.* needs SELECT; no DELETE: the processor
+--               never deletes a claim, a released claim is kept.)
+--   reconciler  flags, lists, resolves and purges: SELECT/UPDATE/DELETE on
+--               dbo.Claims, and sp_getapplock / sp_releaseapplock for "one
+--               reconciler per tick". Those two procedures need nothing
+--               beyond membership in the public role (every user has it),
+--               so no GRANT is needed (or possible) for them here.
+--
+-- A database-only effect (ClaimTx) writes its own business tables in the
+-- claim's transaction: grant the processor role what those writes need on
+-- those tables, and nothing else.
+
+IF DATABASE_PRINCIPAL_ID(N'sbclaim_processor') IS NULL
+    CREATE ROLE sbclaim_processor AUTHORIZATION dbo;
+GO
+IF DATABASE_PRINCIPAL_ID(N'sbclaim_reconciler') IS NULL
+    CREATE ROLE sbclaim_reconciler AUTHORIZATION dbo;
+GO
+
+GRANT SELECT, INSERT, UPDATE ON OBJECT::dbo.Claims TO sbclaim_processor;
+GO
+GRANT SELECT, UPDATE, DELETE ON OBJECT::dbo.Claims TO sbclaim_reconciler;
+GO
+
+-- Optional: let the binaries read the migration version (a readiness check
+-- that the schema is current) without being able to change it.
+-- GRANT SELECT ON OBJECT::dbo.goose_db_version TO sbclaim_processor;
+-- GRANT SELECT ON OBJECT::dbo.goose_db_version TO sbclaim_reconciler;
+
+-- ---------------------------------------------------------------------------
+-- Azure SQL Database with managed identities (no passwords)
+-- ---------------------------------------------------------------------------
+--
+-- 1. The logical server needs a Microsoft Entra admin, and you run the
+--    statements below connected to the *user database* (not master) as an
+--    Entra principal (the Entra admin or a member of its group): only Entra
+--    principals can create users FROM EXTERNAL PROVIDER.
+--
+-- 2. Create one contained database user per identity. The name is the
+--    managed identity's *resource name* as shown in Azure (for a
+--    user-assigned identity: the identity resource's name; for a
+--    system-assigned one: the Container App / job name):
+--
+--      CREATE USER [id-sbclaim-processor] FROM EXTERNAL PROVIDER;
+--      CREATE USER [id-sbclaim-reconciler] FROM EXTERNAL PROVIDER;
+--
+--    If two principals share a display name, or the server cannot read
+--    Microsoft Graph, name the principal explicitly by the identity's
+--    object (principal) id (Azure SQL Database / Managed Instance):
+--
+--      CREATE USER [id-sbclaim-processor] FROM EXTERNAL PROVIDER
+--          WITH OBJECT_ID = '<object (principal) id of the identity>';
+--
+-- 3. Add the users to the roles:
+--
+--      ALTER ROLE sbclaim_processor ADD MEMBER [id-sbclaim-processor];
+--      ALTER ROLE sbclaim_reconciler ADD MEMBER [id-sbclaim-reconciler];
+--
+-- 4. Connection URLs (no password; the token comes from the identity):
+--
+--      system-assigned identity, or AZURE_CLIENT_ID set in the app:
+--        sqlserver://<server>.database.windows.net?database=sbclaim&fedauth=ActiveDirectoryDefault
+--      user-assigned identity, explicit client id:
+--        sqlserver://<client-id>@<server>.database.windows.net?database=sbclaim&fedauth=ActiveDirectoryManagedIdentity
+--
+--    With fedauth=ActiveDirectoryManagedIdentity and no user in the URL,
+--    sbclaim passes AZURE_CLIENT_ID as the client id when it is set
+--    (Container Apps does not set it for you: set it to the user-assigned
+--    identity's client id).
+--
+-- SQL Server on a VM or in a container (no Entra): use SQL logins instead,
+-- created in master, then mapped in the user database:
+--
+--      -- in master
+--      CREATE LOGIN sbclaim_processor_login WITH PASSWORD = '<strong password>';
+--      -- in the sbclaim database
+--      CREATE USER sbclaim_processor_user FOR LOGIN sbclaim_processor_login;
+--      ALTER ROLE sbclaim_processor ADD MEMBER sbclaim_processor_user;
