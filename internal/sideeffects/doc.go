@@ -47,6 +47,10 @@
 // One Perform call makes one attempt per step; RetryPolicy.Do retries the
 // whole effect (same key every time) with exponential backoff and jitter,
 // bounded by attempts and a time budget inside the lock-renewal window.
+// (net/http itself may resend a request whose reused keep-alive connection
+// turned out dead before any answer: it treats a request carrying
+// Idempotency-Key as replayable. That is safe for the same reason, and is
+// why the downstream may count more requests than attempts were logged.)
 //
 // # Response classification
 //

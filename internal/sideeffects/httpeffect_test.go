@@ -385,3 +385,31 @@ func TestHTTPEffectNoRedirects(t *testing.T) {
 		t.Errorf("the redirect was followed")
 	}
 }
+
+// BenchmarkHTTPEffectPerform measures one single-step HTTP effect against
+// the in-process fake (a new key per iteration, so every call performs).
+func BenchmarkHTTPEffectPerform(b *testing.B) {
+	fake := fakedownstream.New(fakedownstream.Options{})
+	srv := httptest.NewServer(fake)
+	defer srv.Close()
+	r, err := ParseRoutes([]byte(oneRoute(srv.URL, "")), nil, nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	msg := newMsg("bench", "payment.requested", `{"amount":1}`)
+	h, err := r.Route(msg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	i := 0
+	for b.Loop() {
+		i++
+		if err := h.Effect.Perform(ctx, msg, fmt.Sprint("k", i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if fake.TotalEffects() != i {
+		b.Fatalf("effects = %d, want %d", fake.TotalEffects(), i)
+	}
+}
