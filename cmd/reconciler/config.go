@@ -1,0 +1,268 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sbclaim/sbclaim/internal/reconciler"
+)
+
+// StaleFactor is how many heartbeat intervals a claim must miss before the
+// reconciler may flag it. Three leaves room for one late heartbeat (a GC
+// pause, a slow database) and one lost write, so a claim whose processor is
+// alive and still working is not handed to operators while its effect runs.
+const StaleFactor = 3
+
+// Config is the reconciler binary's configuration. Every field comes from an
+// SBCLAIM_ environment variable, which the matching flag overrides.
+type Config struct {
+	DatabaseURL       string
+	Schedule          string
+	StaleAfter        time.Duration
+	HeartbeatInterval time.Duration // the processors' interval; only for validation
+	Retention         time.Duration
+	LockDuration      time.Duration // the entity's Service Bus lock duration
+	MaxDeliveryCount  int           // the entity's max delivery count
+	FlagBatchSize     int
+	PurgeBatchSize    int
+	PurgeMaxPerTick   int
+	QueryTimeout      time.Duration
+	RoutesPath        string
+	Operator          string
+	HTTPAddr          string
+	LogFormat         string // json | text
+	LogLevel          slog.Level
+	ShutdownTimeout   time.Duration
+}
+
+// ConfigError is an invalid setting: it names the environment variable (and
+// so the flag), the bad value (redacted when secret) and what is wrong.
+type ConfigError struct {
+	Field string // the environment variable, e.g. SBCLAIM_RETENTION
+	Value string
+	Err   error
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("%s=%q: %v", e.Field, e.Value, e.Err)
+}
+
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+// setting is one environment variable and its flag.
+type setting struct {
+	env, flag, def, usage string
+	secret                bool
+	set                   func(c *Config, v string) error
+}
+
+func durationSetting(env, flagName, def, usage string, dst func(*Config) *time.Duration) setting {
+	return setting{env: env, flag: flagName, def: def, usage: usage, set: func(c *Config, v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return errors.New("not a duration (use Go syntax: 90s, 5m, 168h)")
+		}
+		if d <= 0 {
+			return errors.New("must be positive")
+		}
+		*dst(c) = d
+		return nil
+	}}
+}
+
+func intSetting(env, flagName, def, usage string, dst func(*Config) *int) setting {
+	return setting{env: env, flag: flagName, def: def, usage: usage, set: func(c *Config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return errors.New("not an integer")
+		}
+		if n < 1 {
+			return errors.New("must be at least 1")
+		}
+		*dst(c) = n
+		return nil
+	}}
+}
+
+func stringSetting(env, flagName, def, usage string, dst func(*Config) *string) setting {
+	return setting{env: env, flag: flagName, def: def, usage: usage, set: func(c *Config, v string) error {
+		*dst(c) = v
+		return nil
+	}}
+}
+
+// settings lists every variable, in the order -h prints them.
+var settings = []setting{
+	{env: "SBCLAIM_DATABASE_URL", flag: "database-url", secret: true,
+		usage: "claims database: sqlite:<path>, postgres://..., sqlserver://... (required)",
+		set: func(c *Config, v string) error {
+			switch {
+			case v == "":
+				return errors.New("required")
+			case strings.HasPrefix(v, "sqlite:"), strings.HasPrefix(v, "postgres://"),
+				strings.HasPrefix(v, "postgresql://"), strings.HasPrefix(v, "sqlserver://"):
+				c.DatabaseURL = v
+				return nil
+			}
+			return errors.New("unsupported scheme (want sqlite:, postgres:// or sqlserver://)")
+		}},
+	{env: "SBCLAIM_RECONCILE_SCHEDULE", flag: "schedule", def: reconciler.DefaultSchedule,
+		usage: `cron spec of the reconcile tick: 5 fields ("*/5 * * * *") or "@every 1m"`,
+		set: func(c *Config, v string) error {
+			if _, err := reconciler.ParseSchedule(v); err != nil {
+				return fmt.Errorf("invalid cron spec: %w", err)
+			}
+			c.Schedule = v
+			return nil
+		}},
+	durationSetting("SBCLAIM_STALE_AFTER", "stale-after", "5m",
+		fmt.Sprintf("flag a claim with no heartbeat (or released and not taken over) for this long; at least %d × the heartbeat interval", StaleFactor),
+		func(c *Config) *time.Duration { return &c.StaleAfter }),
+	durationSetting("SBCLAIM_HEARTBEAT_INTERVAL", "heartbeat-interval", "30s",
+		"the processors' heartbeat interval (used only to validate the stale-after setting)",
+		func(c *Config) *time.Duration { return &c.HeartbeatInterval }),
+	durationSetting("SBCLAIM_RETENTION", "retention", "168h",
+		"purge finished claims older than this; at least lock duration × max delivery count",
+		func(c *Config) *time.Duration { return &c.Retention }),
+	durationSetting("SBCLAIM_LOCK_DURATION", "lock-duration", "1m",
+		"the Service Bus entity's lock duration (used to validate retention)",
+		func(c *Config) *time.Duration { return &c.LockDuration }),
+	intSetting("SBCLAIM_MAX_DELIVERY_COUNT", "max-delivery-count", "10",
+		"the Service Bus entity's max delivery count (used to validate retention)",
+		func(c *Config) *int { return &c.MaxDeliveryCount }),
+	intSetting("SBCLAIM_FLAG_BATCH_SIZE", "flag-batch-size", strconv.Itoa(reconciler.DefaultFlagBatchSize),
+		"claims flagged per query; the flag pass loops until a batch is short",
+		func(c *Config) *int { return &c.FlagBatchSize }),
+	intSetting("SBCLAIM_PURGE_BATCH_SIZE", "purge-batch-size", strconv.Itoa(reconciler.DefaultPurgeBatchSize),
+		"claims deleted per DELETE; the purge pass loops until a batch is short",
+		func(c *Config) *int { return &c.PurgeBatchSize }),
+	intSetting("SBCLAIM_PURGE_MAX_PER_TICK", "purge-max-per-tick", strconv.Itoa(reconciler.DefaultMaxPurgePerTick),
+		"at most this many claims deleted per tick (a backlog is worked off over several ticks)",
+		func(c *Config) *int { return &c.PurgeMaxPerTick }),
+	durationSetting("SBCLAIM_QUERY_TIMEOUT", "query-timeout", "30s",
+		"timeout of each database query",
+		func(c *Config) *time.Duration { return &c.QueryTimeout }),
+	stringSetting("SBCLAIM_ROUTES", "routes", "",
+		"routes file of the processors (needed by redrive)",
+		func(c *Config) *string { return &c.RoutesPath }),
+	stringSetting("SBCLAIM_OPERATOR", "operator", "",
+		"operator name recorded on resolve/redrive (default: the OS user)",
+		func(c *Config) *string { return &c.Operator }),
+	stringSetting("SBCLAIM_HTTP_ADDR", "http-addr", ":8081",
+		"listen address of /healthz and /metrics (empty: no HTTP server)",
+		func(c *Config) *string { return &c.HTTPAddr }),
+	{env: "SBCLAIM_LOG_FORMAT", flag: "log-format", def: "json", usage: "log format: json | text",
+		set: func(c *Config, v string) error {
+			if v != "json" && v != "text" {
+				return errors.New("want json or text")
+			}
+			c.LogFormat = v
+			return nil
+		}},
+	{env: "SBCLAIM_LOG_LEVEL", flag: "log-level", def: "info", usage: "log level: debug | info | warn | error",
+		set: func(c *Config, v string) error {
+			if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
+				return errors.New("want debug, info, warn or error")
+			}
+			return nil
+		}},
+	durationSetting("SBCLAIM_SHUTDOWN_TIMEOUT", "shutdown-timeout", "25s",
+		"on SIGTERM, wait this long for a running tick (keep it under the platform's grace period)",
+		func(c *Config) *time.Duration { return &c.ShutdownTimeout }),
+}
+
+// configFlags binds settings to a FlagSet: each flag's default is the
+// environment variable's value when set, else the built-in default, so -h
+// shows what will be used. load parses them into a Config after fs.Parse.
+type configFlags struct {
+	values map[string]*string // by env name
+}
+
+// Only the settings named in envs are bound (nil binds all), so each
+// command's -h lists what it uses; the others keep their built-in defaults.
+func bindConfig(fs *flag.FlagSet, getenv func(string) string, envs []string) *configFlags {
+	cf := &configFlags{values: make(map[string]*string, len(settings))}
+	for _, s := range settings {
+		if envs != nil && !slices.Contains(envs, s.env) {
+			continue
+		}
+		def := s.def
+		if v := getenv(s.env); v != "" {
+			def = v
+		}
+		usage := s.usage + " [$" + s.env + "]"
+		if s.secret && def != "" {
+			// flag prints the default in -h: never show a secret.
+			usage += " (set: " + redactURL(def) + ")"
+			cf.values[s.env] = fs.String(s.flag, "", usage)
+			*cf.values[s.env] = def
+			continue
+		}
+		cf.values[s.env] = fs.String(s.flag, def, usage)
+	}
+	return cf
+}
+
+// load turns the parsed flags into a Config, reporting every bad value as a
+// *ConfigError (joined). Cross-field rules are checked by Validate.
+func (cf *configFlags) load() (*Config, error) {
+	c := &Config{}
+	var errs []error
+	for _, s := range settings {
+		v := s.def
+		if p, ok := cf.values[s.env]; ok {
+			v = strings.TrimSpace(*p)
+		}
+		if err := s.set(c, v); err != nil {
+			shown := v
+			if s.secret {
+				shown = redactURL(v)
+			}
+			errs = append(errs, &ConfigError{Field: s.env, Value: shown, Err: err})
+		}
+	}
+	return c, errors.Join(errs...)
+}
+
+// Validate checks the rules between settings that protect correctness. It
+// returns every violation as a *ConfigError (joined).
+func (c *Config) Validate() error {
+	var errs []error
+	if window := c.LockDuration * time.Duration(c.MaxDeliveryCount); c.Retention < window {
+		errs = append(errs, &ConfigError{Field: "SBCLAIM_RETENTION", Value: c.Retention.String(), Err: fmt.Errorf(
+			"must be at least SBCLAIM_LOCK_DURATION × SBCLAIM_MAX_DELIVERY_COUNT = %s × %d = %s: "+
+				"until then the broker can still redeliver the original message, and with its claim purged it would run the effect again",
+			c.LockDuration, c.MaxDeliveryCount, window)})
+	}
+	if floor := StaleFactor * c.HeartbeatInterval; c.StaleAfter < floor {
+		errs = append(errs, &ConfigError{Field: "SBCLAIM_STALE_AFTER", Value: c.StaleAfter.String(), Err: fmt.Errorf(
+			"must be at least %d × SBCLAIM_HEARTBEAT_INTERVAL = %d × %s = %s: "+
+				"not comfortably longer than the heartbeat, it would flag claims whose processor is alive and still running the effect",
+			StaleFactor, StaleFactor, c.HeartbeatInterval, floor)})
+	}
+	if c.PurgeMaxPerTick < c.PurgeBatchSize {
+		errs = append(errs, &ConfigError{Field: "SBCLAIM_PURGE_MAX_PER_TICK", Value: strconv.Itoa(c.PurgeMaxPerTick), Err: fmt.Errorf(
+			"must be at least SBCLAIM_PURGE_BATCH_SIZE (%d)", c.PurgeBatchSize)})
+	}
+	return errors.Join(errs...)
+}
+
+// reconcilerConfig is the tick's configuration.
+func (c *Config) reconcilerConfig() reconciler.Config {
+	return reconciler.Config{
+		StaleAfter:      c.StaleAfter,
+		Retention:       c.Retention,
+		FlagBatchSize:   c.FlagBatchSize,
+		PurgeBatchSize:  c.PurgeBatchSize,
+		MaxPurgePerTick: c.PurgeMaxPerTick,
+		QueryTimeout:    c.QueryTimeout,
+		Schedule:        c.Schedule,
+		ShutdownTimeout: c.ShutdownTimeout,
+	}
+}

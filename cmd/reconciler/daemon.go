@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/reconciler"
+	"github.com/sbclaim/sbclaim/internal/store"
+)
+
+// cmdRun is the daemon: the tick on the cron schedule, and /healthz and
+// /metrics, until the context ends (SIGTERM).
+func cmdRun(ctx context.Context, e *env, _ []string) int {
+	st, err := e.openStore(ctx)
+	if err != nil {
+		return e.fail("run", err)
+	}
+	defer st.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	rec := reconciler.New(st, e.cfg.reconcilerConfig(), e.logger, reconciler.NewMetrics(reg))
+
+	var srv *http.Server
+	if e.cfg.HTTPAddr != "" {
+		ln, err := net.Listen("tcp", e.cfg.HTTPAddr)
+		if err != nil {
+			return e.fail("run", fmt.Errorf("listen on SBCLAIM_HTTP_ADDR %s: %w", e.cfg.HTTPAddr, err))
+		}
+		srv = &http.Server{Handler: httpHandler(st, reg), ReadHeaderTimeout: 5 * time.Second}
+		e.logger.Info("serving /healthz and /metrics", "addr", ln.Addr().String())
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				e.logger.Error("http server", "err", err)
+			}
+		}()
+	}
+
+	err = rec.Run(ctx)
+
+	if srv != nil {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}
+	if err != nil {
+		return e.fail("run", err)
+	}
+	return exitOK
+}
+
+// httpHandler serves /healthz (the database answers a ping) and /metrics
+// (the binary's own registry).
+func httpHandler(st claim.Store, reg *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+		defer cancel()
+		if err := st.Ping(ctx); err != nil {
+			// The error may describe the server; it never carries the
+			// password (the store gets no chance to print the URL here).
+			http.Error(w, "database unreachable", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	return mux
+}
+
+// cmdOnce runs one tick and exits: non-zero when the tick failed.
+func cmdOnce(ctx context.Context, e *env, _ []string) int {
+	st, err := e.openStore(ctx)
+	if err != nil {
+		return e.fail("once", err)
+	}
+	defer st.Close()
+	rec := reconciler.New(st, e.cfg.reconcilerConfig(), e.logger, nil)
+	res, err := rec.RunOnce(ctx)
+	if err != nil {
+		return e.fail("once", err)
+	}
+	if !res.Locked {
+		e.logger.Info("another reconciler holds the lock; nothing to do", "lock", reconciler.LockName)
+	}
+	return exitOK
+}
+
+// cmdMigrate applies the claims schema.
+func cmdMigrate(ctx context.Context, e *env, _ []string) int {
+	if err := store.Migrate(ctx, e.cfg.DatabaseURL); err != nil {
+		return e.fail("migrate", fmt.Errorf("migrate %s: %w", redactURL(e.cfg.DatabaseURL), err))
+	}
+	fmt.Fprintf(e.stdout, "claims schema is up to date on %s\n", redactURL(e.cfg.DatabaseURL))
+	return exitOK
+}

@@ -1,0 +1,471 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os/user"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/reconciler"
+	"github.com/sbclaim/sbclaim/internal/sideeffects"
+)
+
+// previewBytes is how much of a stored payload show prints.
+const previewBytes = 200
+
+func listFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
+	state := fs.String("state", "flagged", "comma-separated states to list ("+joinStates()+"), or all")
+	consumer := fs.String("consumer", "", "only claims of this consumer")
+	olderThan := fs.Duration("older-than", 0, "only claims claimed longer ago than this (e.g. 1h)")
+	limit := fs.Int("limit", 100, "at most this many claims")
+	asJSON := fs.Bool("json", false, "print a JSON array instead of a table")
+	return func(ctx context.Context, e *env, args []string) int {
+		if len(args) > 0 {
+			fmt.Fprintf(e.stderr, "reconciler list: unexpected arguments %q\n", args)
+			return exitUsage
+		}
+		states, err := parseStates(*state)
+		if err != nil {
+			fmt.Fprintf(e.stderr, "reconciler list: --state: %v\n", err)
+			return exitUsage
+		}
+		if *limit < 1 || *olderThan < 0 {
+			fmt.Fprintln(e.stderr, "reconciler list: --limit must be at least 1 and --older-than not negative")
+			return exitUsage
+		}
+		st, err := e.openStore(ctx)
+		if err != nil {
+			return e.fail("list", err)
+		}
+		defer st.Close()
+
+		var claims []*claim.Claim
+		params := &claim.ListParams{States: states, Consumer: *consumer, OlderThan: *olderThan}
+		for len(claims) < *limit {
+			params.Limit = min(*limit-len(claims), 500)
+			page, err := st.List(ctx, params)
+			if err != nil {
+				return e.fail("list", err)
+			}
+			claims = append(claims, page...)
+			if len(page) < params.Limit {
+				break
+			}
+			params.AfterID = page[len(page)-1].ID
+		}
+		if *asJSON {
+			return e.writeJSON("list", toJSON(claims...))
+		}
+		now, err := st.Now(ctx)
+		if err != nil {
+			return e.fail("list", err)
+		}
+		if len(claims) == 0 {
+			fmt.Fprintf(e.stdout, "no %s claims\n", strings.Join(stateNames(states), "/"))
+			return exitOK
+		}
+		writeTable(e.stdout, claims, now)
+		return exitOK
+	}
+}
+
+func writeTable(w io.Writer, claims []*claim.Claim, now time.Time) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tCONSUMER\tMESSAGE ID\tCLAIMED\tHEARTBEAT\tATTEMPTS\tREASON / LAST ERROR")
+	for _, c := range claims {
+		why := c.FlagReason
+		if why == "" {
+			why = c.LastError
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s ago\t%s ago\t%d\t%s\n",
+			c.ID, c.State, printable(c.Consumer, 40), printable(c.MessageID, 40),
+			age(now, c.ClaimedAt), age(now, c.HeartbeatAt), c.Attempts, printable(why, 60))
+	}
+	tw.Flush()
+}
+
+func showFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
+	asJSON := fs.Bool("json", false, "print the claim as JSON")
+	return func(ctx context.Context, e *env, args []string) int {
+		id, ok := e.claimID("show", args)
+		if !ok {
+			return exitUsage
+		}
+		st, err := e.openStore(ctx)
+		if err != nil {
+			return e.fail("show", err)
+		}
+		defer st.Close()
+		c, err := st.Get(ctx, id)
+		if err != nil {
+			return e.fail("show", fmt.Errorf("claim %d: %w", id, err))
+		}
+		if *asJSON {
+			return e.writeJSON("show", toJSON(c)[0])
+		}
+		now, err := st.Now(ctx)
+		if err != nil {
+			return e.fail("show", err)
+		}
+		writeClaim(e.stdout, c, now)
+		return exitOK
+	}
+}
+
+// writeClaim prints one claim for an operator: identity, state and times
+// (ages by the database clock), the payload (hash and a safe preview) and
+// the audit trail.
+func writeClaim(w io.Writer, c *claim.Claim, now time.Time) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(k, v string) { fmt.Fprintf(tw, "  %s\t%s\n", k, v) }
+	fmt.Fprintf(tw, "Claim %d\n", c.ID)
+	row("message id:", printable(c.MessageID, 0))
+	row("consumer:", printable(c.Consumer, 0))
+	row("state:", string(c.State))
+	row("entity:", dash(printable(c.Entity, 0)))
+	row("subject:", dash(printable(c.Subject, 0)))
+	row("content type:", dash(printable(c.ContentType, 0)))
+	if len(c.Properties) > 0 {
+		keys := make([]string, 0, len(c.Properties))
+		for k := range c.Properties {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for i, k := range keys {
+			label := ""
+			if i == 0 {
+				label = "properties:"
+			}
+			row(label, printable(k, 0)+"="+printable(c.Properties[k], 100))
+		}
+	} else {
+		row("properties:", "-")
+	}
+	row("owner:", c.Owner.String())
+	row("claimed by:", dash(printable(c.ClaimedBy, 0)))
+	row("delivery count:", strconv.Itoa(c.DeliveryCount))
+	row("claimed at:", stamp(now, &c.ClaimedAt))
+	row("heartbeat at:", stamp(now, &c.HeartbeatAt)+heartbeatNote(c))
+	row("processed at:", stamp(now, c.ProcessedAt))
+	row("released at:", stamp(now, c.ReleasedAt))
+	row("attempts:", strconv.Itoa(c.Attempts))
+	row("last error:", dash(printable(c.LastError, 0)))
+	row("payload hash:", "sha256:"+hex.EncodeToString(c.PayloadHash))
+	row("payload:", payloadPreview(c.Payload))
+	fmt.Fprintln(tw, "Audit trail")
+	fmt.Fprintf(tw, "  %s\tclaimed\tby %s (delivery %d)\n", ts(c.ClaimedAt), dash(printable(c.ClaimedBy, 0)), c.DeliveryCount)
+	if c.ReleasedAt != nil {
+		fmt.Fprintf(tw, "  %s\treleased\t%s\n", ts(*c.ReleasedAt), printable(c.LastError, 0))
+	}
+	if c.FlaggedAt != nil {
+		fmt.Fprintf(tw, "  %s\tflagged\t%s\n", ts(*c.FlaggedAt), dash(printable(c.FlagReason, 0)))
+	}
+	if c.ProcessedAt != nil && (c.ResolvedAt == nil || c.Resolution != claim.ResolutionRedriven) {
+		fmt.Fprintf(tw, "  %s\tprocessed\t\n", ts(*c.ProcessedAt))
+	}
+	if c.ResolvedAt != nil {
+		fmt.Fprintf(tw, "  %s\tresolved\tas %s by %s: %s\n", ts(*c.ResolvedAt), c.Resolution,
+			printable(c.ResolvedBy, 0), printable(c.ResolutionNote, 0))
+	}
+	tw.Flush()
+}
+
+func heartbeatNote(c *claim.Claim) string {
+	switch c.State {
+	case claim.StateClaimed:
+		return "  (time since the owning processor last showed life)"
+	case claim.StateReleased:
+		return "  (released: waiting for a redelivery to take it over)"
+	}
+	return ""
+}
+
+// payloadPreview renders a stored payload safely for a terminal: at most
+// previewBytes, every non-printable byte escaped, truncation said plainly.
+func payloadPreview(p []byte) string {
+	if p == nil {
+		return "(not stored)"
+	}
+	if len(p) <= previewBytes {
+		return fmt.Sprintf("%d bytes: %s", len(p), strconv.Quote(string(p)))
+	}
+	return fmt.Sprintf("%d bytes: %s ... (truncated: first %d of %d bytes shown)",
+		len(p), strconv.Quote(string(p[:previewBytes])), previewBytes, len(p))
+}
+
+func resolveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
+	as := fs.String("as", "", "resolution: done (the effect happened, checked by hand) or discarded (it must not happen)")
+	note := fs.String("note", "", "why (required; kept on the claim)")
+	by := fs.String("by", "", "operator name (default: $SBCLAIM_OPERATOR, else the OS user)")
+	return func(ctx context.Context, e *env, args []string) int {
+		id, ok := e.claimID("resolve", args)
+		if !ok {
+			return exitUsage
+		}
+		res := claim.Resolution(*as)
+		if res != claim.ResolutionDone && res != claim.ResolutionDiscarded {
+			fmt.Fprintf(e.stderr, "reconciler resolve: --as must be done or discarded (got %q); use 'reconciler redrive' to re-run the effect\n", *as)
+			return exitUsage
+		}
+		if strings.TrimSpace(*note) == "" {
+			fmt.Fprintln(e.stderr, "reconciler resolve: --note is required: say why, for whoever reads this claim next")
+			return exitUsage
+		}
+		operator, err := e.operator(*by)
+		if err != nil {
+			fmt.Fprintf(e.stderr, "reconciler resolve: %v\n", err)
+			return exitUsage
+		}
+		st, err := e.openStore(ctx)
+		if err != nil {
+			return e.fail("resolve", err)
+		}
+		defer st.Close()
+		c, err := st.Resolve(ctx, &claim.ResolveParams{ID: id, Resolution: res, By: operator, Note: *note})
+		if err != nil {
+			return e.refuse(ctx, st, "resolve", id, err)
+		}
+		e.logger.Info("claim resolved", "claim_id", c.ID, "message_id", c.MessageID, "consumer", c.Consumer,
+			"resolution", c.Resolution, "by", c.ResolvedBy)
+		fmt.Fprintf(e.stdout, "claim %d resolved as %s by %s\n", c.ID, c.Resolution, printable(c.ResolvedBy, 0))
+		return exitOK
+	}
+}
+
+func redriveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
+	by := fs.String("by", "", "operator name (default: $SBCLAIM_OPERATOR, else the OS user)")
+	note := fs.String("note", "redriven", "note kept on the claim")
+	return func(ctx context.Context, e *env, args []string) int {
+		id, ok := e.claimID("redrive", args)
+		if !ok {
+			return exitUsage
+		}
+		if e.cfg.RoutesPath == "" {
+			fmt.Fprintln(e.stderr, "reconciler redrive: SBCLAIM_ROUTES (--routes) is required: the processors' routes file")
+			return exitUsage
+		}
+		operator, err := e.operator(*by)
+		if err != nil {
+			fmt.Fprintf(e.stderr, "reconciler redrive: %v\n", err)
+			return exitUsage
+		}
+		router, err := sideeffects.LoadRoutes(e.cfg.RoutesPath, e.getenv, e.logger)
+		if err != nil {
+			return e.fail("redrive", fmt.Errorf("load routes from SBCLAIM_ROUTES=%s: %w", e.cfg.RoutesPath, err))
+		}
+		st, err := e.openStore(ctx)
+		if err != nil {
+			return e.fail("redrive", err)
+		}
+		defer st.Close()
+
+		c, err := reconciler.Redrive(ctx, st, &reconciler.RedriveParams{
+			ID: id, By: operator, Note: *note, Router: router, Logger: e.logger,
+		})
+		var effErr *reconciler.EffectError
+		switch {
+		case err == nil:
+			fmt.Fprintf(e.stdout, "claim %d redriven: the effect succeeded with idempotency key %s; resolved as %s by %s\n",
+				c.ID, printable(c.MessageID, 0), c.Resolution, printable(c.ResolvedBy, 0))
+			return exitOK
+		case errors.As(err, &effErr):
+			fmt.Fprintf(e.stderr, "reconciler redrive: refused to resolve claim %d: the effect failed (outcome %s after %d attempt(s)): %v\n"+
+				"The claim stays flagged. Retry the redrive later, or resolve it by hand.\n",
+				id, effErr.Outcome, effErr.Attempts, effErr.Err)
+			return exitFailure
+		case errors.Is(err, reconciler.ErrNotFlagged), errors.Is(err, reconciler.ErrNoPayload),
+			errors.Is(err, reconciler.ErrNotRedrivable):
+			fmt.Fprintf(e.stderr, "reconciler redrive: refused: %v\n", err)
+			return exitFailure
+		}
+		return e.refuse(ctx, st, "redrive", id, err)
+	}
+}
+
+// refuse explains a failed guarded update: a claim that is no longer
+// flagged is a refusal (someone else acted first), described as it is now.
+func (e *env) refuse(ctx context.Context, st claim.Store, cmd string, id int64, err error) int {
+	if !errors.Is(err, claim.ErrStateChanged) {
+		if errors.Is(err, claim.ErrNotFound) {
+			return e.fail(cmd, fmt.Errorf("claim %d not found", id))
+		}
+		return e.fail(cmd, err)
+	}
+	msg := fmt.Sprintf("refused: claim %d is no longer flagged", id)
+	if c, gerr := st.Get(ctx, id); gerr == nil {
+		msg = fmt.Sprintf("refused: claim %d is %s, not flagged", id, c.State)
+		if c.ResolvedAt != nil {
+			msg += fmt.Sprintf(" (resolved as %s by %s at %s)", c.Resolution, printable(c.ResolvedBy, 0), ts(*c.ResolvedAt))
+		}
+	}
+	fmt.Fprintf(e.stderr, "reconciler %s: %s; nothing was changed\n", cmd, msg)
+	return exitFailure
+}
+
+func (e *env) claimID(cmd string, args []string) (int64, bool) {
+	if len(args) != 1 {
+		fmt.Fprintf(e.stderr, "reconciler %s: want exactly one claim id (got %d arguments)\n", cmd, len(args))
+		return 0, false
+	}
+	id, err := strconv.ParseInt(args[0], 10, 64)
+	if err != nil || id < 1 {
+		fmt.Fprintf(e.stderr, "reconciler %s: claim id %q is not a positive integer\n", cmd, args[0])
+		return 0, false
+	}
+	return id, true
+}
+
+// operator is who acts: --by, else SBCLAIM_OPERATOR, else the OS user.
+func (e *env) operator(by string) (string, error) {
+	if by = strings.TrimSpace(by); by != "" {
+		return by, nil
+	}
+	if e.cfg.Operator != "" {
+		return e.cfg.Operator, nil
+	}
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username, nil
+	}
+	return "", errors.New("cannot tell who you are: pass --by or set SBCLAIM_OPERATOR")
+}
+
+func (e *env) writeJSON(cmd string, v any) int {
+	enc := json.NewEncoder(e.stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return e.fail(cmd, err)
+	}
+	return exitOK
+}
+
+// claimJSON is a claim for scripts: snake_case fields, the payload hash in
+// hex, the payload itself left out (it may hold personal data; use show).
+type claimJSON struct {
+	ID             int64             `json:"id"`
+	MessageID      string            `json:"message_id"`
+	Consumer       string            `json:"consumer"`
+	Owner          string            `json:"owner"`
+	State          claim.State       `json:"state"`
+	Entity         string            `json:"entity"`
+	Subject        string            `json:"subject"`
+	ContentType    string            `json:"content_type"`
+	Properties     map[string]string `json:"properties"`
+	PayloadHash    string            `json:"payload_hash"`
+	PayloadSize    *int              `json:"payload_size"` // null when not stored
+	DeliveryCount  int               `json:"delivery_count"`
+	ClaimedBy      string            `json:"claimed_by"`
+	ClaimedAt      time.Time         `json:"claimed_at"`
+	HeartbeatAt    time.Time         `json:"heartbeat_at"`
+	ProcessedAt    *time.Time        `json:"processed_at"`
+	ReleasedAt     *time.Time        `json:"released_at"`
+	Attempts       int               `json:"attempts"`
+	LastError      string            `json:"last_error"`
+	FlaggedAt      *time.Time        `json:"flagged_at"`
+	FlagReason     string            `json:"flag_reason"`
+	ResolvedAt     *time.Time        `json:"resolved_at"`
+	ResolvedBy     string            `json:"resolved_by"`
+	Resolution     claim.Resolution  `json:"resolution"`
+	ResolutionNote string            `json:"resolution_note"`
+}
+
+func toJSON(claims ...*claim.Claim) []claimJSON {
+	out := make([]claimJSON, 0, len(claims))
+	for _, c := range claims {
+		j := claimJSON{
+			ID: c.ID, MessageID: c.MessageID, Consumer: c.Consumer, Owner: c.Owner.String(), State: c.State,
+			Entity: c.Entity, Subject: c.Subject, ContentType: c.ContentType, Properties: c.Properties,
+			PayloadHash: hex.EncodeToString(c.PayloadHash), DeliveryCount: c.DeliveryCount, ClaimedBy: c.ClaimedBy,
+			ClaimedAt: c.ClaimedAt, HeartbeatAt: c.HeartbeatAt, ProcessedAt: c.ProcessedAt, ReleasedAt: c.ReleasedAt,
+			Attempts: c.Attempts, LastError: c.LastError, FlaggedAt: c.FlaggedAt, FlagReason: c.FlagReason,
+			ResolvedAt: c.ResolvedAt, ResolvedBy: c.ResolvedBy, Resolution: c.Resolution, ResolutionNote: c.ResolutionNote,
+		}
+		if c.Payload != nil {
+			n := len(c.Payload)
+			j.PayloadSize = &n
+		}
+		if j.Properties == nil {
+			j.Properties = map[string]string{}
+		}
+		out = append(out, j)
+	}
+	return out
+}
+
+func parseStates(s string) ([]claim.State, error) {
+	if s == "all" || s == "" {
+		return nil, nil
+	}
+	var states []claim.State
+	for part := range strings.SplitSeq(s, ",") {
+		st := claim.State(strings.TrimSpace(part))
+		if !st.Valid() {
+			return nil, fmt.Errorf("unknown state %q (want %s, or all)", part, joinStates())
+		}
+		states = append(states, st)
+	}
+	return states, nil
+}
+
+func joinStates() string { return strings.Join(stateNames(claim.States), ", ") }
+
+func stateNames(states []claim.State) []string {
+	if len(states) == 0 {
+		return []string{"matching"}
+	}
+	names := make([]string, len(states))
+	for i, s := range states {
+		names[i] = string(s)
+	}
+	return names
+}
+
+// printable makes producer-controlled text safe for a terminal: control
+// and other non-printable characters are escaped; max > 0 truncates.
+func printable(s string, max int) string {
+	q := strconv.Quote(s)
+	q = q[1 : len(q)-1]
+	if max > 0 && len(q) > max {
+		return q[:max-3] + "..."
+	}
+	return q
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func ts(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000Z") }
+
+func stamp(now time.Time, t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return ts(*t) + " (" + age(now, *t) + " ago)"
+}
+
+// age is now - t by the database clock, rounded for reading.
+func age(now, t time.Time) string {
+	d := now.Sub(t)
+	switch {
+	case d < 0:
+		return "0s"
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	case d < 48*time.Hour:
+		return d.Round(time.Second).String()
+	}
+	return fmt.Sprintf("%dd%s", d/(24*time.Hour), (d % (24 * time.Hour)).Round(time.Minute))
+}
