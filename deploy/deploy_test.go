@@ -1,0 +1,371 @@
+package deploy
+
+import (
+	"encoding/json"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sbclaim/sbclaim/internal/sideeffects"
+)
+
+const appAPIVersion = "2025-07-01"
+
+func read(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.FromSlash(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// bicepFiles returns main.bicep and the modules.
+func bicepFiles(t *testing.T) map[string]string {
+	t.Helper()
+	files := map[string]string{"main.bicep": read(t, "main.bicep")}
+	mods, err := filepath.Glob(filepath.Join("modules", "*.bicep"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range mods {
+		files[filepath.ToSlash(m)] = read(t, m)
+	}
+	return files
+}
+
+// stripBicep removes comments and the contents of string literals, so that
+// brackets and names inside them do not count.
+func stripBicep(src string) string {
+	var b strings.Builder
+	inString, lineComment, blockComment := false, false, false
+	for i := 0; i < len(src); i++ {
+		c := src[i]
+		switch {
+		case lineComment:
+			if c == '\n' {
+				lineComment = false
+				b.WriteByte(c)
+			}
+		case blockComment:
+			if c == '*' && i+1 < len(src) && src[i+1] == '/' {
+				blockComment = false
+				i++
+			}
+		case inString:
+			if c == '\\' {
+				i++
+			} else if c == '\'' {
+				inString = false
+				b.WriteString("''")
+			}
+		case c == '/' && i+1 < len(src) && src[i+1] == '/':
+			lineComment = true
+		case c == '/' && i+1 < len(src) && src[i+1] == '*':
+			blockComment = true
+		case c == '\'':
+			inString = true
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+func TestBicepBracketsBalance(t *testing.T) {
+	t.Parallel()
+	for name, src := range bicepFiles(t) {
+		code := stripBicep(src)
+		var stack []byte
+		pairs := map[byte]byte{')': '(', ']': '[', '}': '{'}
+		line := 1
+		for i := 0; i < len(code); i++ {
+			switch c := code[i]; c {
+			case '\n':
+				line++
+			case '(', '[', '{':
+				stack = append(stack, c)
+			case ')', ']', '}':
+				if len(stack) == 0 || stack[len(stack)-1] != pairs[c] {
+					t.Fatalf("%s:%d: unbalanced %q", name, line, c)
+				}
+				stack = stack[:len(stack)-1]
+			}
+		}
+		if len(stack) > 0 {
+			t.Errorf("%s: %d unclosed brackets", name, len(stack))
+		}
+	}
+}
+
+var resourceType = regexp.MustCompile(`'(Microsoft\.[A-Za-z]+/[A-Za-z/]+)@([0-9]{4}-[0-9]{2}-[0-9]{2}(?:-preview)?)'`)
+
+func TestAppAPIVersions(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	for name, src := range bicepFiles(t) {
+		for _, m := range resourceType.FindAllStringSubmatch(src, -1) {
+			typ, version := m[1], m[2]
+			if strings.HasSuffix(version, "-preview") {
+				t.Errorf("%s: %s uses a preview API version %s", name, typ, version)
+			}
+			if strings.HasPrefix(typ, "Microsoft.App/") {
+				seen[typ] = true
+				if version != appAPIVersion {
+					t.Errorf("%s: %s@%s, want %s", name, typ, version, appAPIVersion)
+				}
+			}
+		}
+	}
+	for _, typ := range []string{"Microsoft.App/managedEnvironments", "Microsoft.App/containerApps", "Microsoft.App/jobs"} {
+		if !seen[typ] {
+			t.Errorf("no %s resource", typ)
+		}
+	}
+}
+
+var (
+	settingName = regexp.MustCompile(`"(SBCLAIM_[A-Z_]+)"`)
+	bicepEnv    = regexp.MustCompile(`name: '((?:SBCLAIM|AZURE)_[A-Z_]+)'`)
+)
+
+// knownSettings lists the SBCLAIM_ variables a binary's config.go reads.
+func knownSettings(t *testing.T, cmd string) map[string]bool {
+	t.Helper()
+	known := map[string]bool{"AZURE_CLIENT_ID": true}
+	for _, m := range settingName.FindAllStringSubmatch(read(t, "../cmd/"+cmd+"/config.go"), -1) {
+		known[m[1]] = true
+	}
+	if len(known) < 5 {
+		t.Fatalf("found only %d settings in cmd/%s/config.go", len(known), cmd)
+	}
+	return known
+}
+
+// sections splits main.bicep into the processor app and the reconciler job.
+func sections(t *testing.T) (processor, reconciler string) {
+	t.Helper()
+	src := read(t, "main.bicep")
+	p := strings.Index(src, "resource processor ")
+	r := strings.Index(src, "resource reconcilerJob ")
+	if p < 0 || r < 0 || r < p {
+		t.Fatal("main.bicep: cannot find the processor app and the reconciler job")
+	}
+	return src[p:r], src[r:]
+}
+
+func envNames(section string) []string {
+	var names []string
+	for _, m := range bicepEnv.FindAllStringSubmatch(section, -1) {
+		names = append(names, m[1])
+	}
+	return names
+}
+
+func TestEnvVarsAreSettings(t *testing.T) {
+	t.Parallel()
+	proc, rec := sections(t)
+	main := read(t, "main.bicep")
+	for cmd, section := range map[string]string{"processor": proc, "reconciler": rec} {
+		known := knownSettings(t, cmd)
+		names := envNames(section)
+		if cmd == "processor" {
+			// The entity variables are set through a variable.
+			names = append(names, envNames(main[:strings.Index(main, "resource ")])...)
+		}
+		for _, n := range names {
+			if !known[n] {
+				t.Errorf("main.bicep sets %s on the %s, which does not read it", n, cmd)
+			}
+		}
+		for _, must := range []string{"AZURE_CLIENT_ID", "SBCLAIM_DATABASE_URL"} {
+			if !slices.Contains(names, must) {
+				t.Errorf("the %s gets no %s", cmd, must)
+			}
+		}
+	}
+	for _, must := range []string{"SBCLAIM_SERVICEBUS_NAMESPACE", "SBCLAIM_CONSUMER", "SBCLAIM_ROUTES", "SBCLAIM_SHUTDOWN_TIMEOUT"} {
+		if !slices.Contains(envNames(proc), must) {
+			t.Errorf("the processor gets no %s", must)
+		}
+	}
+	if strings.Contains(main, "SBCLAIM_SERVICEBUS_CONNECTION_STRING") {
+		t.Error("main.bicep sets a connection string: the deployment must use managed identities only")
+	}
+}
+
+func TestProcessorShapes(t *testing.T) {
+	t.Parallel()
+	proc, rec := sections(t)
+	for _, want := range []string{
+		"type: 'Liveness'", "path: '/healthz'",
+		"type: 'Readiness'", "path: '/readyz'",
+		"type: 'azure-servicebus'", "identity: scalerIdentity.id",
+		"fedauth=ActiveDirectoryManagedIdentity",
+	} {
+		if !strings.Contains(proc+read(t, "main.bicep"), want) {
+			t.Errorf("processor app lacks %q", want)
+		}
+	}
+	for _, want := range []string{"triggerType: 'Schedule'", "cronExpression:", "parallelism: 1", "replicaCompletionCount: 1", "replicaTimeout:", "replicaRetryLimit:", "'once'"} {
+		if !strings.Contains(rec, want) {
+			t.Errorf("reconciler job lacks %q", want)
+		}
+	}
+
+	grace := regexp.MustCompile(`terminationGracePeriodSeconds: (\d+)`).FindStringSubmatch(proc)
+	shutdown := regexp.MustCompile(`'SBCLAIM_SHUTDOWN_TIMEOUT', value: '([^']+)'`).FindStringSubmatch(proc)
+	if grace == nil || shutdown == nil {
+		t.Fatal("processor: no terminationGracePeriodSeconds or SBCLAIM_SHUTDOWN_TIMEOUT")
+	}
+	g, _ := strconv.Atoi(grace[1])
+	s, err := time.ParseDuration(shutdown[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s >= time.Duration(g)*time.Second {
+		t.Errorf("SBCLAIM_SHUTDOWN_TIMEOUT %v must be below terminationGracePeriodSeconds %ds", s, g)
+	}
+}
+
+func TestRoleAssignments(t *testing.T) {
+	t.Parallel()
+	all := strings.Join(slices.Collect(maps.Values(bicepFiles(t))), "\n")
+	const (
+		receiver = "4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0"
+		sender   = "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39"
+	)
+	if !strings.Contains(all, receiver) {
+		t.Error("no Azure Service Bus Data Receiver role assignment")
+	}
+	if strings.Contains(all, sender) {
+		t.Error("Azure Service Bus Data Sender is assigned, but nothing in sbclaim sends")
+	}
+}
+
+var param = regexp.MustCompile(`(?m)^param (\w+) (\w+)( = (.+))?$`)
+
+type bicepParam struct {
+	typ, def string
+	hasDef   bool
+}
+
+func params(t *testing.T) map[string]bicepParam {
+	t.Helper()
+	ps := map[string]bicepParam{}
+	for _, m := range param.FindAllStringSubmatch(read(t, "main.bicep"), -1) {
+		ps[m[1]] = bicepParam{typ: m[2], def: strings.Trim(m[4], "'"), hasDef: m[3] != ""}
+	}
+	return ps
+}
+
+type exampleParams struct {
+	Parameters map[string]struct {
+		Value json.RawMessage `json:"value"`
+	} `json:"parameters"`
+}
+
+func loadExample(t *testing.T) map[string]json.RawMessage {
+	t.Helper()
+	var ex exampleParams
+	if err := json.Unmarshal([]byte(read(t, "main.parameters.example.json")), &ex); err != nil {
+		t.Fatalf("main.parameters.example.json: %v", err)
+	}
+	out := map[string]json.RawMessage{}
+	for k, v := range ex.Parameters {
+		out[k] = v.Value
+	}
+	return out
+}
+
+func TestExampleParameters(t *testing.T) {
+	t.Parallel()
+	ps := params(t)
+	ex := loadExample(t)
+	for name, raw := range ex {
+		p, ok := ps[name]
+		if !ok {
+			t.Errorf("example sets %q, which main.bicep does not declare", name)
+			continue
+		}
+		var v any
+		_ = json.Unmarshal(raw, &v)
+		switch v.(type) {
+		case string:
+			if p.typ != "string" {
+				t.Errorf("example %s is a string, main.bicep declares %s", name, p.typ)
+			}
+		case float64:
+			if p.typ != "int" {
+				t.Errorf("example %s is a number, main.bicep declares %s", name, p.typ)
+			}
+		}
+	}
+	for name, p := range ps {
+		if _, ok := ex[name]; !p.hasDef && !ok {
+			t.Errorf("required parameter %s is missing from the example", name)
+		}
+	}
+
+	var routes string
+	if err := json.Unmarshal(ex["routesYaml"], &routes); err != nil {
+		t.Fatalf("routesYaml: %v", err)
+	}
+	getenv := func(string) string { return "example-value" }
+	if _, err := sideeffects.ParseRoutes([]byte(routes), getenv, nil, slog.New(slog.DiscardHandler)); err != nil {
+		t.Errorf("the example routesYaml does not load: %v", err)
+	}
+}
+
+// The reconciler's windows, with the defaults and with the example values.
+func TestReconcilerWindows(t *testing.T) {
+	t.Parallel()
+	ps := params(t)
+	ex := loadExample(t)
+	value := func(name string) string {
+		if raw, ok := ex[name]; ok {
+			var s any
+			_ = json.Unmarshal(raw, &s)
+			if f, ok := s.(float64); ok {
+				return strconv.Itoa(int(f))
+			}
+			return s.(string)
+		}
+		return ps[name].def
+	}
+	for _, source := range []string{"defaults", "example"} {
+		get := func(name string) string {
+			if source == "defaults" {
+				return ps[name].def
+			}
+			return value(name)
+		}
+		dur := func(name string) time.Duration {
+			d, err := time.ParseDuration(get(name))
+			if err != nil {
+				t.Fatalf("%s %s = %q: %v", source, name, get(name), err)
+			}
+			return d
+		}
+		deliveries, err := strconv.Atoi(get("entityMaxDeliveryCount"))
+		if err != nil {
+			t.Fatalf("%s entityMaxDeliveryCount: %v", source, err)
+		}
+		if stale, hb := dur("staleAfter"), dur("heartbeatInterval"); stale < 3*hb {
+			t.Errorf("%s: staleAfter %v < 3 × heartbeatInterval %v", source, stale, hb)
+		}
+		if ret, lock := dur("retention"), dur("entityLockDuration"); ret < lock*time.Duration(deliveries) {
+			t.Errorf("%s: retention %v < lock %v × %d deliveries", source, ret, lock, deliveries)
+		}
+		if cron := strings.Fields(get("reconcileCron")); len(cron) != 5 {
+			t.Errorf("%s: reconcileCron %q is not 5 fields", source, get("reconcileCron"))
+		}
+	}
+}

@@ -1,0 +1,88 @@
+// Role assignments on an existing Service Bus namespace, deployed in the
+// namespace's resource group (which may differ from the app's).
+//
+//   receiver  "Azure Service Bus Data Receiver" on the namespace, for the
+//             processor's identity: receive, complete, abandon, dead-letter,
+//             renew locks. Nothing in sbclaim sends, so no Data Sender role
+//             is assigned (the reconciler's redrive calls the downstream
+//             API again; it does not re-send to Service Bus).
+//   scaler    "Azure Service Bus Data Owner" on the one queue or topic the
+//             KEDA scale rule watches, for a separate scaler identity. The
+//             azure-servicebus scaler reads the entity's message counts
+//             through the management data plane, which needs Manage rights
+//             (Data Receiver is not enough: the rule would never scale out).
+//             Scoped to the entity, not the namespace, and kept off the
+//             identity the processor code uses (AZURE_CLIENT_ID).
+
+@description('Name of the existing Service Bus namespace.')
+param namespaceName string
+
+@description('Queue the processor receives from; empty when it uses a topic subscription.')
+param queueName string = ''
+
+@description('Topic the processor receives from (with a subscription); empty when it uses a queue.')
+param topicName string = ''
+
+@description('Principal (object) id of the processor identity.')
+param receiverPrincipalId string
+
+@description('Principal (object) id of the scaler identity; empty to skip the scaler role.')
+param scalerPrincipalId string = ''
+
+// Built-in role definition ids (the same in every tenant).
+var serviceBusDataReceiver = '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
+var serviceBusDataOwner = '090c5cfd-751d-490a-894a-3ce6f1109419'
+
+var useQueue = !empty(queueName)
+
+resource serviceBus 'Microsoft.ServiceBus/namespaces@2024-01-01' existing = {
+  name: namespaceName
+}
+
+// Never deployed: only used as a scope. The placeholder names keep the
+// resource ids well formed when the other kind of entity is in use.
+resource queue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' existing = {
+  parent: serviceBus
+  name: useQueue ? queueName : 'unused'
+}
+
+resource topic 'Microsoft.ServiceBus/namespaces/topics@2024-01-01' existing = {
+  parent: serviceBus
+  name: useQueue ? 'unused' : topicName
+}
+
+resource receiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  scope: serviceBus
+  name: guid(serviceBus.id, receiverPrincipalId, serviceBusDataReceiver)
+  properties: {
+    principalId: receiverPrincipalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataReceiver)
+    description: 'sbclaim processor: receive and settle messages'
+  }
+}
+
+resource scalerOnQueue 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(scalerPrincipalId) && useQueue) {
+  scope: queue
+  name: guid(queue.id, scalerPrincipalId, serviceBusDataOwner)
+  properties: {
+    principalId: scalerPrincipalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataOwner)
+    description: 'sbclaim KEDA scale rule: read the queue message count'
+  }
+}
+
+resource scalerOnTopic 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(scalerPrincipalId) && !useQueue) {
+  scope: topic
+  name: guid(topic.id, scalerPrincipalId, serviceBusDataOwner)
+  properties: {
+    principalId: scalerPrincipalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataOwner)
+    description: 'sbclaim KEDA scale rule: read the subscription message count'
+  }
+}
+
+@description('Fully qualified namespace host name, e.g. contoso.servicebus.windows.net.')
+output fullyQualifiedNamespace string = split(replace(serviceBus.properties.serviceBusEndpoint, 'https://', ''), ':')[0]
