@@ -39,7 +39,13 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		cron.WithChain(cron.SkipIfStillRunning(cl), cron.Recover(cl)), // Recover innermost
 	)
 	c.Schedule(schedule, cron.FuncJob(func() {
-		if _, err := r.RunOnce(tickCtx); err != nil {
+		_, err := r.RunOnce(tickCtx)
+		switch {
+		case err == nil:
+		case tickCtx.Err() != nil:
+			// Cancelled by the shutdown timeout: not a failure to alert on.
+			r.logger.Warn("reconciler tick cancelled by shutdown", "err", err)
+		default:
 			r.logger.Error("reconciler tick failed", "err", err)
 		}
 	}))
