@@ -163,6 +163,12 @@ INNER JOIN dbo.Claims AS c ON c.MessageId = k.MessageId AND c.Consumer = k.Consu
 // insertSet is the happy path: one request with the set-based INSERT of
 // the keys that do not exist yet, and the SELECT of every key's row.
 func (s *Store) insertSet(ctx context.Context, host string, rows []newClaim) (map[sqlstore.Key]*claim.Claim, error) {
+	q, a := insertSetSQL(host, rows)
+	return s.keyed(ctx, s.db, q, a)
+}
+
+// insertSetSQL builds insertSet's request.
+func insertSetSQL(host string, rows []newClaim) (string, args) {
 	var a args
 	hostP := a.add(text(host))
 	vals := make([]string, len(rows))
@@ -173,16 +179,29 @@ func (s *Store) insertSet(ctx context.Context, host string, rows []newClaim) (ma
 		// Reuse the row's MessageId and Consumer parameters.
 		keys[i] = fmt.Sprintf("(@p%d, @p%d)", n+1, n+2)
 	}
-	q := declareNow + `INSERT INTO dbo.Claims (` + insertColumns + `)
-SELECT v.MessageId, v.Consumer, v.Owner, 'claimed', v.Entity, v.Subject, v.ContentType, v.Properties,
-    v.PayloadHash, v.Payload, v.DeliveryCount, ` + hostP + `, @now, @now, NULL
+	return insertSQL(hostP, "'claimed'", "NULL", vals, "WHERE NOT EXISTS (\n"+
+		"    SELECT 1 FROM dbo.Claims AS c\n"+
+		"    WHERE c.MessageId = v.MessageId AND c.Consumer = v.Consumer);\n", "") + selectKeys(keys), a
+}
+
+// insertSQL is the INSERT of a claims request: vals are rows from
+// newClaim.values; state and processed are SQL expressions; tail is what
+// follows the FROM (a WHERE clause ending in ";", or "" for none); output
+// is an OUTPUT column list, or "".
+func insertSQL(hostP, state, processed string, vals []string, tail, output string) string {
+	out := ""
+	if output != "" {
+		out = "OUTPUT " + output + "\n"
+	}
+	if tail == "" {
+		tail = ";\n"
+	}
+	return declareNow + `INSERT INTO dbo.Claims (` + insertColumns + `)
+` + out + `SELECT v.MessageId, v.Consumer, v.Owner, ` + state + `, v.Entity, v.Subject, v.ContentType, v.Properties,
+    v.PayloadHash, v.Payload, v.DeliveryCount, ` + hostP + `, @now, @now, ` + processed + `
 FROM (VALUES ` + strings.Join(vals, ",\n    ") + `)
     AS v (MessageId, Consumer, Owner, Entity, Subject, ContentType, Properties, PayloadHash, Payload, DeliveryCount)
-WHERE NOT EXISTS (
-    SELECT 1 FROM dbo.Claims AS c
-    WHERE c.MessageId = v.MessageId AND c.Consumer = v.Consumer);
-` + selectKeys(keys)
-	return s.keyed(ctx, s.db, q, a)
+` + tail
 }
 
 // insertEach is the fallback after a unique violation or deadlock in the
@@ -191,24 +210,40 @@ WHERE NOT EXISTS (
 // of every key's row.
 func (s *Store) insertEach(ctx context.Context, host string, rows []newClaim) (map[sqlstore.Key]*claim.Claim, error) {
 	for i := range rows {
-		var a args
-		hostP := a.add(text(host))
-		v := rows[i].values(&a, rows[i].p.Payload)
-		q := declareNow + `INSERT INTO dbo.Claims (` + insertColumns + `)
-SELECT v.MessageId, v.Consumer, v.Owner, 'claimed', v.Entity, v.Subject, v.ContentType, v.Properties,
-    v.PayloadHash, v.Payload, v.DeliveryCount, ` + hostP + `, @now, @now, NULL
-FROM (VALUES ` + v + `)
-    AS v (MessageId, Consumer, Owner, Entity, Subject, ContentType, Properties, PayloadHash, Payload, DeliveryCount);`
+		q, a := insertOneSQL(host, &rows[i])
 		if _, err := s.db.ExecContext(ctx, q, a...); err != nil && !isClaimsDuplicate(err) {
 			return nil, fmt.Errorf("claim %s/%s: %w", rows[i].p.MessageID, rows[i].p.Consumer, err)
 		}
 	}
+	q, a := selectKeysSQL(rows)
+	return s.keyed(ctx, s.db, q, a)
+}
+
+// insertOneSQL builds the fallback's single-row INSERT.
+func insertOneSQL(host string, r *newClaim) (string, args) {
+	var a args
+	hostP := a.add(text(host))
+	v := r.values(&a, r.p.Payload)
+	return insertSQL(hostP, "'claimed'", "NULL", []string{v}, "", ""), a
+}
+
+// selectKeysSQL builds the SELECT of rows' keys with its own parameters.
+func selectKeysSQL(rows []newClaim) (string, args) {
 	var a args
 	keys := make([]string, len(rows))
 	for i := range rows {
 		keys[i] = "(" + a.add(rows[i].p.MessageID) + ", " + a.add(rows[i].p.Consumer) + ")"
 	}
-	return s.keyed(ctx, s.db, selectKeys(keys), a)
+	return selectKeys(keys), a
+}
+
+// claimTxSQL builds ClaimTx's INSERT: the marker is processed from the
+// start, its payload is not kept, and the row comes back through OUTPUT.
+func claimTxSQL(host string, r *newClaim) (string, args) {
+	var a args
+	hostP := a.add(text(host))
+	v := r.values(&a, nil)
+	return insertSQL(hostP, "'processed'", "@now", []string{v}, "", insertedColumns), a
 }
 
 // keyed runs q and returns its claims by key.
@@ -256,21 +291,13 @@ func (s *Store) ClaimTx(ctx context.Context, params *claim.ClaimTxParams, fn fun
 	}
 	defer tx.Rollback() //nolint:errcheck // after Commit it only reports ErrTxDone
 
-	var a args
-	hostP := a.add(text(truncate(params.Host, maxClaimedBy)))
-	// The marker is processed from the start; its payload is not kept.
-	v := r.values(&a, nil)
-	q := declareNow + `INSERT INTO dbo.Claims (` + insertColumns + `)
-OUTPUT ` + insertedColumns + `
-SELECT v.MessageId, v.Consumer, v.Owner, 'processed', v.Entity, v.Subject, v.ContentType, v.Properties,
-    v.PayloadHash, v.Payload, v.DeliveryCount, ` + hostP + `, @now, @now, @now
-FROM (VALUES ` + v + `)
-    AS v (MessageId, Consumer, Owner, Entity, Subject, ContentType, Properties, PayloadHash, Payload, DeliveryCount);`
+	q, a := claimTxSQL(truncate(params.Host, maxClaimedBy), r)
 	got, err := s.keyed(ctx, tx, q, a)
 	switch {
 	case err != nil && isClaimsDuplicate(err):
 		_ = tx.Rollback()
-		existing, err := s.keyed(ctx, s.db, selectKeys([]string{"(@p1, @p2)"}), args{r.p.MessageID, r.p.Consumer})
+		sq, sa := selectKeysSQL(rows)
+		existing, err := s.keyed(ctx, s.db, sq, sa)
 		if err != nil {
 			return claim.ClaimResult{}, fmt.Errorf("%s: read existing: %w", op, interpretError(err))
 		}

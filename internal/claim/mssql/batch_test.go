@@ -1,0 +1,357 @@
+package mssql
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	mssqldb "github.com/microsoft/go-mssqldb"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+)
+
+// fakeTable simulates dbo.Claims behind the fake driver, just enough for
+// ClaimBatch / ClaimTx: rows by key, owners as the server stores them
+// (the wire bytes it received), and an optional race: keys that another
+// session commits while our set-based INSERT waits (the INSERT then fails
+// with 2601 naming the claims index, and its SELECT still returns rows).
+type fakeTable struct {
+	mu     sync.Mutex
+	nextID int64
+	rows   map[[2]string][]driver.Value
+	race   map[[2]string][]byte // key → payload hash of the racing claim
+	setErr error                // error of the set-based INSERT (after racing)
+}
+
+func newFakeTable() *fakeTable {
+	return &fakeTable{nextID: 1, rows: map[[2]string][]driver.Value{}, race: map[[2]string][]byte{}}
+}
+
+var dbNow = time.Date(2026, 11, 30, 10, 0, 0, 123456700, time.UTC)
+
+// put stores a row as the server would return it.
+func (ft *fakeTable) put(mid, cons string, owner mssqldb.UniqueIdentifier, hash []byte, state string) {
+	wire, _ := owner.Value()
+	ft.rows[[2]string{mid, cons}] = []driver.Value{
+		ft.nextID, mid, cons, wire, state, "orders", "subj", "application/json", `{"k":"v"}`,
+		hash, []byte("payload"), int64(1), "host", dbNow, dbNow, nil, nil, int64(0), "", nil, "", nil, "", "", "",
+	}
+	ft.nextID++
+}
+
+func (ft *fakeTable) existing(t *testing.T, mid, cons string, hash []byte) {
+	t.Helper()
+	ft.mu.Lock()
+	defer ft.mu.Unlock()
+	ft.put(mid, cons, mssqldb.UniqueIdentifier(uuid.New()), hash, "claimed")
+}
+
+// groups splits a claim INSERT's arguments (host, then 10 per row).
+func groups(a []any) [][]any {
+	var out [][]any
+	for i := 1; i+10 <= len(a); i += 10 {
+		out = append(out, a[i:i+10])
+	}
+	return out
+}
+
+func (ft *fakeTable) handle(req fakeRequest) fakeResult {
+	ft.mu.Lock()
+	defer ft.mu.Unlock()
+	dup := func(mid, cons string) error {
+		return mssqldb.Error{Number: 2601, Class: 14, Message: fmt.Sprintf(
+			"Cannot insert duplicate key row in object 'dbo.Claims' with unique index 'UX_Claims_MessageId_Consumer'. The duplicate key value is (%s, %s).", mid, cons)}
+	}
+	var keys [][2]string
+	var err error
+	switch {
+	case strings.Contains(req.Query, "INSERT INTO dbo.Claims"):
+		setBased := strings.Contains(req.Query, "NOT EXISTS")
+		if setBased {
+			for k, hash := range ft.race {
+				ft.put(k[0], k[1], mssqldb.UniqueIdentifier(uuid.New()), hash, "claimed")
+				err = dup(k[0], k[1])
+			}
+			ft.race = map[[2]string][]byte{}
+			if ft.setErr != nil {
+				err = ft.setErr
+			}
+		}
+		state := "claimed"
+		if strings.Contains(req.Query, "'processed'") {
+			state = "processed"
+		}
+		for _, g := range groups(req.Args) {
+			k := [2]string{g[0].(string), g[1].(string)}
+			keys = append(keys, k)
+			if _, ok := ft.rows[k]; ok {
+				if !setBased && err == nil {
+					err = dup(k[0], k[1])
+				}
+				continue
+			}
+			if err == nil {
+				ft.put(k[0], k[1], g[2].(mssqldb.UniqueIdentifier), g[7].([]byte), state)
+			}
+		}
+		if !setBased {
+			if req.Exec || err != nil {
+				return fakeResult{Err: err}
+			}
+			return fakeResult{Sets: [][][]driver.Value{{ft.rows[keys[0]]}}}
+		}
+	default: // the SELECT of keys: pairs of (MessageId, Consumer)
+		for i := 0; i+1 < len(req.Args); i += 2 {
+			keys = append(keys, [2]string{req.Args[i].(string), req.Args[i+1].(string)})
+		}
+	}
+	var set [][]driver.Value
+	for _, k := range keys {
+		if r, ok := ft.rows[k]; ok {
+			set = append(set, r)
+		}
+	}
+	return fakeResult{Sets: [][][]driver.Value{set}, Err: err}
+}
+
+func params(id, cons, body string) claim.ClaimParams {
+	return claim.ClaimParams{
+		MessageID: id, Consumer: cons, Entity: "orders", Subject: "s",
+		PayloadHash: claim.HashPayload([]byte(body)), Payload: []byte(body), DeliveryCount: 1,
+	}
+}
+
+func outcomes(res []claim.ClaimResult) string {
+	var b strings.Builder
+	for i, r := range res {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(r.Outcome.String())
+	}
+	return b.String()
+}
+
+func TestClaimBatchHappyPathIsOneRoundTrip(t *testing.T) {
+	ft := newFakeTable()
+	db, rec := newFakeDB(t, ft.handle)
+	st := New(db)
+	ft.existing(t, "dup", "c", claim.HashPayload([]byte("dup")))
+	ft.existing(t, "conf", "c", claim.HashPayload([]byte("first")))
+
+	batch := []claim.ClaimParams{params("x", "c", "x"), params("dup", "c", "dup"), params("conf", "c", "second"), params("x", "c", "x"), params("y", "c", "y")}
+	res, err := st.ClaimBatch(context.Background(), &claim.ClaimBatchParams{Host: "h", Claims: batch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := outcomes(res), "won duplicate conflict duplicate won"; got != want {
+		t.Fatalf("outcomes %q, want %q", got, want)
+	}
+	reqs := rec.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("%d requests, want 1 round trip", len(reqs))
+	}
+	q := reqs[0].Query
+	for _, want := range []string{"DECLARE @now datetime2(7) = SYSUTCDATETIME();", "INSERT INTO dbo.Claims", "WHERE NOT EXISTS", "INNER JOIN dbo.Claims AS c"} {
+		if !strings.Contains(q, want) {
+			t.Errorf("request lacks %q:\n%s", want, q)
+		}
+	}
+	for _, banned := range []string{"MERGE", "HOLDLOCK", "IGNORE_DUP_KEY", "SERIALIZABLE"} {
+		if strings.Contains(strings.ToUpper(q), banned) {
+			t.Errorf("request uses %s:\n%s", banned, q)
+		}
+	}
+	// 4 distinct keys: host + 4 × 10 parameters.
+	if n := len(reqs[0].Args); n != 41 {
+		t.Errorf("%d parameters, want 41", n)
+	}
+	// The won claims carry the owner token the store generated: the
+	// uniqueidentifier survived SQL Server's mixed-endian byte order.
+	if res[0].Claim.Owner == uuid.Nil || res[0].Claim.ID == res[4].Claim.ID {
+		t.Errorf("won claims: %+v / %+v", res[0].Claim, res[4].Claim)
+	}
+	sent := map[string]uuid.UUID{}
+	for _, g := range groups(reqs[0].Args) {
+		sent[g[0].(string)] = uuid.UUID(g[2].(mssqldb.UniqueIdentifier))
+	}
+	if res[0].Claim.Owner != sent["x"] || res[4].Claim.Owner != sent["y"] {
+		t.Errorf("owners %s/%s, sent %s/%s", res[0].Claim.Owner, res[4].Claim.Owner, sent["x"], sent["y"])
+	}
+	if res[0].Claim.ClaimedAt.Location() != time.UTC || !res[0].Claim.ClaimedAt.Equal(dbNow) {
+		t.Errorf("ClaimedAt %v", res[0].Claim.ClaimedAt)
+	}
+	// Types the driver declares: a stable nvarchar(max) for free text, a
+	// typed varbinary for the payload.
+	g := groups(reqs[0].Args)[0]
+	if _, ok := g[4].(mssqldb.NVarCharMax); !ok {
+		t.Errorf("Subject sent as %T", g[4])
+	}
+	if _, ok := g[8].([]byte); !ok {
+		t.Errorf("Payload sent as %T", g[8])
+	}
+}
+
+func TestClaimBatchNilPayloadIsATypedNull(t *testing.T) {
+	ft := newFakeTable()
+	db, rec := newFakeDB(t, ft.handle)
+	p := params("x", "c", "x")
+	p.Payload = nil
+	if _, err := New(db).ClaimBatch(context.Background(), &claim.ClaimBatchParams{Claims: []claim.ClaimParams{p}}); err != nil {
+		t.Fatal(err)
+	}
+	v := groups(rec.requests()[0].Args)[0][8]
+	if b, ok := v.([]byte); !ok || b != nil {
+		t.Fatalf("nil payload sent as %T %v, want []byte(nil) (varbinary NULL)", v, v)
+	}
+}
+
+func TestClaimBatchFallsBackAfterARace(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		setErr error
+	}{
+		{"unique violation", nil},
+		{"deadlock victim", mssqldb.Error{Number: 1205, Message: "Transaction (Process ID 52) was deadlocked"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ft := newFakeTable()
+			db, rec := newFakeDB(t, ft.handle)
+			st := New(db)
+			ft.existing(t, "old", "c", claim.HashPayload([]byte("old")))
+			// While our INSERT runs, another replica commits "y" (same body)
+			// and "z" (another body).
+			ft.race[[2]string{"y", "c"}] = claim.HashPayload([]byte("y"))
+			ft.race[[2]string{"z", "c"}] = claim.HashPayload([]byte("other"))
+			ft.setErr = tc.setErr
+
+			batch := []claim.ClaimParams{params("z", "c", "z"), params("x", "c", "x"), params("old", "c", "old"), params("y", "c", "y")}
+			res, err := st.ClaimBatch(context.Background(), &claim.ClaimBatchParams{Host: "h", Claims: batch})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := outcomes(res), "conflict won duplicate duplicate"; got != want {
+				t.Fatalf("outcomes %q, want %q", got, want)
+			}
+			reqs := rec.requests()
+			// set-based INSERT + one INSERT per key + one SELECT.
+			if len(reqs) != 1+4+1 {
+				t.Fatalf("%d requests, want 6", len(reqs))
+			}
+			for i, r := range reqs[1:5] {
+				if !r.Exec || strings.Contains(r.Query, "NOT EXISTS") || len(groups(r.Args)) != 1 {
+					t.Errorf("fallback request %d is not a single-row INSERT: %s", i, r.Query)
+				}
+			}
+			// Keys are inserted in key order (the same lock order in every
+			// replica).
+			var order []string
+			for _, r := range reqs[1:5] {
+				order = append(order, groups(r.Args)[0][0].(string))
+			}
+			if got := strings.Join(order, ","); got != "old,x,y,z" {
+				t.Errorf("fallback order %s, want old,x,y,z", got)
+			}
+		})
+	}
+}
+
+func TestClaimBatchOtherErrorsDoNotFallBack(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		err         error
+		unavailable bool
+	}{
+		{"other unique index", mssqldb.Error{Number: 2601, Message: "Cannot insert duplicate key row in object 'dbo.Claims' with unique index 'UX_Claims_SubjectKey'. The duplicate key value is (s)."}, false},
+		{"connection lost", driver.ErrBadConn, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ft := newFakeTable()
+			ft.setErr = tc.err
+			db, rec := newFakeDB(t, ft.handle)
+			_, err := New(db).ClaimBatch(context.Background(), &claim.ClaimBatchParams{Claims: []claim.ClaimParams{params("x", "c", "x")}})
+			if err == nil || errors.Is(err, claim.ErrDuplicate) || errors.Is(err, claim.ErrUnavailable) != tc.unavailable {
+				t.Fatalf("error %v", err)
+			}
+			if n := len(rec.requests()); n != 1 {
+				t.Fatalf("%d requests, want 1 (no fallback)", n)
+			}
+		})
+	}
+}
+
+func TestClaimBatchChunksLargeBatches(t *testing.T) {
+	ft := newFakeTable()
+	db, rec := newFakeDB(t, ft.handle)
+	var batch []claim.ClaimParams
+	for i := range 250 {
+		batch = append(batch, params(fmt.Sprintf("m%03d", i), "c", "b"))
+	}
+	res, err := New(db).ClaimBatch(context.Background(), &claim.ClaimBatchParams{Claims: batch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if r.Outcome != claim.OutcomeWon || r.Claim.MessageID != batch[i].MessageID {
+			t.Fatalf("message %d: %s %s", i, r.Outcome, r.Claim.MessageID)
+		}
+	}
+	var sizes []int
+	for _, r := range rec.requests() {
+		sizes = append(sizes, len(groups(r.Args)))
+	}
+	if fmt.Sprint(sizes) != "[100 100 50]" {
+		t.Fatalf("statements of %v rows, want [100 100 50]", sizes)
+	}
+}
+
+func TestClaimTx(t *testing.T) {
+	ft := newFakeTable()
+	db, rec := newFakeDB(t, ft.handle)
+	st := New(db)
+	p := params("x", "ledger", "credit")
+	called := false
+	res, err := st.ClaimTx(context.Background(), &claim.ClaimTxParams{Host: "h", Claim: p}, func(_ context.Context, tx *sql.Tx) error {
+		called = true
+		return nil
+	})
+	if err != nil || !called || res.Outcome != claim.OutcomeWon || res.Claim.State != claim.StateProcessed {
+		t.Fatalf("ClaimTx: %v called=%v %+v", err, called, res)
+	}
+	first := rec.requests()[0]
+	if !first.InTx || !strings.Contains(first.Query, "OUTPUT INSERTED.Id") || strings.Contains(first.Query, "NOT EXISTS") {
+		t.Errorf("ClaimTx insert:\n%s", first.Query)
+	}
+	if v := groups(first.Args)[0][8]; v.([]byte) != nil {
+		t.Errorf("ClaimTx stored the payload: %v", v)
+	}
+
+	// Duplicate: fn not called, the existing claim is read outside the
+	// transaction.
+	called = false
+	res, err = st.ClaimTx(context.Background(), &claim.ClaimTxParams{Host: "h", Claim: p}, func(context.Context, *sql.Tx) error {
+		called = true
+		return nil
+	})
+	if err != nil || called || res.Outcome != claim.OutcomeDuplicate {
+		t.Fatalf("ClaimTx again: %v called=%v %s", err, called, res.Outcome)
+	}
+	reqs := rec.requests()
+	if last := reqs[len(reqs)-1]; last.InTx || !strings.HasPrefix(last.Query, "SELECT") {
+		t.Errorf("existing claim read in the transaction or not by SELECT:\n%s", last.Query)
+	}
+
+	// fn's error comes back as is.
+	boom := errors.New("boom")
+	_, err = st.ClaimTx(context.Background(), &claim.ClaimTxParams{Claim: params("y", "ledger", "b")}, func(context.Context, *sql.Tx) error { return boom })
+	if !errors.Is(err, boom) {
+		t.Fatalf("fn error: %v", err)
+	}
+}
