@@ -573,3 +573,20 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+func TestPrintable(t *testing.T) {
+	for in, want := range map[string]string{
+		"plain":         "plain",
+		"tab\there":     `tab\there`,
+		"\x1b[2J":       `\x1b[2J`,
+		"日本語のメッセージID":   "日本語のメッセージID",
+		"\u202egnp.exe": `\u202egnp.exe`,
+	} {
+		if got := printable(in, 0); got != want {
+			t.Errorf("printable(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if got := printable("日本語のメッセージIDです", 8); got != "日本語のメ..." {
+		t.Errorf("truncation = %q, want whole runes", got)
+	}
+}

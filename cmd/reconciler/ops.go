@@ -161,7 +161,7 @@ func writeClaim(w io.Writer, c *claim.Claim, now time.Time) {
 	row("attempts:", strconv.Itoa(c.Attempts))
 	row("last error:", dash(printable(c.LastError, 0)))
 	row("payload hash:", "sha256:"+hex.EncodeToString(c.PayloadHash))
-	row("payload:", payloadPreview(c.Payload))
+	row("payload:", payloadPreview(c))
 	fmt.Fprintln(tw, "Audit trail")
 	fmt.Fprintf(tw, "  %s\tclaimed\tby %s (delivery %d)\n", ts(c.ClaimedAt), dash(printable(c.ClaimedBy, 0)), c.DeliveryCount)
 	if c.ReleasedAt != nil {
@@ -192,8 +192,12 @@ func heartbeatNote(c *claim.Claim) string {
 
 // payloadPreview renders a stored payload safely for a terminal: at most
 // previewBytes, every non-printable byte escaped, truncation said plainly.
-func payloadPreview(p []byte) string {
+func payloadPreview(c *claim.Claim) string {
+	p := c.Payload
 	if p == nil {
+		if c.ProcessedAt != nil {
+			return "(not stored: cleared when the claim was processed)"
+		}
 		return "(not stored)"
 	}
 	if len(p) <= previewBytes {
@@ -434,8 +438,8 @@ func stateNames(states []claim.State) []string {
 func printable(s string, max int) string {
 	q := strconv.Quote(s)
 	q = q[1 : len(q)-1]
-	if max > 0 && len(q) > max {
-		return q[:max-3] + "..."
+	if r := []rune(q); max > 0 && len(r) > max {
+		return string(r[:max-3]) + "..."
 	}
 	return q
 }
