@@ -1,7 +1,8 @@
 -- Least-privilege grants for sbclaim on SQL Server / Azure SQL Database.
 --
 -- Run once per database, as its owner (or a member of db_owner), AFTER the
--- migrations created dbo.Claims. Not a goose migration: who runs the
+-- migrations created dbo.Claims, with sqlcmd or SSMS (GO separates
+-- batches; the statements are idempotent). Not a goose migration: who runs the
 -- binaries is a deployment decision, and the migration identity itself
 -- needs DDL rights the processor and reconciler must not have.
 --

@@ -338,13 +338,18 @@ func (s *Store) List(ctx context.Context, params *claim.ListParams) ([]*claim.Cl
 	top := a.add(int64(sqlstore.Limit(params.Limit, sqlstore.DefaultListLimit)))
 	where := []string{"Id > " + a.add(params.AfterID)}
 	if len(params.States) > 0 {
-		ph := make([]string, len(params.States))
+		// States are literals, not parameters: they come from a fixed set
+		// (ValidateList checked each), and a literal State = 'flagged'
+		// lets the optimizer use the filtered index IX_Claims_Flagged,
+		// which a parameter cannot match.
+		lits := make([]string, len(params.States))
 		for i, st := range params.States {
-			// varchar, like the column: an nvarchar parameter would
-			// convert State on every row instead of the parameter.
-			ph[i] = a.add(mssqldb.VarChar(st))
+			if !st.Valid() {
+				return nil, fmt.Errorf("list: unknown state %q", st)
+			}
+			lits[i] = "'" + string(st) + "'"
 		}
-		where = append(where, "State IN ("+strings.Join(ph, ", ")+")")
+		where = append(where, "State IN ("+strings.Join(lits, ", ")+")")
 	}
 	if params.Consumer != "" {
 		where = append(where, "Consumer = "+a.add(params.Consumer))
