@@ -96,6 +96,9 @@ func (p *Processor) handleBatch(ctx, work context.Context, lr *liveReceiver, msg
 	if err == nil && len(results) != len(batch) {
 		err = fmt.Errorf("store returned %d results for %d claims", len(results), len(batch))
 	}
+	if errors.Is(err, claim.ErrUnavailable) {
+		p.storeDown.Store(true)
+	}
 	if err != nil {
 		// Store unavailable (or broken): nothing was claimed by this call
 		// that we know of; hand every message back for redelivery.
@@ -214,6 +217,9 @@ func (p *Processor) afterClaim(work context.Context, d *delivery, res claim.Clai
 			p.complete(d)
 			return OutcomeDuplicate
 		default:
+			if errors.Is(err, claim.ErrUnavailable) {
+				p.storeDown.Store(true)
+			}
 			d.log.Warn("take over failed", "error", err)
 			p.abandon(d)
 			return OutcomeAbandoned
@@ -315,6 +321,7 @@ func (p *Processor) runTx(work context.Context, d *delivery) Outcome {
 		eo := sideeffects.Classify(err)
 		if errors.Is(err, claim.ErrUnavailable) {
 			eo = sideeffects.OutcomeRetryable
+			p.storeDown.Store(true)
 		}
 		p.metrics.EffectSeconds.WithLabelValues(d.handler.Name, eo.String()).Observe(time.Since(start).Seconds())
 		d.log.Warn("transactional effect rolled back", "error", err, "effect_outcome", eo.String())

@@ -88,7 +88,8 @@ type Processor struct {
 	log     *slog.Logger
 	metrics *Metrics
 
-	ready atomic.Bool // a receiver is open
+	ready     atomic.Bool // a receiver is open
+	storeDown atomic.Bool // the last claim attempt found the store unavailable
 
 	inflight sync.WaitGroup // per-message workers
 }
@@ -170,6 +171,13 @@ func (p *Processor) Run(ctx context.Context) error {
 			p.ready.Store(true)
 		}
 
+		// While the store is down, receiving would only abandon messages
+		// and burn their delivery counts: wait until it answers again.
+		if p.storeDown.Load() {
+			p.waitForStore(ctx)
+			continue
+		}
+
 		// Wait for at least one free slot, then ask for exactly as many
 		// messages as there are free slots.
 		select {
@@ -233,6 +241,23 @@ func (l *liveReceiver) retire(timeout time.Duration) {
 		defer cancel()
 		_ = l.r.Close(ctx)
 	}()
+}
+
+// waitForStore pings the store with backoff until it answers or ctx ends.
+func (p *Processor) waitForStore(ctx context.Context) {
+	p.log.Warn("claim store unavailable: pausing receives until it answers")
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = 100 * time.Millisecond
+	b.MaxInterval = 10 * time.Second
+	_, err := backoff.Retry(ctx, func() (struct{}, error) {
+		pctx, cancel := context.WithTimeout(ctx, p.opts.StoreTimeout)
+		defer cancel()
+		return struct{}{}, p.opts.Store.Ping(pctx)
+	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(0))
+	if err == nil {
+		p.storeDown.Store(false)
+		p.log.Info("claim store answers again: receiving")
+	}
 }
 
 func (p *Processor) openReceiver(ctx context.Context) (*liveReceiver, error) {

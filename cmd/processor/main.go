@@ -1,0 +1,190 @@
+// Command processor receives Service Bus messages, claims each in the
+// claims table, runs its side effects with the message's dedup key as the
+// idempotency key, and settles it. See the README for configuration.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/azidentity"
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/processor"
+	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/store"
+)
+
+func main() {
+	os.Exit(run(context.Background(), os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	cfg, err := LoadConfig(args, getenv, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "processor: invalid configuration:\n%v\n", err)
+		return 2
+	}
+	logger := newLogger(cfg.LogFormat, cfg.LogLevel, stdout)
+
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	go func() {
+		// A second signal forces the exit.
+		<-ctx.Done()
+		stop()
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+		<-sig
+		logger.Error("second signal: exiting now")
+		os.Exit(1)
+	}()
+
+	if err := serve(ctx, cfg, logger, getenv); err != nil {
+		logger.Error("processor stopped", "error", err)
+		return 1
+	}
+	return 0
+}
+
+func serve(ctx context.Context, cfg *Config, logger *slog.Logger, getenv func(string) string) error {
+	router, err := sideeffects.LoadRoutes(cfg.Routes, getenv, logger)
+	if err != nil {
+		return fmt.Errorf("SBCLAIM_ROUTES: %w", err)
+	}
+
+	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	st, err := store.Open(openCtx, cfg.DatabaseURL)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("open claims store: %w", err)
+	}
+	defer st.Close()
+
+	client, err := newServiceBusClient(cfg)
+	if err != nil {
+		return err
+	}
+	defer client.Close(context.Background())
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := processor.NewMetrics(reg)
+
+	p, err := processor.New(processor.Options{
+		Consumer: cfg.Consumer,
+		Entity:   cfg.Entity(),
+		Store:    st,
+		Router:   router,
+		NewReceiver: func(ctx context.Context) (processor.Receiver, error) {
+			if cfg.Queue != "" {
+				return client.NewReceiverForQueue(cfg.Queue, nil)
+			}
+			return client.NewReceiverForSubscription(cfg.Topic, cfg.Subscription, nil)
+		},
+		Key:                cfg.Key,
+		MaxConcurrentCalls: cfg.MaxConcurrentCalls,
+		MaxLockRenewal:     cfg.MaxLockRenewal,
+		HeartbeatInterval:  cfg.HeartbeatInterval,
+		Retry: sideeffects.RetryPolicy{
+			MaxAttempts:     cfg.EffectMaxAttempts,
+			InitialInterval: 500 * time.Millisecond,
+			MaxInterval:     30 * time.Second,
+			Budget:          cfg.EffectBudget,
+		},
+		StorePayload:    cfg.StorePayload,
+		MaxPayloadBytes: cfg.MaxPayloadBytes,
+		ShutdownTimeout: cfg.ShutdownTimeout,
+		Logger:          logger,
+		Metrics:         metrics,
+	})
+	if err != nil {
+		return err
+	}
+
+	srv := &http.Server{
+		Addr:              cfg.HTTPAddr,
+		Handler:           httpHandler(p, st, reg),
+		ReadHeaderTimeout: 5 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	go func() {
+		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error("http server failed", "error", err)
+		}
+	}()
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+
+	logger.Info("processor started", "entity", cfg.Entity(), "consumer", cfg.Consumer,
+		"max_concurrent_calls", cfg.MaxConcurrentCalls, "http_addr", cfg.HTTPAddr)
+	err = p.Run(ctx)
+	logger.Info("processor stopped")
+	return err
+}
+
+func httpHandler(p *processor.Processor, st claim.Store, reg *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if !p.Ready() {
+			http.Error(w, "receiver not open", http.StatusServiceUnavailable)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := st.Ping(ctx); err != nil {
+			http.Error(w, "claims store unreachable", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	return mux
+}
+
+func newServiceBusClient(cfg *Config) (*azservicebus.Client, error) {
+	if cfg.ConnectionString != "" {
+		c, err := azservicebus.NewClientFromConnectionString(cfg.ConnectionString, nil)
+		if err != nil {
+			// The SDK's message may quote the string: never pass it on.
+			return nil, errors.New("SBCLAIM_SERVICEBUS_CONNECTION_STRING: the Service Bus client rejected the connection string")
+		}
+		return c, nil
+	}
+	cred, err := azidentity.NewDefaultAzureCredential(nil)
+	if err != nil {
+		return nil, fmt.Errorf("azure credential: %w", err)
+	}
+	return azservicebus.NewClient(cfg.Namespace, cred, nil)
+}
+
+func newLogger(format string, level slog.Level, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
+	if format == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}

@@ -1,0 +1,614 @@
+package processor_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/membus"
+	"github.com/sbclaim/sbclaim/internal/processor"
+	"github.com/sbclaim/sbclaim/internal/sideeffects"
+)
+
+// forEachBackend runs a protocol test on every real store.
+func forEachBackend(t *testing.T, fn func(t *testing.T, backend string)) {
+	for _, be := range backends {
+		t.Run(be, func(t *testing.T) {
+			t.Parallel()
+			fn(t, be)
+		})
+	}
+}
+
+func TestSuccessPath(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		opts := b.options()
+		opts.Metrics = processor.NewMetrics(nil)
+		b.start(opts)
+		b.send("m1", "pay", `{"amount":1}`, nil)
+		b.waitIdle()
+
+		if got := countCompleted(b.q, "m1"); got != 1 {
+			t.Errorf("completed %d times, want 1", got)
+		}
+		if got := b.eff.Performed("m1"); got != 1 {
+			t.Errorf("effect performed %d times, want 1", got)
+		}
+		c := b.claimOf("m1")
+		if c.State != claim.StateProcessed || c.ProcessedAt == nil {
+			t.Errorf("claim state %s processed_at %v, want processed", c.State, c.ProcessedAt)
+		}
+		if c.Payload != nil {
+			t.Errorf("payload kept after processing: %q", c.Payload)
+		}
+		if c.Consumer != "billing" || c.Entity != "orders" {
+			t.Errorf("claim consumer/entity = %q/%q", c.Consumer, c.Entity)
+		}
+		if got := outcomes(opts.Metrics, processor.OutcomeProcessed); got != 1 {
+			t.Errorf("processed metric %d, want 1", got)
+		}
+		if !strings.Contains(b.logs.String(), `"outcome":"processed"`) {
+			t.Errorf("no final log line with the outcome:\n%s", b.logs.tail(10))
+		}
+	})
+}
+
+func TestDuplicatePathCompletes(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		opts := b.options()
+		opts.Metrics = processor.NewMetrics(nil)
+		b.start(opts)
+		b.send("m1", "pay", `{"a":1}`, nil)
+		b.waitIdle()
+		b.send("m1", "pay", `{"a":1}`, nil) // a producer retry
+		b.waitIdle()
+
+		if got := countCompleted(b.q, "m1"); got != 2 {
+			t.Errorf("completed %d times, want 2 (success and duplicate path)", got)
+		}
+		if got := b.eff.Calls("m1"); got != 1 {
+			t.Errorf("effect called %d times, want 1", got)
+		}
+		if len(b.claims()) != 1 {
+			t.Errorf("want one claim row")
+		}
+		if got := outcomes(opts.Metrics, processor.OutcomeDuplicate); got != 1 {
+			t.Errorf("duplicate metric %d, want 1", got)
+		}
+		if s := b.q.Stats(); s.DeadLettered != 0 {
+			t.Errorf("dead-lettered %d, want 0", s.DeadLettered)
+		}
+	})
+}
+
+func TestConflictDeadLetters(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		b.start(b.options())
+		b.send("m1", "pay", `{"amount":1}`, nil)
+		b.waitIdle()
+		b.send("m1", "pay", `{"amount":1000}`, nil)
+		b.waitIdle()
+
+		if got := b.deadLetterReasons()["m1"]; got != processor.ReasonIdempotencyKeyConflict {
+			t.Errorf("dead-letter reason %q, want %q", got, processor.ReasonIdempotencyKeyConflict)
+		}
+		dl := b.q.DeadLetters()[0]
+		if dl.DeadLetterErrorDescription == nil || !strings.Contains(*dl.DeadLetterErrorDescription, "another payload") {
+			t.Errorf("description %v does not explain the conflict", dl.DeadLetterErrorDescription)
+		}
+		if got := b.eff.Calls("m1"); got != 1 {
+			t.Errorf("effect called %d times, want 1", got)
+		}
+		if c := b.claimOf("m1"); c.State != claim.StateProcessed {
+			t.Errorf("original claim state %s, want processed", c.State)
+		}
+	})
+}
+
+func TestRetryableReleasesAndRedeliveryTakesOver(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		b.eff.behave = func(_, _ string, call int) error {
+			if call == 1 {
+				return sideeffects.Retryable(errors.New("downstream 503"))
+			}
+			return nil
+		}
+		opts := b.options()
+		opts.Metrics = processor.NewMetrics(nil)
+		b.start(opts)
+		b.send("m1", "pay", `{}`, nil)
+		b.waitIdle()
+
+		if got := b.eff.Calls("m1"); got != 2 {
+			t.Errorf("effect called %d times, want 2", got)
+		}
+		if got := b.eff.Performed("m1"); got != 1 {
+			t.Errorf("effect performed %d times, want 1", got)
+		}
+		if got := countCompleted(b.q, "m1"); got != 1 {
+			t.Errorf("completed %d, want 1", got)
+		}
+		c := b.claimOf("m1")
+		if c.State != claim.StateProcessed || c.DeliveryCount != 2 {
+			t.Errorf("claim %s delivery %d, want processed by delivery 2", c.State, c.DeliveryCount)
+		}
+		if c.ReleasedAt == nil && !strings.Contains(c.LastError, "503") {
+			t.Errorf("no trace of the release on the claim: %+v", c)
+		}
+		if s := b.q.Stats(); s.Abandoned != 1 {
+			t.Errorf("abandoned %d, want 1", s.Abandoned)
+		}
+		if outcomes(opts.Metrics, processor.OutcomeReleased) != 1 || outcomes(opts.Metrics, processor.OutcomeProcessed) != 1 {
+			t.Errorf("want one released and one processed outcome")
+		}
+	})
+}
+
+func TestPermanentReleasesAndDeadLetters(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		b.eff.behave = func(_, _ string, _ int) error {
+			return sideeffects.Permanent(errors.New("downstream 400: bad account"))
+		}
+		b.start(b.options())
+		b.send("m1", "pay", `{}`, nil)
+		b.waitIdle()
+
+		if got := b.deadLetterReasons()["m1"]; got != processor.ReasonEffectFailed {
+			t.Errorf("dead-letter reason %q, want %q", got, processor.ReasonEffectFailed)
+		}
+		if got := b.eff.Performed("m1"); got != 0 {
+			t.Errorf("performed %d, want 0", got)
+		}
+		c := b.claimOf("m1")
+		if c.State != claim.StateReleased || !strings.Contains(c.LastError, "bad account") {
+			t.Errorf("claim %s last error %q, want released with the error", c.State, c.LastError)
+		}
+	})
+}
+
+func TestUnknownKeepsClaimAndRedeliveryIsDuplicate(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		b.eff.behave = func(_, _ string, _ int) error { return errPerformedThenLost }
+		opts := b.options()
+		opts.Retry = sideeffects.RetryPolicy{MaxAttempts: 3, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond, Budget: 5 * time.Second}
+		opts.Metrics = processor.NewMetrics(nil)
+		b.start(opts)
+		b.send("m1", "pay", `{}`, nil)
+		b.waitIdle()
+
+		if got := b.eff.Calls("m1"); got != 3 {
+			t.Errorf("effect called %d times, want 3 (one delivery, three attempts)", got)
+		}
+		c := b.claimOf("m1")
+		if c.State != claim.StateClaimed {
+			t.Errorf("claim state %s, want claimed (kept for the reconciler)", c.State)
+		}
+		if c.Attempts != 3 || !strings.Contains(c.LastError, "response lost") {
+			t.Errorf("attempts %d last error %q, want 3 and the error", c.Attempts, c.LastError)
+		}
+		if c.Payload == nil {
+			t.Errorf("payload not kept for redrive")
+		}
+		if got := countCompleted(b.q, "m1"); got != 1 {
+			t.Errorf("completed %d, want 1 (the redelivery, on the duplicate path)", got)
+		}
+		if outcomes(opts.Metrics, processor.OutcomeUnknown) != 1 || outcomes(opts.Metrics, processor.OutcomeDuplicate) != 1 {
+			t.Errorf("want one unknown and one duplicate outcome")
+		}
+	})
+}
+
+func TestBadInputIsDeadLetteredWithReason(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		opts := b.options()
+		key, err := processor.ParseKeySpec("property:order_id")
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.Key = key
+		b.start(opts)
+
+		b.send("nokey", "pay", `{}`, nil)
+		b.send("long", "pay", `{}`, map[string]any{"order_id": strings.Repeat("k", 129)})
+		b.send("big", "pay", strings.Repeat("x", 1025), map[string]any{"order_id": "o-big"})
+		b.send("route", "noroute", `{}`, map[string]any{"order_id": "o-route"})
+		b.send("json", "json", `{not json`, map[string]any{"order_id": "o-json"})
+		b.send("good", "json", `{"ok":true}`, map[string]any{"order_id": "o-good"})
+		b.waitIdle()
+
+		want := map[string]string{
+			"nokey": processor.ReasonMissingDedupKey,
+			"long":  processor.ReasonDedupKeyTooLong,
+			"big":   processor.ReasonBodyTooLarge,
+			"route": sideeffects.ReasonNoRoute,
+			"json":  sideeffects.ReasonMalformedBody,
+		}
+		got := b.deadLetterReasons()
+		for id, reason := range want {
+			if got[id] != reason {
+				t.Errorf("%s: dead-letter reason %q, want %q", id, got[id], reason)
+			}
+		}
+		for _, m := range b.q.DeadLetters() {
+			if m.DeadLetterErrorDescription == nil || *m.DeadLetterErrorDescription == "" {
+				t.Errorf("%s: no ErrorDescription", m.MessageID)
+			}
+		}
+		if len(got) != len(want) {
+			t.Errorf("dead-lettered %v, want exactly %v", got, want)
+		}
+		if n := len(b.claims()); n != 1 {
+			t.Errorf("%d claims, want 1: bad input is never claimed", n)
+		}
+		if b.eff.Performed("o-good") != 1 {
+			t.Errorf("the good message was not processed under its property key")
+		}
+	})
+}
+
+func TestStoreOutageAbandonsThenRecovers(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		fs := &flakyStore{Store: b.store}
+		fs.down.Store(true)
+		opts := b.options()
+		opts.Store = fs
+		opts.Metrics = processor.NewMetrics(nil)
+		b.start(opts)
+		for i := range 5 {
+			b.send(fmt.Sprintf("m%d", i), "pay", `{}`, nil)
+		}
+		b.eventually("an abandon during the outage", func() bool { return b.q.Stats().Abandoned >= 1 })
+		// While the store is down the processor pings it instead of
+		// receiving, so the messages' delivery counts do not run out.
+		b.eventually("pings during the outage", func() bool { return fs.fails.Load() >= 5 })
+		if s := b.q.Stats(); s.Deliveries > 5 {
+			t.Errorf("%d deliveries during the outage: the processor kept receiving and abandoning", s.Deliveries)
+		}
+		if got := len(b.q.Completed()); got != 0 {
+			t.Fatalf("%d messages completed while the store was down", got)
+		}
+		if n := len(b.claims()); n != 0 {
+			t.Fatalf("%d claims written during the outage", n)
+		}
+		fs.down.Store(false) // the store comes back; the processor keeps running
+		b.waitIdle()
+		for i := range 5 {
+			key := fmt.Sprintf("m%d", i)
+			if b.eff.Performed(key) != 1 || countCompleted(b.q, key) != 1 {
+				t.Errorf("%s: performed %d completed %d, want 1 and 1", key, b.eff.Performed(key), countCompleted(b.q, key))
+			}
+		}
+		if outcomes(opts.Metrics, processor.OutcomeAbandoned) < 1 {
+			t.Errorf("no abandoned outcome recorded")
+		}
+		if s := b.q.Stats(); s.DeadLettered != 0 {
+			t.Errorf("dead-lettered %d during an outage, want 0", s.DeadLettered)
+		}
+	})
+}
+
+// ledgerEffect is a transactional effect: it writes a ledger row in the
+// claim's transaction, or fails when the body says so.
+func ledgerEffect(t *testing.T, db *sql.DB, backend string) sideeffects.TxEffect {
+	insert := `INSERT INTO ledger (message_id, body) VALUES ($1, $2)`
+	if backend == "sqlite" {
+		insert = `INSERT INTO ledger (message_id, body) VALUES (?, ?)`
+	}
+	if _, err := db.Exec(`CREATE TABLE ledger (message_id VARCHAR(128) NOT NULL, body VARCHAR(200) NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return sideeffects.TxEffectFunc(func(ctx context.Context, tx *sql.Tx, msg *azservicebus.ReceivedMessage, key string) error {
+		if string(msg.Body) == "fail" {
+			return errors.New("ledger rejected the entry")
+		}
+		if string(msg.Body) == "invalid" {
+			return sideeffects.Permanent(errors.New("ledger says never"))
+		}
+		_, err := tx.ExecContext(ctx, insert, key, string(msg.Body))
+		return err
+	})
+}
+
+type dbStore interface{ DB() *sql.DB }
+
+func TestTransactionalEffect(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{MaxDeliveryCount: 2})
+		db := b.store.(dbStore).DB()
+		b.router.tx = ledgerEffect(t, db, be)
+		b.start(b.options())
+
+		b.send("t1", "tx", "credit", nil)
+		b.waitIdle()
+		b.send("t1", "tx", "credit", nil) // duplicate
+		b.send("t2", "tx", "fail", nil)   // rolls back every time
+		b.send("t3", "tx", "invalid", nil)
+		b.waitIdle()
+
+		var n int
+		if err := db.QueryRow(`SELECT COUNT(*) FROM ledger WHERE message_id = 't1'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 1 {
+			t.Errorf("ledger rows for t1 = %d, want 1", n)
+		}
+		if err := db.QueryRow(`SELECT COUNT(*) FROM ledger WHERE message_id <> 't1'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 0 {
+			t.Errorf("ledger rows of failed effects = %d, want 0", n)
+		}
+		if got := countCompleted(b.q, "t1"); got != 2 {
+			t.Errorf("t1 completed %d, want 2", got)
+		}
+		dl := b.deadLetterReasons()
+		if dl["t2"] != membus.ReasonMaxDeliveryCountExceeded {
+			t.Errorf("t2 dead-letter reason %q, want %q (abandoned until the broker gave up)", dl["t2"], membus.ReasonMaxDeliveryCountExceeded)
+		}
+		if dl["t3"] != processor.ReasonEffectFailed {
+			t.Errorf("t3 dead-letter reason %q, want %q", dl["t3"], processor.ReasonEffectFailed)
+		}
+		cs := b.claims()
+		if len(cs) != 1 || cs[0].MessageID != "t1" || cs[0].State != claim.StateProcessed {
+			t.Errorf("claims = %v, want only t1 processed (a rolled-back effect leaves no marker)", cs)
+		}
+	})
+}
+
+// TestReplicasRace: three processors on one queue, every message sent
+// twice and some three times: each effect runs once.
+func TestReplicasRace(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		b.eff.delay = 2 * time.Millisecond
+		for range 3 {
+			b.start(b.options())
+		}
+		const n = 150
+		var wg sync.WaitGroup
+		for i := range n {
+			copies := 2
+			if i%5 == 0 {
+				copies = 3
+			}
+			for range copies {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					b.send(fmt.Sprintf("m%03d", i), "pay", fmt.Sprintf(`{"n":%d}`, i), nil)
+				}()
+			}
+		}
+		wg.Wait()
+		b.waitIdle()
+
+		performed := b.eff.PerformedAll()
+		if len(performed) != n {
+			t.Errorf("%d keys performed, want %d", len(performed), n)
+		}
+		for k, v := range performed {
+			if v != 1 {
+				t.Errorf("%s performed %d times", k, v)
+			}
+		}
+		s := b.q.Stats()
+		if s.DeadLettered != 0 || s.Completed != s.Sent {
+			t.Errorf("stats %+v: want every copy completed, none dead-lettered", s)
+		}
+		for _, c := range b.claims() {
+			if c.State != claim.StateProcessed {
+				t.Errorf("claim %s left %s", c.MessageID, c.State)
+			}
+		}
+	})
+}
+
+// TestLockRenewal: an effect slower than the lock keeps its lock through
+// renewal; with renewal off the broker redelivers and the redelivery takes
+// the duplicate path — so renewal is what prevents the redelivery.
+func TestLockRenewal(t *testing.T) {
+	for _, renew := range []bool{true, false} {
+		t.Run(fmt.Sprintf("renew=%v", renew), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, "sqlite", membus.QueueOptions{LockDuration: 300 * time.Millisecond})
+			b.eff.delay = 1500 * time.Millisecond // five lock durations
+			opts := b.options()
+			opts.Metrics = processor.NewMetrics(nil)
+			if !renew {
+				opts.MaxLockRenewal = 0
+			}
+			b.start(opts)
+			b.start(opts) // a second replica to take a redelivery
+			b.send("slow", "pay", `{}`, nil)
+			b.waitIdle()
+
+			s := b.q.Stats()
+			if got := b.eff.Calls("slow"); got != 1 {
+				t.Errorf("effect called %d times, want 1", got)
+			}
+			// Without renewal the duplicate path completes the message while
+			// the first attempt still runs; the claim records the outcome.
+			b.eventually("the claim processed", func() bool { return b.claimOf("slow").State == claim.StateProcessed })
+			if renew {
+				if s.Redeliveries != 0 || s.Renewals == 0 {
+					t.Errorf("with renewal: redeliveries %d renewals %d, want 0 and >0", s.Redeliveries, s.Renewals)
+				}
+				if outcomes(opts.Metrics, processor.OutcomeDuplicate) != 0 {
+					t.Errorf("with renewal a duplicate path was taken")
+				}
+			} else {
+				if s.Redeliveries == 0 {
+					t.Errorf("without renewal: no redelivery, the test proves nothing")
+				}
+				if outcomes(opts.Metrics, processor.OutcomeDuplicate) == 0 {
+					t.Errorf("without renewal the redelivery did not take the duplicate path")
+				}
+			}
+		})
+	}
+}
+
+// TestHeartbeat: a running effect's claim heartbeat moves forward.
+func TestHeartbeat(t *testing.T) {
+	b := setup(t, "sqlite", membus.QueueOptions{})
+	b.eff.gate = make(chan struct{})
+	b.eff.started = make(chan string, 1)
+	opts := b.options()
+	opts.HeartbeatInterval = 50 * time.Millisecond
+	b.start(opts)
+	b.send("hb", "pay", `{}`, nil)
+	<-b.eff.started
+	first := b.claimOf("hb").HeartbeatAt
+	b.eventually("a heartbeat", func() bool { return b.claimOf("hb").HeartbeatAt.After(first) })
+	close(b.eff.gate)
+	b.waitIdle()
+}
+
+// TestGracefulShutdown: on cancel, in-flight effects finish and are
+// completed, messages not yet claimed are handed back, Run returns nil.
+func TestGracefulShutdown(t *testing.T) {
+	b := setup(t, "sqlite", membus.QueueOptions{})
+	b.eff.gate = make(chan struct{})
+	b.eff.started = make(chan string, 16)
+	opts := b.options()
+	opts.MaxConcurrentCalls = 2
+	_, stop := b.start(opts)
+	for i := range 6 {
+		b.send(fmt.Sprintf("m%d", i), "pay", `{}`, nil)
+	}
+	inflight := []string{<-b.eff.started, <-b.eff.started}
+
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	time.Sleep(100 * time.Millisecond) // let the cancel land while effects are blocked
+	select {
+	case <-stopped:
+		t.Fatal("Run returned before in-flight effects finished")
+	default:
+	}
+	close(b.eff.gate)
+	<-stopped
+
+	for _, k := range inflight {
+		if countCompleted(b.q, k) != 1 || b.claimOf(k).State != claim.StateProcessed {
+			t.Errorf("in-flight %s: completed %d state %s, want completed and processed", k, countCompleted(b.q, k), b.claimOf(k).State)
+		}
+	}
+	for _, c := range b.claims() {
+		if c.State != claim.StateProcessed {
+			t.Errorf("claim %s left %s after shutdown", c.MessageID, c.State)
+		}
+	}
+	if got := len(b.claims()); got != 2 {
+		t.Errorf("%d claims, want only the 2 in flight", got)
+	}
+	if s := b.q.Stats(); s.Active+s.Locked != 4 {
+		// Never received, or received during shutdown and abandoned:
+		// either way still in the queue.
+		t.Errorf("stats %+v: want the 4 unworked messages still in the queue", s)
+	}
+}
+
+// TestShutdownTimeoutCancelsEffects: effects that outlive the shutdown
+// timeout are cancelled; their claims stay (outcome unknown) and the
+// messages are abandoned, not completed.
+func TestShutdownTimeoutCancelsEffects(t *testing.T) {
+	b := setup(t, "sqlite", membus.QueueOptions{})
+	b.eff.gate = make(chan struct{}) // never opens
+	b.eff.started = make(chan string, 1)
+	opts := b.options()
+	opts.ShutdownTimeout = 200 * time.Millisecond
+	_, stop := b.start(opts)
+	b.send("stuck", "pay", `{}`, nil)
+	<-b.eff.started
+	stop()
+	if got := countCompleted(b.q, "stuck"); got != 0 {
+		t.Errorf("a cancelled effect's message was completed")
+	}
+	if c := b.claimOf("stuck"); c.State != claim.StateClaimed {
+		t.Errorf("claim %s, want claimed (the reconciler decides)", c.State)
+	}
+}
+
+// TestReceiverRecreatedOnConnectionLoss: CodeConnectionLost from a receive
+// makes the processor open a new receiver and carry on.
+func TestReceiverRecreatedOnConnectionLoss(t *testing.T) {
+	b := setup(t, "sqlite", membus.QueueOptions{})
+	opts := b.options()
+	opts.Metrics = processor.NewMetrics(nil)
+	b.q.FailReceives(2, azservicebus.CodeConnectionLost)
+	p, _ := b.start(opts)
+	b.send("m1", "pay", `{}`, nil)
+	b.waitIdle()
+	if b.eff.Performed("m1") != 1 {
+		t.Errorf("message not processed after the receiver was recreated")
+	}
+	if got := int(testutilCounter(opts.Metrics)); got < 2 {
+		t.Errorf("receivers opened %d, want >= 2", got)
+	}
+	if !p.Ready() {
+		t.Errorf("not ready after recreating the receiver")
+	}
+}
+
+// TestSettlementFailureIsRecovered: a completion that fails leaves the
+// message locked; it is redelivered and settled on the duplicate path.
+func TestSettlementFailureIsRecovered(t *testing.T) {
+	b := setup(t, "sqlite", membus.QueueOptions{LockDuration: 300 * time.Millisecond})
+	b.start(b.options())
+	b.q.FailSettlements(1)
+	b.send("m1", "pay", `{}`, nil)
+	b.waitIdle()
+	if b.eff.Calls("m1") != 1 || countCompleted(b.q, "m1") != 1 {
+		t.Errorf("calls %d completed %d, want 1 and 1", b.eff.Calls("m1"), countCompleted(b.q, "m1"))
+	}
+}
+
+// TestTakeOverRace: a released claim redelivered to several replicas at
+// once is taken over by exactly one of them.
+func TestReleasedClaimRedeliveredToManyReplicas(t *testing.T) {
+	b := setup(t, "sqlite", membus.QueueOptions{})
+	b.eff.behave = func(_, _ string, call int) error {
+		if call == 1 {
+			return sideeffects.Retryable(errors.New("try later"))
+		}
+		return nil
+	}
+	for range 3 {
+		b.start(b.options())
+	}
+	b.send("r1", "pay", `{}`, nil)
+	b.eventually("the release", func() bool {
+		cs := b.claims()
+		return len(cs) == 1 && (cs[0].State == claim.StateReleased || cs[0].State == claim.StateProcessed)
+	})
+	// Producer retries land while the claim is released.
+	for range 3 {
+		b.send("r1", "pay", `{}`, nil)
+	}
+	b.waitIdle()
+	if got := b.eff.Performed("r1"); got != 1 {
+		t.Errorf("performed %d, want 1", got)
+	}
+	if c := b.claimOf("r1"); c.State != claim.StateProcessed {
+		t.Errorf("claim %s, want processed", c.State)
+	}
+}
+
+var _ = context.Background
