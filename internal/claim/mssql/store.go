@@ -43,7 +43,7 @@ const (
 	maxNote       = 4000
 )
 
-// columns is every column of dbo.Claims in scanClaim's order.
+// columnNames are the columns of dbo.Claims in scanClaim's order.
 var columnNames = []string{
 	"Id", "MessageId", "Consumer", "Owner", "State", "Entity", "Subject", "ContentType",
 	"Properties", "PayloadHash", "Payload", "DeliveryCount", "ClaimedBy", "ClaimedUtc",
