@@ -306,10 +306,11 @@ func TestStoreOutageAbandonsThenRecovers(t *testing.T) {
 // ledgerEffect is a transactional effect: it writes a ledger row in the
 // claim's transaction, or fails when the body says so.
 func ledgerEffect(t *testing.T, db *sql.DB, backend string) sideeffects.TxEffect {
-	insert := `INSERT INTO ledger (message_id, body) VALUES ($1, $2)`
-	if backend == "sqlite" {
-		insert = `INSERT INTO ledger (message_id, body) VALUES (?, ?)`
-	}
+	insert := map[string]string{
+		"sqlite":    `INSERT INTO ledger (message_id, body) VALUES (?, ?)`,
+		"postgres":  `INSERT INTO ledger (message_id, body) VALUES ($1, $2)`,
+		"sqlserver": `INSERT INTO ledger (message_id, body) VALUES (@p1, @p2)`,
+	}[backend]
 	if _, err := db.Exec(`CREATE TABLE ledger (message_id VARCHAR(128) NOT NULL, body VARCHAR(200) NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}

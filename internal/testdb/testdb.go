@@ -18,12 +18,19 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
+	"github.com/sbclaim/sbclaim/internal/claim/mssql"
 	"github.com/sbclaim/sbclaim/internal/claim/postgres"
 	"github.com/sbclaim/sbclaim/internal/claim/sqlite"
 )
 
-// Backends names the stores every protocol test runs on.
-var Backends = []string{"sqlite", "postgres"}
+// Backends names the stores every protocol test runs on. PostgreSQL and SQL
+// Server tests skip (naming the variable) when their URL is not set.
+var Backends = []string{"sqlite", "postgres", "sqlserver"}
+
+// SQLServerURLEnv holds the SQL Server URL of the integration tests, e.g.
+// sqlserver://sa:<password>@localhost:1433 (docker compose up sqlserver).
+// The login needs CREATE DATABASE: each store gets a fresh database.
+const SQLServerURLEnv = "SBCLAIM_TEST_SQLSERVER_URL"
 
 // Store is a claim store that also exposes its *sql.DB.
 type Store interface {
@@ -39,6 +46,8 @@ func Open(t testing.TB, backend string) Store {
 		return SQLite(t)
 	case "postgres":
 		return Postgres(t)
+	case "sqlserver":
+		return SQLServer(t)
 	}
 	t.Fatalf("testdb: unknown backend %q", backend)
 	return nil
@@ -62,6 +71,8 @@ func URL(t testing.TB, backend string) string {
 		return u
 	case "postgres":
 		return postgresSchemaURL(t)
+	case "sqlserver":
+		return sqlServerDatabaseURL(t)
 	}
 	t.Fatalf("testdb: unknown backend %q", backend)
 	return ""
@@ -132,6 +143,67 @@ func postgresSchemaURL(t testing.TB) string {
 	}
 	defer s.Close()
 	if err := postgres.Migrate(ctx, s.DB()); err != nil {
+		t.Fatal(err)
+	}
+	return u.String()
+}
+
+// SQLServer opens a migrated SQL Server store on a fresh database.
+func SQLServer(t testing.TB) *mssql.Store {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := mssql.Open(ctx, sqlServerDatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// sqlServerDatabaseURL creates a database (READ_COMMITTED_SNAPSHOT on, as
+// on Azure SQL Database), migrates it, drops it at cleanup, and returns its
+// URL.
+func sqlServerDatabaseURL(t testing.TB) string {
+	t.Helper()
+	base := claimtest.RequireOrSkip(t, "sqlserver", SQLServerURLEnv)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin, err := mssql.Open(ctx, base)
+	if err != nil {
+		t.Fatalf("open %s: %v", SQLServerURLEnv, err)
+	}
+	name := "[testdb_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:16] + "]"
+	if _, err := admin.DB().ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		admin.Close()
+		t.Fatalf("create database: %v", err)
+	}
+	t.Cleanup(func() {
+		defer admin.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, _ = admin.DB().ExecContext(ctx, "ALTER DATABASE "+name+" SET SINGLE_USER WITH ROLLBACK IMMEDIATE")
+		if _, err := admin.DB().ExecContext(ctx, "DROP DATABASE "+name); err != nil {
+			t.Logf("drop database %s: %v", name, err)
+		}
+	})
+	if _, err := admin.DB().ExecContext(ctx, "ALTER DATABASE "+name+" SET READ_COMMITTED_SNAPSHOT ON WITH ROLLBACK IMMEDIATE"); err != nil {
+		t.Fatalf("turn on READ_COMMITTED_SNAPSHOT: %v", err)
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatalf("parse %s: %v", SQLServerURLEnv, err)
+	}
+	q := u.Query()
+	q.Del("database")
+	q.Set("database", strings.Trim(name, "[]"))
+	u.RawQuery = q.Encode()
+	s, err := mssql.Open(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := mssql.Migrate(ctx, s.DB()); err != nil {
 		t.Fatal(err)
 	}
 	return u.String()
