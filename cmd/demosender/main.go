@@ -123,7 +123,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 
 	// The connection string is never logged: it carries the SAS key.
-	client, err := azservicebus.NewClientFromConnectionString(cfg.ConnectionString, nil)
+	// The SDK's own retries are off (MaxRetries < 0 means one try): this
+	// program retries with its own bounded backoff, so a failure surfaces
+	// with its cause instead of as a deadline hit inside the SDK's retries.
+	client, err := azservicebus.NewClientFromConnectionString(cfg.ConnectionString, &azservicebus.ClientOptions{
+		RetryOptions: azservicebus.RetryOptions{MaxRetries: -1},
+	})
 	if err != nil {
 		return errors.New("invalid SBCLAIM_SERVICEBUS_CONNECTION_STRING (value not shown)")
 	}
@@ -200,7 +205,7 @@ func waitReady(ctx context.Context, logger *slog.Logger, sender *azservicebus.Se
 	b.InitialInterval = time.Second
 	b.MaxInterval = 10 * time.Second
 	_, err := backoff.Retry(ctx, func() (struct{}, error) {
-		attemptCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		attemptCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		defer cancel()
 		_, err := sender.NewMessageBatch(attemptCtx, nil)
 		return struct{}{}, classify(entity, "", err)
