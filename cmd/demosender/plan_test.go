@@ -269,6 +269,7 @@ func TestSummaryPrint(t *testing.T) {
 		"poison:   message " + plan.Summary.PoisonID,
 		"10 distinct order keys",
 		"GET /_counts",
+		"totalEffects grows by 50 + 2 x 10 = 70",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("summary lacks %q:\n%s", want, out.String())

@@ -38,6 +38,10 @@ func (s Summary) Print(w io.Writer) {
 		fmt.Fprintf(&b, "  GET /_counts: every %s-ord-* key exactly 1 effect per subscription consumer (%d keys);\n", s.RunID, o.UniqueKeys)
 		b.WriteString("    with docker-compose.yml that is 2: billing -> /invoices and notifications -> /emails\n")
 	}
+	if s.Payments != nil && s.Orders != nil {
+		fmt.Fprintf(&b, "  with docker-compose.yml, totalEffects grows by %d + 2 x %d = %d for this run\n",
+			s.Payments.UniqueKeys, s.Orders.UniqueKeys, s.Payments.UniqueKeys+2*s.Orders.UniqueKeys)
+	}
 	b.WriteString("  any count above 1 per consumer is a duplicate effect: a bug worth a report\n")
 	_, _ = io.WriteString(w, b.String())
 }
