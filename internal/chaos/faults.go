@@ -1,0 +1,287 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/membus"
+)
+
+// Fault is a failure the harness injects. Each is switchable and counted.
+type Fault string
+
+// The faults. The first five are planned per message (at most one per
+// message, chosen from the seeded source); StoreOutage is a time window.
+const (
+	// FaultDieAfterClaim: the replica dies right after its claim commits
+	// (no effect, no settlement).
+	FaultDieAfterClaim Fault = "die-after-claim"
+	// FaultResponseLost: the downstream performs the effect but the
+	// response never arrives (the caller times out).
+	FaultResponseLost Fault = "response-lost"
+	// FaultDieAfterEffect: the replica dies after the effect, before
+	// marking the claim processed.
+	FaultDieAfterEffect Fault = "die-after-effect"
+	// FaultDieAfterProcessed: the replica dies after marking processed,
+	// before completing the message.
+	FaultDieAfterProcessed Fault = "die-after-processed"
+	// FaultLockExpiry: the message's lock expires while its effect runs,
+	// and the broker redelivers it to another replica meanwhile.
+	FaultLockExpiry Fault = "lock-expiry"
+	// FaultStoreOutage: the claim store is unreachable from every replica
+	// for a window of time.
+	FaultStoreOutage Fault = "store-outage"
+)
+
+// AllFaults lists every fault in the order reports print them.
+var AllFaults = []Fault{
+	FaultDieAfterClaim, FaultResponseLost, FaultDieAfterEffect,
+	FaultDieAfterProcessed, FaultLockExpiry, FaultStoreOutage,
+}
+
+// perMessage reports whether f is planned per message.
+func (f Fault) perMessage() bool { return f != FaultStoreOutage }
+
+// ParseFaults reads a -faults value: "all", "none" or a comma-separated
+// list of fault names.
+func ParseFaults(s string) ([]Fault, error) {
+	switch strings.TrimSpace(s) {
+	case "all", "":
+		return slices.Clone(AllFaults), nil
+	case "none":
+		return nil, nil
+	}
+	var out []Fault
+	for part := range strings.SplitSeq(s, ",") {
+		f := Fault(strings.TrimSpace(part))
+		if !slices.Contains(AllFaults, f) {
+			names := make([]string, len(AllFaults))
+			for i, a := range AllFaults {
+				names[i] = string(a)
+			}
+			return nil, fmt.Errorf("unknown fault %q (want all, none or a comma list of %s)", f, strings.Join(names, ", "))
+		}
+		if !slices.Contains(out, f) {
+			out = append(out, f)
+		}
+	}
+	return out, nil
+}
+
+// faultBook is the plan (which message gets which fault) and the record
+// of what happened.
+type faultBook struct {
+	mu      sync.Mutex
+	plan    map[string]Fault // message ID → fault
+	fired   map[string]bool  // message ID → its fault already fired
+	planned map[Fault]int
+	counts  map[Fault]int
+}
+
+func newFaultBook() *faultBook {
+	return &faultBook{plan: map[string]Fault{}, fired: map[string]bool{}, planned: map[Fault]int{}, counts: map[Fault]int{}}
+}
+
+func (b *faultBook) assign(id string, f Fault) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.plan[id] = f
+	b.planned[f]++
+}
+
+func (b *faultBook) planFor(id string) Fault {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.plan[id]
+}
+
+// fire reports, once per message, whether f is planned for id; the first
+// caller takes the fault.
+func (b *faultBook) fire(id string, f Fault) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.plan[id] != f || b.fired[id] {
+		return false
+	}
+	b.fired[id] = true
+	return true
+}
+
+func (b *faultBook) count(f Fault, n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.counts[f] += n
+}
+
+func (b *faultBook) snapshot() (planned, happened map[Fault]int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	planned, happened = map[Fault]int{}, map[Fault]int{}
+	for k, v := range b.planned {
+		planned[k] = v
+	}
+	for k, v := range b.counts {
+		happened[k] = v
+	}
+	return planned, happened
+}
+
+// outage makes the store unreachable for every replica while active.
+type outage struct {
+	active  atomic.Bool
+	refused atomic.Int64
+}
+
+func (o *outage) gate(_ context.Context, op string) error {
+	if o.active.Load() {
+		o.refused.Add(1)
+		return fmt.Errorf("chaos: store outage: %s: %w", op, claim.ErrUnavailable)
+	}
+	return nil
+}
+
+// replicaDeadError is what a dead replica's store, receiver and HTTP client
+// return: nothing they do reaches anything any more.
+func replicaDeadError(id int, what string) error {
+	return fmt.Errorf("chaos: replica %d is dead (%s)", id, what)
+}
+
+// killReceiver is a replica's receiver. Once the replica is dead every call
+// fails at once and does nothing: a blocked ReceiveMessages returns
+// CodeClosed, settlements and renewals fail with CodeConnectionLost (the
+// locks the replica held run out, like a crashed process's).
+type killReceiver struct {
+	r   *membus.Receiver
+	rep *replica
+}
+
+func (k *killReceiver) closed() error {
+	return fmt.Errorf("%w: %w", replicaDeadError(k.rep.id, "receive"), &azservicebus.Error{Code: azservicebus.CodeClosed})
+}
+
+func (k *killReceiver) lost(op string) error {
+	return fmt.Errorf("%w: %w", replicaDeadError(k.rep.id, op), &azservicebus.Error{Code: azservicebus.CodeConnectionLost})
+}
+
+func (k *killReceiver) ReceiveMessages(ctx context.Context, n int, o *azservicebus.ReceiveMessagesOptions) ([]*azservicebus.ReceivedMessage, error) {
+	if k.rep.dead.Load() {
+		return nil, k.closed()
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(k.rep.killCtx, cancel)
+	defer stop()
+	msgs, err := k.r.ReceiveMessages(ctx, n, o)
+	if err != nil && k.rep.dead.Load() {
+		return nil, k.closed()
+	}
+	for _, m := range msgs {
+		k.rep.h.sawDelivery(m)
+	}
+	return msgs, err
+}
+
+func (k *killReceiver) CompleteMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.CompleteMessageOptions) error {
+	if k.rep.dead.Load() {
+		return k.lost("complete")
+	}
+	return k.r.CompleteMessage(ctx, m, o)
+}
+
+func (k *killReceiver) AbandonMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.AbandonMessageOptions) error {
+	if k.rep.dead.Load() {
+		return k.lost("abandon")
+	}
+	return k.r.AbandonMessage(ctx, m, o)
+}
+
+func (k *killReceiver) DeadLetterMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.DeadLetterOptions) error {
+	if k.rep.dead.Load() {
+		return k.lost("dead-letter")
+	}
+	return k.r.DeadLetterMessage(ctx, m, o)
+}
+
+func (k *killReceiver) RenewMessageLock(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.RenewMessageLockOptions) error {
+	if k.rep.dead.Load() {
+		return k.lost("renew lock")
+	}
+	return k.r.RenewMessageLock(ctx, m, o)
+}
+
+func (k *killReceiver) Close(ctx context.Context) error { return k.r.Close(ctx) }
+
+// killTransport is a replica's HTTP transport: a dead replica sends no new
+// request. (A request already on the wire when the replica dies is
+// answered; the replica can no longer record or settle anything.)
+type killTransport struct {
+	base http.RoundTripper
+	rep  *replica
+}
+
+func (t *killTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if t.rep.dead.Load() {
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		return nil, replicaDeadError(t.rep.id, "http")
+	}
+	if d, ok := req.Context().Value(deliveryKey{}).(string); ok {
+		req = req.Clone(req.Context())
+		req.Header.Set(DeliveryHeader, d)
+	}
+	return t.base.RoundTrip(req)
+}
+
+// DeliveryHeader tells the downstream which delivery (replica and lock
+// token) sent an effect request, so the harness can check that only one
+// delivery of a message ever ran its effect (the claim's job), whatever
+// the downstream's own deduplication hides.
+const DeliveryHeader = "X-Chaos-Delivery"
+
+type deliveryKey struct{}
+
+func withDelivery(ctx context.Context, rep *replica, m *azservicebus.ReceivedMessage) context.Context {
+	return context.WithValue(ctx, deliveryKey{}, fmt.Sprintf("replica-%d/%x", rep.id, m.LockToken[:6]))
+}
+
+// trackWriter notes the status a handler wrote (0: none).
+type trackWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *trackWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *trackWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// mayHavePerformed reports whether an answer leaves the effect possibly
+// performed (as the product's classification table sees it): no answer,
+// 2xx, 409 (in flight) or a 5xx other than 503.
+func mayHavePerformed(status int) bool {
+	switch {
+	case status == 0, status >= 200 && status < 300, status == http.StatusConflict:
+		return true
+	case status >= 500:
+		return status != http.StatusServiceUnavailable
+	}
+	return false
+}

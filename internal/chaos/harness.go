@@ -1,0 +1,737 @@
+package chaos
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/membus"
+	"github.com/sbclaim/sbclaim/internal/processor"
+	"github.com/sbclaim/sbclaim/internal/reconciler"
+	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/sideeffects/fakedownstream"
+)
+
+// Names used by a run.
+const (
+	Consumer      = "chaos"
+	QueueName     = "chaos"
+	EffectSubject = "chaos.effect"
+	// PoisonSubject has no route: such messages are dead-lettered NoRoute
+	// by design and must cause no effect.
+	PoisonSubject = "chaos.unrouted"
+)
+
+// Config configures a chaos run. Zero values take the defaults in
+// brackets.
+type Config struct {
+	Messages int     // distinct messages with an effect [500]
+	Replicas int     // processor replicas running at once [3]
+	DupShare float64 // share of messages sent 2 or 3 times [0.3]; negative: none
+	Faults   []Fault // faults to inject (nil: none; see AllFaults)
+	// FaultShare is the share of messages that get each per-message fault
+	// [0.01, at least 3 messages per fault].
+	FaultShare float64
+	// Seed seeds every choice the harness makes (which messages are
+	// duplicated, poisoned, conflicting or faulted). Goroutine scheduling
+	// still varies between runs, so two runs with one seed inject the same
+	// faults into the same messages but may interleave differently. 0 picks
+	// a seed from the clock (reported).
+	Seed uint64
+	// DatabaseURL is the claims database: "" for a temporary SQLite file,
+	// sqlite:/path or postgres://... (a fresh schema per run).
+	DatabaseURL string
+
+	MaxConcurrentCalls int           // per replica [16]
+	LockDuration       time.Duration // [1s]
+	MaxDeliveryCount   int           // [10]
+	HeartbeatInterval  time.Duration // [100ms]
+	StaleAfter         time.Duration // reconciler [1s]
+	EffectTimeout      time.Duration // the HTTP route's timeout [300ms]
+	OutageWindows      int           // store-outage windows [2]
+	OutageDuration     time.Duration // length of each window [400ms]
+	DrainTimeout       time.Duration // bound on draining the queue [90s]
+
+	Logger *slog.Logger // nil: discard
+
+	// wrapStore, when set, wraps each replica's store (tests use it to
+	// break deduplication and check that the harness notices).
+	wrapStore func(claim.Store) claim.Store
+}
+
+func (c Config) withDefaults() Config {
+	c.Messages = cmp.Or(c.Messages, 500)
+	c.Replicas = cmp.Or(c.Replicas, 3)
+	if c.DupShare == 0 {
+		c.DupShare = 0.3
+	}
+	c.FaultShare = cmp.Or(c.FaultShare, 0.01)
+	c.MaxConcurrentCalls = cmp.Or(c.MaxConcurrentCalls, 16)
+	c.LockDuration = cmp.Or(c.LockDuration, time.Second)
+	c.MaxDeliveryCount = cmp.Or(c.MaxDeliveryCount, 10)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, 100*time.Millisecond)
+	c.StaleAfter = cmp.Or(c.StaleAfter, time.Second)
+	c.EffectTimeout = cmp.Or(c.EffectTimeout, 300*time.Millisecond)
+	c.OutageWindows = cmp.Or(c.OutageWindows, 2)
+	c.OutageDuration = cmp.Or(c.OutageDuration, 400*time.Millisecond)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, 90*time.Second)
+	if c.Seed == 0 {
+		c.Seed = uint64(time.Now().UnixNano())
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Validate names the first bad field.
+func (c Config) Validate() error {
+	switch {
+	case c.Messages < 0:
+		return fmt.Errorf("Messages cannot be negative (got %d)", c.Messages)
+	case c.Replicas < 0:
+		return fmt.Errorf("Replicas cannot be negative (got %d)", c.Replicas)
+	case c.DupShare > 1:
+		return fmt.Errorf("DupShare must be at most 1 (got %g)", c.DupShare)
+	case c.FaultShare < 0 || c.FaultShare > 0.15:
+		return fmt.Errorf("FaultShare must be in 0..0.15 (got %g)", c.FaultShare)
+	}
+	return nil
+}
+
+// harness is one run's state.
+type harness struct {
+	cfg     Config
+	log     *slog.Logger
+	rng     *rand.Rand
+	db      *Database
+	queue   *membus.Queue
+	down    *fakedownstream.Server
+	srv     *httptest.Server
+	routes  []byte // routes file of the HTTP effect
+	base    http.RoundTripper
+	book    *faultBook
+	out     outage
+	metrics *processor.Metrics
+
+	sent      []sentMessage
+	ids       []string // distinct normal (routed) message IDs
+	poison    []string
+	conflicts []string
+	copies    map[string]int    // routed message ID → sends of its normal payload
+	conflictB map[string][]byte // conflict message ID → the conflicting payload
+
+	trips  atomic.Int64    // store round trips from replicas
+	runCtx context.Context // ends when the replicas must stop
+
+	mu       sync.Mutex
+	replicas []*replica
+	nextID   int
+	stopping bool
+	kills    int
+	started  int
+	wg       sync.WaitGroup
+	seen     map[string]uint32          // message ID → highest delivery count received
+	senders  map[string]map[string]bool // key → deliveries whose effect request may have performed
+
+	hangs atomic.Int64 // response-lost hangs observed at the downstream
+}
+
+type sentMessage struct {
+	msg   *azservicebus.Message
+	order float64
+}
+
+// Run runs one chaos scenario end to end and returns its report. It
+// returns an error only when the run could not be set up; violations of
+// exactly-once are in the report (Report.Pass).
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("chaos: %w", err)
+	}
+	h := &harness{
+		cfg:       cfg,
+		log:       cfg.Logger,
+		rng:       rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5bd1e995)),
+		book:      newFaultBook(),
+		metrics:   processor.NewMetrics(nil),
+		seen:      map[string]uint32{},
+		senders:   map[string]map[string]bool{},
+		copies:    map[string]int{},
+		conflictB: map[string][]byte{},
+	}
+	db, err := OpenDatabase(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	h.db = db
+
+	h.down = fakedownstream.New(fakedownstream.Options{Seed: cfg.Seed})
+	h.srv = httptest.NewServer(http.HandlerFunc(h.serveDownstream))
+	defer h.srv.Close()
+	h.base = &http.Transport{MaxIdleConns: 512, MaxIdleConnsPerHost: 512, IdleConnTimeout: 30 * time.Second}
+	defer h.base.(*http.Transport).CloseIdleConnections()
+	h.routes = fmt.Appendf(nil, "version: 1\nroutes:\n  - name: chaos\n    match: {subject: %s}\n    url: %s/effects\n    timeout: %s\n",
+		EffectSubject, h.srv.URL, cfg.EffectTimeout)
+
+	h.queue = membus.NewQueue(QueueName, membus.QueueOptions{LockDuration: cfg.LockDuration, MaxDeliveryCount: cfg.MaxDeliveryCount})
+	h.plan()
+	for _, s := range h.sent {
+		if err := h.queue.SendMessage(ctx, s.msg, nil); err != nil {
+			return nil, fmt.Errorf("chaos: send: %w", err)
+		}
+	}
+
+	rep := &Report{Config: cfg, Database: db.String(), Dialect: db.Dialect, FlagReasons: map[string]int{}}
+	start := time.Now()
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	h.runCtx = runCtx
+	for range cfg.Replicas {
+		h.startReplica()
+	}
+	monitorDone := make(chan struct{})
+	go func() { defer close(monitorDone); h.monitor(runCtx) }()
+
+	dctx, cancel := context.WithTimeout(ctx, cfg.DrainTimeout)
+	drainErr := h.queue.WaitIdle(dctx)
+	cancel()
+	rep.DrainTime = time.Since(start)
+	if drainErr != nil {
+		rep.violate("queue did not drain within %s: %v", cfg.DrainTimeout, drainErr)
+	}
+
+	// Stop every replica gracefully (their in-flight work finishes).
+	h.mu.Lock()
+	h.stopping = true
+	h.mu.Unlock()
+	stopRun()
+	<-monitorDone
+	h.out.active.Store(false)
+	waitDone := make(chan struct{})
+	go func() { h.wg.Wait(); close(waitDone) }()
+	select {
+	case <-waitDone:
+	case <-time.After(30 * time.Second):
+		rep.violate("replicas did not stop within 30s")
+	}
+
+	recStart := time.Now()
+	h.reconcile(ctx, rep)
+	rep.ReconcileTime = time.Since(recStart)
+	h.verify(ctx, rep)
+	rep.Duration = time.Since(start)
+	return rep, nil
+}
+
+// plan builds the messages to send and assigns faults to messages.
+func (h *harness) plan() {
+	cfg := h.cfg
+	n := cfg.Messages
+	nPoison := max(1, n/100)
+	nConflict := max(1, n/100)
+	if n < 10 {
+		nPoison, nConflict = 0, 0
+	}
+	subject := EffectSubject
+	for i := range n {
+		id := fmt.Sprintf("m-%06d", i)
+		h.ids = append(h.ids, id)
+		copies := 1
+		if cfg.DupShare > 0 && h.rng.Float64() < cfg.DupShare {
+			copies = 2 + h.rng.IntN(2)
+		}
+		body := fmt.Appendf(nil, `{"n":%d,"amount":%d}`, i, 100+h.rng.IntN(900))
+		h.copies[id] = copies
+		for c := range copies {
+			order := float64(i)
+			if c > 0 {
+				if h.rng.IntN(2) == 0 {
+					order += 0.5 // adjacent: the copies race each other
+				} else {
+					order += h.rng.Float64() * float64(n-i) // a late producer retry
+				}
+			}
+			h.sent = append(h.sent, sentMessage{order: order, msg: &azservicebus.Message{
+				MessageID: &id, Subject: &subject, Body: body, ContentType: ptr("application/json"),
+			}})
+		}
+	}
+	// Conflicts: the same ID as a normal message, another body, sent later.
+	for _, i := range h.rng.Perm(n)[:nConflict] {
+		id := h.ids[i]
+		h.conflicts = append(h.conflicts, id)
+		h.conflictB[id] = fmt.Appendf(nil, `{"n":%d,"conflict":true}`, i)
+		h.sent = append(h.sent, sentMessage{order: float64(i) + 0.7, msg: &azservicebus.Message{
+			MessageID: &id, Subject: &subject, Body: h.conflictB[id], ContentType: ptr("application/json"),
+		}})
+	}
+	for i := range nPoison {
+		id := fmt.Sprintf("poison-%04d", i)
+		h.poison = append(h.poison, id)
+		h.sent = append(h.sent, sentMessage{order: h.rng.Float64() * float64(n), msg: &azservicebus.Message{
+			MessageID: &id, Subject: ptr(PoisonSubject), Body: []byte(`{}`),
+		}})
+	}
+	slices.SortStableFunc(h.sent, func(a, b sentMessage) int { return cmp.Compare(a.order, b.order) })
+
+	// Per-message faults, never on conflict keys (their outcome is checked
+	// separately).
+	var faults []Fault
+	for _, f := range cfg.Faults {
+		if f.perMessage() {
+			faults = append(faults, f)
+		}
+	}
+	per := max(3, int(float64(n)*cfg.FaultShare+0.5))
+	candidates := h.rng.Perm(n)
+	next := 0
+	for _, f := range faults {
+		for k := 0; k < per && next < len(candidates); next++ {
+			id := h.ids[candidates[next]]
+			if slices.Contains(h.conflicts, id) {
+				continue
+			}
+			h.book.assign(id, f)
+			if f == FaultResponseLost {
+				h.down.FailKey(id, 1, fakedownstream.FaultHang)
+			}
+			k++
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func (h *harness) enabled(f Fault) bool { return slices.Contains(h.cfg.Faults, f) }
+
+// serveDownstream is the fake downstream, observed: a request for a
+// response-lost key that got no answer before the caller gave up is one
+// response-lost fault that happened.
+func (h *harness) serveDownstream(w http.ResponseWriter, r *http.Request) {
+	tw := &trackWriter{ResponseWriter: w}
+	h.down.ServeHTTP(tw, r)
+	key := r.Header.Get("Idempotency-Key")
+	if tw.status == 0 && r.Context().Err() != nil && h.book.planFor(key) == FaultResponseLost {
+		h.book.count(FaultResponseLost, 1)
+	}
+	if d := r.Header.Get(DeliveryHeader); d != "" && key != "" && mayHavePerformed(tw.status) {
+		h.mu.Lock()
+		if h.senders[key] == nil {
+			h.senders[key] = map[string]bool{}
+		}
+		h.senders[key][d] = true
+		h.mu.Unlock()
+	}
+}
+
+func (h *harness) sawDelivery(m *azservicebus.ReceivedMessage) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if m.DeliveryCount > h.seen[m.MessageID] {
+		h.seen[m.MessageID] = m.DeliveryCount
+	}
+}
+
+func (h *harness) highestDelivery(id string) uint32 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.seen[id]
+}
+
+// monitor opens the store-outage windows as the run progresses.
+func (h *harness) monitor(ctx context.Context) {
+	if !h.enabled(FaultStoreOutage) {
+		return
+	}
+	total := len(h.sent)
+	windows := h.cfg.OutageWindows
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for w := 1; w <= windows; w++ {
+		threshold := total * w / (windows + 1)
+		for {
+			st := h.queue.Stats()
+			if st.Completed+st.DeadLettered >= threshold {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+		h.log.Info("store outage begins", "window", w, "duration", h.cfg.OutageDuration)
+		h.out.active.Store(true)
+		h.book.count(FaultStoreOutage, 1)
+		select {
+		case <-ctx.Done():
+		case <-time.After(h.cfg.OutageDuration):
+		}
+		h.out.active.Store(false)
+		h.log.Info("store outage ends", "window", w)
+	}
+}
+
+// replica is one processor process. Killing it cuts its store, receiver
+// and HTTP client at once and cancels its Run; the harness starts a
+// replacement, as a container platform restarts a crashed container.
+type replica struct {
+	h       *harness
+	id      int
+	dead    atomic.Bool
+	killCtx context.Context
+	kill    context.CancelFunc
+	cancel  context.CancelFunc
+}
+
+func (h *harness) startReplica() {
+	h.mu.Lock()
+	if h.stopping {
+		h.mu.Unlock()
+		return
+	}
+	h.nextID++
+	h.started++
+	r := &replica{h: h, id: h.nextID}
+	h.replicas = append(h.replicas, r)
+	h.wg.Add(1)
+	h.mu.Unlock()
+
+	r.killCtx, r.kill = context.WithCancel(context.Background())
+	runCtx, cancel := context.WithCancel(h.runCtx)
+	r.cancel = cancel
+	log := h.log.With("replica", r.id)
+
+	client := &http.Client{Transport: &killTransport{base: h.base, rep: r}}
+	httpRouter, err := sideeffects.ParseRoutes(h.routes, func(string) string { return "" }, client, log)
+	if err != nil {
+		panic("chaos: routes: " + err.Error()) // the harness's own fixed routes file
+	}
+	var st claim.Store = &gateStore{inner: &gateStore{inner: h.db.Store, gate: h.out.gate}, gate: r.gate, calls: &h.trips}
+	if h.cfg.wrapStore != nil {
+		st = h.cfg.wrapStore(st)
+	}
+	p, err := processor.New(processor.Options{
+		Consumer:    Consumer,
+		Entity:      QueueName,
+		Store:       st,
+		Router:      &faultRouter{inner: httpRouter, h: h, rep: r},
+		NewReceiver: r.newReceiver,
+
+		MaxConcurrentCalls: h.cfg.MaxConcurrentCalls,
+		MaxLockRenewal:     30 * time.Second,
+		HeartbeatInterval:  h.cfg.HeartbeatInterval,
+		Retry:              sideeffects.RetryPolicy{MaxAttempts: 4, InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond, Budget: 3 * time.Second},
+		StorePayload:       true,
+		SettleTimeout:      2 * time.Second,
+		StoreTimeout:       5 * time.Second,
+		ShutdownTimeout:    10 * time.Second,
+		Host:               fmt.Sprintf("replica-%d", r.id),
+		Logger:             log,
+		Metrics:            h.metrics,
+		Hooks: processor.Hooks{
+			AfterClaim:         h.crashHook(r, FaultDieAfterClaim),
+			AfterEffect:        h.crashHook(r, FaultDieAfterEffect),
+			AfterMarkProcessed: h.crashHook(r, FaultDieAfterProcessed),
+		},
+	})
+	if err != nil {
+		panic("chaos: processor: " + err.Error())
+	}
+	go func() {
+		defer h.wg.Done()
+		if err := p.Run(runCtx); err != nil {
+			log.Error("processor stopped", "error", err)
+		}
+	}()
+}
+
+// gate refuses every store call once the replica is dead.
+func (r *replica) gate(context.Context, string) error {
+	if r.dead.Load() {
+		return replicaDeadError(r.id, "store")
+	}
+	return nil
+}
+
+func (r *replica) newReceiver(ctx context.Context) (processor.Receiver, error) {
+	if r.dead.Load() {
+		<-ctx.Done() // a dead process opens nothing
+		return nil, ctx.Err()
+	}
+	return &killReceiver{r: r.h.queue.NewReceiver(), rep: r}, nil
+}
+
+// die kills the replica and schedules its replacement.
+func (r *replica) die() {
+	if !r.dead.CompareAndSwap(false, true) {
+		return
+	}
+	r.kill()
+	r.cancel()
+	h := r.h
+	h.mu.Lock()
+	h.kills++
+	h.mu.Unlock()
+	h.log.Info("replica killed", "replica", r.id)
+	go func() {
+		time.Sleep(50 * time.Millisecond) // the platform notices and restarts
+		h.startReplica()
+	}()
+}
+
+func (h *harness) crashHook(r *replica, f Fault) func(context.Context, *azservicebus.ReceivedMessage) error {
+	if !h.enabled(f) {
+		return nil
+	}
+	return func(_ context.Context, msg *azservicebus.ReceivedMessage) error {
+		if !h.book.fire(msg.MessageID, f) {
+			return nil
+		}
+		h.book.count(f, 1)
+		r.die()
+		return processor.ErrCrash
+	}
+}
+
+// faultRouter wraps the HTTP router: for a message planned for
+// lock-expiry, the effect first expires the message's lock and waits until
+// another delivery of it was received, then runs.
+type faultRouter struct {
+	inner sideeffects.Router
+	h     *harness
+	rep   *replica
+}
+
+func (fr *faultRouter) Route(msg *azservicebus.ReceivedMessage) (sideeffects.Handler, error) {
+	hd, err := fr.inner.Route(msg)
+	if err != nil || hd.Effect == nil {
+		return hd, err
+	}
+	inner := hd.Effect
+	h := fr.h
+	hd.Effect = sideeffects.EffectFunc(func(ctx context.Context, m *azservicebus.ReceivedMessage, key string) error {
+		ctx = withDelivery(ctx, fr.rep, m)
+		if h.enabled(FaultLockExpiry) && h.book.fire(m.MessageID, FaultLockExpiry) {
+			if n := h.queue.ExpireLock(m.MessageID); n > 0 {
+				h.book.count(FaultLockExpiry, 1)
+				// Hold the effect until the redelivery was received (or a
+				// bound passes), so the two overlap.
+				deadline := time.Now().Add(2 * h.cfg.LockDuration)
+				for h.highestDelivery(m.MessageID) <= m.DeliveryCount && time.Now().Before(deadline) && ctx.Err() == nil {
+					time.Sleep(5 * time.Millisecond)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		return inner.Perform(ctx, m, key)
+	})
+	return hd, nil
+}
+
+// reconcile runs reconciler ticks until no claim is left claimed or
+// released, redriving every claim a tick flags.
+func (h *harness) reconcile(ctx context.Context, rep *Report) {
+	rec := reconciler.New(h.db.Store, reconciler.Config{
+		StaleAfter:    h.cfg.StaleAfter,
+		Retention:     30 * 24 * time.Hour,
+		FlagBatchSize: 500,
+		QueryTimeout:  30 * time.Second,
+	}, h.log, nil)
+	redriveRouter, err := sideeffects.ParseRoutes(h.routes, func(string) string { return "" }, &http.Client{Transport: h.base}, h.log)
+	if err != nil {
+		rep.violate("redrive routes: %v", err)
+		return
+	}
+	deadline := time.Now().Add(h.cfg.StaleAfter*3 + 30*time.Second)
+	for {
+		res, err := rec.RunOnce(ctx)
+		if err != nil {
+			rep.violate("reconciler tick: %v", err)
+			return
+		}
+		rep.Ticks++
+		for _, c := range res.Flagged {
+			rep.Flagged++
+			rep.FlagReasons[flagReasonKind(c.FlagReason)]++
+			_, err := reconciler.Redrive(ctx, h.db.Store, &reconciler.RedriveParams{
+				ID: c.ID, By: "chaos", Router: redriveRouter,
+				Retry: sideeffects.RetryPolicy{MaxAttempts: 5, InitialInterval: 50 * time.Millisecond, MaxInterval: 500 * time.Millisecond, Budget: 10 * time.Second},
+			})
+			if err != nil {
+				rep.violate("redrive claim %d (%s): %v", c.ID, c.MessageID, err)
+				continue
+			}
+			rep.Redriven++
+		}
+		if res.Stats != nil && res.Stats.Claimed == 0 && res.Stats.Released == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			rep.violate("claims still unfinished after reconciling until %s", deadline.Format(time.TimeOnly))
+			return
+		}
+		select {
+		case <-ctx.Done():
+			rep.violate("reconcile: %v", ctx.Err())
+			return
+		case <-time.After(h.cfg.StaleAfter / 5):
+		}
+	}
+}
+
+// flagReasonKind drops the timestamp from a flag reason ("no heartbeat
+// since <time>").
+func flagReasonKind(reason string) string {
+	if i := strings.Index(reason, " since "); i >= 0 {
+		return reason[:i]
+	}
+	return reason
+}
+
+// verify checks exactly-once and fills the report.
+func (h *harness) verify(ctx context.Context, rep *Report) {
+	rep.Sent = len(h.sent)
+	rep.Distinct = len(h.ids)
+	rep.Poison = len(h.poison)
+	rep.Conflicts = len(h.conflicts)
+	rep.Replicas = h.cfg.Replicas
+	h.mu.Lock()
+	rep.Kills, rep.ReplicasStarted = h.kills, h.started
+	h.mu.Unlock()
+	rep.RoundTrips = h.trips.Load()
+	rep.OutageRefused = h.out.refused.Load()
+	rep.Planned, rep.Happened = h.book.snapshot()
+	rep.Outcomes = outcomeCounts(h.metrics)
+
+	// Downstream effects per key.
+	rep.EffectsPerKey = map[int]int{}
+	for _, id := range h.ids {
+		n := h.down.Effects(id)
+		rep.EffectsPerKey[n]++
+		if n != 1 {
+			rep.wrongKey("%s: %d effects (want 1)", id, n)
+		}
+	}
+	for _, id := range h.poison {
+		if n := h.down.Effects(id); n != 0 {
+			rep.wrongKey("%s (poison, no route): %d effects (want 0)", id, n)
+		}
+	}
+	h.mu.Lock()
+	for _, id := range h.ids {
+		if n := len(h.senders[id]); n > 1 {
+			rep.MultiSender++
+			rep.violate("%s: %d deliveries ran the effect (%s): the claim did not stop the second; only the downstream's idempotency hid it",
+				id, n, strings.Join(sortedKeys(h.senders[id]), ", "))
+		}
+	}
+	h.mu.Unlock()
+	rep.Effects = h.down.TotalEffects()
+	rep.Requests = h.down.TotalRequests()
+
+	// Queue.
+	st := h.queue.Stats()
+	rep.Queue = st
+	if st.Active+st.Locked != 0 {
+		rep.violate("%d messages still in the queue (%d active, %d locked)", st.Active+st.Locked, st.Active, st.Locked)
+	}
+	if st.Completed+st.DeadLettered != st.Sent {
+		rep.violate("sent %d but completed %d + dead-lettered %d", st.Sent, st.Completed, st.DeadLettered)
+	}
+	conflictDL := map[string]int{}
+	poisonDL := map[string]int{}
+	for _, m := range h.queue.DeadLetters() {
+		reason := ""
+		if m.DeadLetterReason != nil {
+			reason = *m.DeadLetterReason
+		}
+		switch {
+		case reason == processor.ReasonIdempotencyKeyConflict && slices.Contains(h.conflicts, m.MessageID):
+			conflictDL[m.MessageID]++
+		case reason == sideeffects.ReasonNoRoute && slices.Contains(h.poison, m.MessageID):
+			poisonDL[m.MessageID]++
+		default:
+			desc := ""
+			if m.DeadLetterErrorDescription != nil {
+				desc = *m.DeadLetterErrorDescription
+			}
+			rep.violate("unexpected dead letter %s (delivery %d): %s: %s", m.MessageID, m.DeliveryCount, reason, desc)
+		}
+	}
+	for _, id := range h.poison {
+		if poisonDL[id] != 1 {
+			rep.violate("poison %s: dead-lettered %d times as %s (want 1)", id, poisonDL[id], sideeffects.ReasonNoRoute)
+		}
+	}
+
+	// Claims.
+	rep.ClaimStates = map[claim.State]int{}
+	perKey := map[string]int{}
+	hashes := map[string][]byte{}
+	var after int64
+	for {
+		page, err := h.db.Store.List(ctx, &claim.ListParams{Consumer: Consumer, AfterID: after, Limit: 1000})
+		if err != nil {
+			rep.violate("list claims: %v", err)
+			break
+		}
+		for _, c := range page {
+			rep.ClaimStates[c.State]++
+			perKey[c.MessageID]++
+			hashes[c.MessageID] = c.PayloadHash
+			switch c.State {
+			case claim.StateClaimed, claim.StateReleased:
+				rep.violate("claim %d (%s) left %s", c.ID, c.MessageID, c.State)
+			case claim.StateFlagged:
+				rep.violate("claim %d (%s) flagged and not redriven: %s", c.ID, c.MessageID, c.FlagReason)
+			case claim.StateResolved:
+				if c.Resolution != claim.ResolutionRedriven {
+					rep.violate("claim %d (%s) resolved as %s", c.ID, c.MessageID, c.Resolution)
+				}
+			}
+			after = c.ID
+		}
+		if len(page) < 1000 {
+			break
+		}
+	}
+	for _, id := range h.ids {
+		if perKey[id] != 1 {
+			rep.violate("%s has %d claims (want 1)", id, perKey[id])
+		}
+	}
+	// A conflict key: whichever payload claimed first wins; every send of
+	// the other payload is dead-lettered.
+	for _, id := range h.conflicts {
+		want, winner := 1, "the original"
+		if bytes.Equal(hashes[id], claim.HashPayload(h.conflictB[id])) {
+			want, winner = h.copies[id], "the conflicting payload"
+		}
+		if conflictDL[id] != want {
+			rep.violate("conflict %s (%s won): dead-lettered %d times as %s (want %d)", id, winner, conflictDL[id], processor.ReasonIdempotencyKeyConflict, want)
+		}
+	}
+
+	for _, f := range h.cfg.Faults {
+		if rep.Happened[f] == 0 {
+			rep.violate("fault %s is on but never happened", f)
+		}
+	}
+}

@@ -1,0 +1,17 @@
+package chaos
+
+import (
+	"context"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/store"
+)
+
+// openStore migrates and opens the product's claim store for url, the way
+// the binaries do.
+func openStore(ctx context.Context, _ Dialect, url string) (claim.Store, error) {
+	if err := store.Migrate(ctx, url); err != nil {
+		return nil, err
+	}
+	return store.Open(ctx, url)
+}

@@ -1,0 +1,189 @@
+package chaos
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/membus"
+	"github.com/sbclaim/sbclaim/internal/processor"
+)
+
+// maxListed bounds how many violations and wrong keys a report keeps.
+const maxListed = 20
+
+// Report is what a chaos run found.
+type Report struct {
+	Config   Config
+	Database string // redacted
+	Dialect  Dialect
+
+	Sent, Distinct, Poison, Conflicts int
+	Replicas, ReplicasStarted, Kills  int
+
+	// EffectsPerKey maps an effect count to how many routed keys had it
+	// (all keys must be at 1).
+	EffectsPerKey     map[int]int
+	Effects, Requests int // downstream totals
+	Queue             membus.Stats
+	ClaimStates       map[claim.State]int
+	Outcomes          map[processor.Outcome]int // processor outcomes, all replicas
+
+	Planned, Happened map[Fault]int
+	OutageRefused     int64 // store calls refused during outages
+	RoundTrips        int64 // store calls by the replicas
+
+	Ticks, Flagged, Redriven int
+	FlagReasons              map[string]int
+
+	DrainTime, ReconcileTime, Duration time.Duration
+
+	// MultiSender counts keys whose effect was sent by more than one
+	// delivery (each such key is also a violation).
+	MultiSender int
+
+	Violations     []string
+	moreViolations int
+	WrongKeys      int
+}
+
+func (r *Report) violate(format string, args ...any) {
+	if len(r.Violations) >= maxListed {
+		r.moreViolations++
+		return
+	}
+	r.Violations = append(r.Violations, fmt.Sprintf(format, args...))
+}
+
+func (r *Report) wrongKey(format string, args ...any) {
+	r.WrongKeys++
+	r.violate(format, args...)
+}
+
+// Pass reports whether the run found no violation.
+func (r *Report) Pass() bool { return len(r.Violations) == 0 }
+
+// Verdict is the report's one-line verdict.
+func (r *Report) Verdict() string {
+	if r.Pass() {
+		return fmt.Sprintf("VERDICT: PASS %d messages, %d sends, %d replicas (%d killed and replaced): every routed message's effect happened exactly once, %d faults injected",
+			r.Distinct, r.Sent, r.Replicas, r.Kills, sum(r.Happened))
+	}
+	reasons := slices.Clone(r.Violations)
+	if r.moreViolations > 0 {
+		reasons = append(reasons, fmt.Sprintf("and %d more", r.moreViolations))
+	}
+	return "VERDICT: FAIL: " + strings.Join(reasons, "; ")
+}
+
+func sum[K comparable](m map[K]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+// Write prints the report; its last line is the verdict.
+func (r *Report) Write(w io.Writer) {
+	c := r.Config
+	faults := make([]string, len(c.Faults))
+	for i, f := range c.Faults {
+		faults[i] = string(f)
+	}
+	fmt.Fprintf(w, "chaos run: seed %d, %s, %d replicas x %d concurrent calls, lock %s, heartbeat %s, stale after %s\n",
+		c.Seed, r.Database, r.Replicas, c.MaxConcurrentCalls, c.LockDuration, c.HeartbeatInterval, c.StaleAfter)
+	fmt.Fprintf(w, "  (the seed fixes which messages are duplicated and faulted; goroutine scheduling still varies between runs)\n")
+	fmt.Fprintf(w, "faults on: %s\n", cmpOr(strings.Join(faults, ","), "none"))
+	fmt.Fprintf(w, "sent: %d sends = %d routed messages (%d sent 2-3 times) + %d conflicting payloads + %d unroutable (poison)\n",
+		r.Sent, r.Distinct, r.Sent-r.Distinct-r.Conflicts-r.Poison, r.Conflicts, r.Poison)
+	fmt.Fprintf(w, "time: drained in %s, reconciled in %s (%d ticks), total %s\n",
+		r.DrainTime.Round(time.Millisecond), r.ReconcileTime.Round(time.Millisecond), r.Ticks, r.Duration.Round(time.Millisecond))
+
+	fmt.Fprintf(w, "downstream effects per key:")
+	for _, n := range sortedKeys(r.EffectsPerKey) {
+		fmt.Fprintf(w, " %d effect(s): %d keys;", n, r.EffectsPerKey[n])
+	}
+	fmt.Fprintf(w, " total effects %d, raw requests %d; keys whose effect was sent by more than one delivery: %d\n", r.Effects, r.Requests, r.MultiSender)
+
+	q := r.Queue
+	fmt.Fprintf(w, "queue: sent %d, completed %d, dead-lettered %d %s, still in queue %d; deliveries %d (redeliveries %d), lock expiries %d, lock losses %d\n",
+		q.Sent, q.Completed, q.DeadLettered, fmtMap(q.DeadLetterReasons), q.Active+q.Locked, q.Deliveries, q.Redeliveries, q.LockExpiries, q.LockLosses)
+
+	fmt.Fprintf(w, "claims by final state:")
+	for _, s := range claim.States {
+		fmt.Fprintf(w, " %s %d;", s, r.ClaimStates[s])
+	}
+	fmt.Fprintf(w, " reconciler flagged %d %s, redriven %d\n", r.Flagged, fmtMap(r.FlagReasons), r.Redriven)
+
+	fmt.Fprintf(w, "processor outcomes (all replicas):")
+	for _, o := range outcomes {
+		if n := r.Outcomes[o]; n > 0 {
+			fmt.Fprintf(w, " %s %d;", o, n)
+		}
+	}
+	fmt.Fprintf(w, " store round trips %d (%.2f per send)\n", r.RoundTrips, float64(r.RoundTrips)/float64(max(r.Sent, 1)))
+
+	fmt.Fprintf(w, "faults (planned / happened):")
+	for _, f := range AllFaults {
+		if !slices.Contains(c.Faults, f) {
+			continue
+		}
+		if f.perMessage() {
+			fmt.Fprintf(w, " %s %d/%d;", f, r.Planned[f], r.Happened[f])
+		} else {
+			fmt.Fprintf(w, " %s %d windows of %s (%d store calls refused);", f, r.Happened[f], c.OutageDuration, r.OutageRefused)
+		}
+	}
+	fmt.Fprintf(w, " replicas killed %d, started %d\n", r.Kills, r.ReplicasStarted)
+	for _, v := range r.Violations {
+		fmt.Fprintf(w, "VIOLATION: %s\n", v)
+	}
+	fmt.Fprintln(w, r.Verdict())
+}
+
+var outcomes = []processor.Outcome{
+	processor.OutcomeProcessed, processor.OutcomeDuplicate, processor.OutcomeConflict,
+	processor.OutcomeReleased, processor.OutcomeDeadLettered, processor.OutcomeUnknown,
+	processor.OutcomeAbandoned, processor.OutcomeFlagged, processor.OutcomeCrashed,
+}
+
+func outcomeCounts(m *processor.Metrics) map[processor.Outcome]int {
+	out := map[processor.Outcome]int{}
+	for _, o := range outcomes {
+		out[o] = int(testutil.ToFloat64(m.Messages.WithLabelValues(string(o))))
+	}
+	return out
+}
+
+func sortedKeys[K int | string, V any](m map[K]V) []K {
+	keys := make([]K, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+func fmtMap(m map[string]int) string {
+	if len(m) == 0 {
+		return "()"
+	}
+	parts := make([]string, 0, len(m))
+	for _, k := range sortedKeys(m) {
+		parts = append(parts, fmt.Sprintf("%s=%d", cmpOr(k, "(none)"), m[k]))
+	}
+	return "(" + strings.Join(parts, ", ") + ")"
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
