@@ -316,7 +316,17 @@ func TestConfigWithinEmulatorLimits(t *testing.T) {
 	if subs := lim.subscriptions["orders"]; !subs["billing"] || !subs["notifications"] {
 		t.Errorf(`topic "orders" needs subscriptions billing and notifications, has %v`, subs)
 	}
+	// The gated Service Bus test of internal/processor (TestServiceBus)
+	// uses this queue by default; it must exist and no compose service may
+	// consume it (TestComposeEntitiesExist checks the second part).
+	if !lim.queues[integrationQueue] {
+		t.Errorf("queue %q (internal/processor's TestServiceBus) is missing", integrationQueue)
+	}
 }
+
+// integrationQueue is the default queue of internal/processor's gated
+// TestServiceBus (SBCLAIM_TEST_SERVICEBUS_QUEUE).
+const integrationQueue = "integration"
 
 // The limit checks must be able to fail: break a copy of the config in each
 // way the emulator would reject and expect an error naming it.
@@ -420,6 +430,9 @@ func TestComposeEntitiesExist(t *testing.T) {
 		q, tp, sub := env["SBCLAIM_QUEUE"], env["SBCLAIM_TOPIC"], env["SBCLAIM_SUBSCRIPTION"]
 		if q != "" && !lim.queues[q] {
 			t.Errorf("service %s: SBCLAIM_QUEUE=%q is not a queue in Config.json", name, q)
+		}
+		if q == integrationQueue {
+			t.Errorf("service %s uses queue %q, which the gated integration test drains and owns", name, q)
 		}
 		if tp != "" {
 			if _, ok := lim.subscriptions[tp]; !ok {

@@ -16,6 +16,10 @@
 //     emulator's minimum LockDuration for a subscription is PT1M, so they
 //     use that; MaxDeliveryCount 5 as for the queue. Rules is empty, which
 //     gives each subscription the default match-all rule.
+//   - queue "integration": the same settings as "payments", consumed by no
+//     compose service; internal/processor's gated TestServiceBus uses it
+//     (docker compose up -d sqlserver servicebus, then the README's test
+//     command with SBCLAIM_TEST_SERVICEBUS_CONNECTION_STRING set).
 //
 // Duplicate detection is off on purpose: the demo sends duplicates, and the
 // point is that the consumers, not the broker, absorb them (the broker's
