@@ -260,14 +260,16 @@ func (s *Server) perform(r *http.Request, key string, body []byte) (status int, 
 
 	s.mu.Lock()
 	if e, ok := s.entries[ek]; ok {
+		// Copy under the lock: the first request fills the entry in.
+		seen := *e
 		s.mu.Unlock()
 		switch {
-		case e.hash != hash:
+		case seen.hash != hash:
 			return http.StatusUnprocessableEntity, jsonError("Idempotency-Key was already used with another payload"), false
-		case e.running:
+		case seen.running:
 			return http.StatusConflict, jsonError("a request with this Idempotency-Key is in progress"), false
 		}
-		return e.status, e.body, true
+		return seen.status, seen.body, true
 	}
 	e := &entry{hash: hash, running: true}
 	s.entries[ek] = e
@@ -305,6 +307,7 @@ func (s *Server) perform(r *http.Request, key string, body []byte) (status int, 
 		"bytes":          len(body),
 	})
 	e.body = append(e.body, '\n')
+	status, respBody = e.status, e.body
 	s.mu.Unlock()
 
 	s.logger.LogAttrs(r.Context(), slog.LevelInfo, "effect performed",
@@ -313,7 +316,7 @@ func (s *Server) perform(r *http.Request, key string, body []byte) (status int, 
 		slog.String("method", r.Method),
 		slog.String("path", r.URL.Path),
 		slog.Int("bytes", len(body)))
-	return e.status, e.body, false
+	return status, respBody, false
 }
 
 func jsonError(msg string) []byte {
