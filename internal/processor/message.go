@@ -193,9 +193,7 @@ func (p *Processor) afterClaim(work context.Context, d *delivery, res claim.Clai
 	case claim.OutcomeWon:
 		return p.runClaimed(work, d, c)
 	case claim.OutcomeConflict:
-		p.deadLetter(d, ReasonIdempotencyKeyConflict, fmt.Sprintf(
-			"dedup key %q was already claimed (claim %d, consumer %q) with another payload: existing sha256 %x, this message's sha256 %x",
-			d.key, c.ID, p.opts.Consumer, c.PayloadHash, d.hash))
+		p.deadLetter(d, ReasonIdempotencyKeyConflict, conflictDescription(d, c, p.opts.Consumer))
 		return OutcomeConflict
 	case claim.OutcomeDuplicate:
 		if c.State != claim.StateReleased {
@@ -342,9 +340,28 @@ func (p *Processor) runTx(work context.Context, d *delivery) Outcome {
 		p.complete(d)
 		return OutcomeProcessed
 	}
-	// Duplicate or conflict: handled like the two-phase path (a released
-	// claim cannot occur on this path, but would be taken over correctly).
-	return p.afterClaim(work, d, res)
+	if res.Claim != nil {
+		d.claimID = res.Claim.ID
+		d.log = d.log.With("claim_id", res.Claim.ID)
+	}
+	if res.Outcome == claim.OutcomeConflict {
+		p.deadLetter(d, ReasonIdempotencyKeyConflict, conflictDescription(d, res.Claim, p.opts.Consumer))
+		return OutcomeConflict
+	}
+	// A duplicate: the one-phase effect committed with its marker. (A
+	// released claim can only come from a two-phase route that has since
+	// become transactional; it cannot be taken over here, and the
+	// reconciler flags it for an operator.)
+	if res.Claim != nil && res.Claim.State == claim.StateReleased {
+		d.log.Warn("duplicate of a released two-phase claim on a transactional route; left to the reconciler")
+	}
+	p.complete(d)
+	return OutcomeDuplicate
+}
+
+func conflictDescription(d *delivery, existing *claim.Claim, consumer string) string {
+	return fmt.Sprintf("dedup key %q was already claimed (claim %d, consumer %q) with another payload: existing sha256 %x, this message's sha256 %x",
+		d.key, existing.ID, consumer, existing.PayloadHash, d.hash)
 }
 
 func crashed(hook func(context.Context, *azservicebus.ReceivedMessage) error, ctx context.Context, d *delivery) bool {

@@ -613,3 +613,35 @@ func TestReleasedClaimRedeliveredToManyReplicas(t *testing.T) {
 }
 
 var _ = context.Background
+
+// TestTransactionalRouteMeetsReleasedClaim: a released two-phase claim
+// whose key arrives on a (since changed) transactional route is completed
+// as a duplicate and left released for the reconciler — never run twice,
+// never a crash.
+func TestTransactionalRouteMeetsReleasedClaim(t *testing.T) {
+	b := setup(t, "sqlite", membus.QueueOptions{})
+	db := b.store.(dbStore).DB()
+	b.router.tx = ledgerEffect(t, db, "sqlite")
+	ctx := context.Background()
+	res, err := b.store.ClaimBatch(ctx, &claim.ClaimBatchParams{Claims: []claim.ClaimParams{{
+		MessageID: "rel", Consumer: "billing", PayloadHash: claim.HashPayload([]byte("credit"))}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.store.Release(ctx, &claim.ReleaseParams{ID: res[0].Claim.ID, Owner: res[0].Claim.Owner, Error: "503"}); err != nil {
+		t.Fatal(err)
+	}
+	b.start(b.options())
+	b.send("rel", "tx", "credit", nil)
+	b.waitIdle()
+	if got := countCompleted(b.q, "rel"); got != 1 {
+		t.Errorf("completed %d, want 1", got)
+	}
+	if c := b.claimOf("rel"); c.State != claim.StateReleased {
+		t.Errorf("claim %s, want still released (for the reconciler)", c.State)
+	}
+	var n int
+	if err := db.QueryRow(`SELECT COUNT(*) FROM ledger`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("ledger rows %d (%v), want 0", n, err)
+	}
+}

@@ -83,7 +83,27 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 // later instead). When ctx ends during a wait, the returned error wraps both
 // the last error and the context's cause (errors.Is(err, context.Canceled)
 // holds, and Classify still sees the last attempt's outcome).
+//
+// Once an attempt's outcome was unknown, the effect may have happened: a
+// later attempt that fails as retryable or permanent cannot undo that, so Do
+// then returns an OutcomeUnknown error wrapping the last one. (Releasing the
+// claim would tell the next delivery the effect never ran.)
 func (p RetryPolicy) Do(ctx context.Context, fn func(ctx context.Context) error, onAttempt func(attempt int, err error)) error {
+	mayHaveHappened := false
+	err := p.do(ctx, func(ctx context.Context) error {
+		err := fn(ctx)
+		if Classify(err) == OutcomeUnknown {
+			mayHaveHappened = true
+		}
+		return err
+	}, onAttempt)
+	if err != nil && mayHaveHappened && Classify(err) != OutcomeUnknown {
+		return Unknown(fmt.Errorf("an earlier attempt may have performed the effect; last attempt: %w", err))
+	}
+	return err
+}
+
+func (p RetryPolicy) do(ctx context.Context, fn func(ctx context.Context) error, onAttempt func(attempt int, err error)) error {
 	p = p.withDefaults()
 	b := &backoff.ExponentialBackOff{
 		InitialInterval:     p.InitialInterval,

@@ -29,12 +29,12 @@ func TestRetryPolicyStopsOnOKAndPermanent(t *testing.T) {
 	err = p.Do(context.Background(), func(context.Context) error {
 		calls++
 		if calls == 1 {
-			return Unknown(errors.New("timeout"))
+			return Retryable(errors.New("busy"))
 		}
 		return Permanent(errors.New("rejected"))
 	}, func(n int, err error) { seen = append(seen, n) })
 	if Classify(err) != OutcomePermanent || calls != 2 {
-		t.Errorf("unknown then permanent: err=%v calls=%d, want permanent after 2", err, calls)
+		t.Errorf("retryable then permanent: err=%v calls=%d, want permanent after 2", err, calls)
 	}
 	if len(seen) != 2 || seen[0] != 1 || seen[1] != 2 {
 		t.Errorf("onAttempt saw %v, want [1 2]", seen)
@@ -160,5 +160,41 @@ func TestRetryPolicyValidate(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "RetryPolicy.") {
 			t.Errorf("%+v: Validate() = %v, want an error naming the field", p, err)
 		}
+	}
+}
+
+// TestRetryUnknownThenNotPerformedStaysUnknown: once an attempt may have
+// performed the effect, a later "not performed" answer cannot make the
+// whole effect "not performed".
+func TestRetryUnknownThenNotPerformedStaysUnknown(t *testing.T) {
+	for _, last := range []func(error) error{Retryable, Permanent} {
+		calls := 0
+		err := RetryPolicy{MaxAttempts: 2, InitialInterval: time.Millisecond, Budget: time.Second}.Do(context.Background(),
+			func(context.Context) error {
+				calls++
+				if calls == 1 {
+					return Unknown(errors.New("timeout after the request was written"))
+				}
+				return last(errors.New("503 / 400"))
+			}, nil)
+		if calls != 2 {
+			t.Fatalf("calls = %d, want 2", calls)
+		}
+		if got := Classify(err); got != OutcomeUnknown {
+			t.Errorf("unknown then %v: outcome %v, want unknown", Classify(last(nil)), got)
+		}
+	}
+	// An OK after an unknown is OK: the key made the retry safe.
+	calls := 0
+	err := RetryPolicy{MaxAttempts: 3, InitialInterval: time.Millisecond, Budget: time.Second}.Do(context.Background(),
+		func(context.Context) error {
+			calls++
+			if calls == 1 {
+				return Unknown(errors.New("500"))
+			}
+			return nil
+		}, nil)
+	if err != nil {
+		t.Errorf("unknown then ok: %v, want nil", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"github.com/sbclaim/sbclaim/internal/claim/sqlstore"
 	"net/url"
 	"os"
 	"strconv"
@@ -49,6 +50,7 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 		return nil, err
 	}
 	db := sql.OpenDB(connector)
+	sqlstore.LimitPool(db)
 	db.SetConnMaxIdleTime(connMaxIdleTime)
 	s := New(db)
 	if err := s.Ping(ctx); err != nil {

@@ -64,6 +64,7 @@ func Open(ctx context.Context, url string) (*Store, error) {
 		// pgx's parse errors can quote the URL, password included.
 		return nil, errors.New("postgres: invalid connection URL")
 	}
+	sqlstore.LimitPool(db)
 	s := New(db)
 	if err := s.Ping(ctx); err != nil {
 		db.Close()

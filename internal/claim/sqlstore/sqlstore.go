@@ -6,6 +6,7 @@ package sqlstore
 
 import (
 	"bytes"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -203,4 +204,20 @@ func ErrClosedDB(err error) bool {
 		}
 	}
 	return false
+}
+
+// MaxOpenConns bounds the connection pool of a server store (PostgreSQL,
+// SQL Server). A replica needs about one connection per in-flight message
+// (claim, heartbeat, mark processed run one after another per message), so
+// this covers the default SBCLAIM_MAX_CONCURRENT_CALLS with room to spare,
+// while fifty replicas scaled out by KEDA still fit a server's connection
+// limit. Calls beyond it wait for a free connection.
+const MaxOpenConns = 32
+
+// LimitPool applies MaxOpenConns to db and recycles idle connections, so a
+// replica that scaled down gives its connections back to the server.
+func LimitPool(db *sql.DB) {
+	db.SetMaxOpenConns(MaxOpenConns)
+	db.SetMaxIdleConns(MaxOpenConns / 2)
+	db.SetConnMaxIdleTime(5 * time.Minute)
 }
