@@ -2,13 +2,10 @@ package sideeffects_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"sync"
 	"testing"
 
@@ -16,9 +13,8 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
-	"github.com/sbclaim/sbclaim/internal/claim/postgres"
-	"github.com/sbclaim/sbclaim/internal/claim/sqlite"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/testdb"
 )
 
 // txStore is a claims store plus the database it lives in (the ledger
@@ -39,67 +35,19 @@ func TestTxEffectSQLite(t *testing.T) {
 	t.Parallel()
 	testTxEffect(t, txDialect{
 		name: "sqlite",
-		open: func(t *testing.T) txStore {
-			ctx := context.Background()
-			s, err := sqlite.Open(ctx, "sqlite:"+t.TempDir()+"/claims.db")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
-			if err := sqlite.Migrate(ctx, s.DB()); err != nil {
-				t.Fatal(err)
-			}
-			return s
-		},
-		ph: func(int) string { return "?" },
+		open: func(t *testing.T) txStore { return testdb.SQLite(t) },
+		ph:   func(int) string { return "?" },
 	})
 }
 
 func TestTxEffectPostgres(t *testing.T) {
 	t.Parallel()
-	base := claimtest.PostgresURL(t)
+	claimtest.PostgresURL(t) // skip (naming the variable) before any subtest
 	testTxEffect(t, txDialect{
 		name: "postgres",
-		open: func(t *testing.T) txStore {
-			// A fresh schema per test, so parallel packages never collide.
-			ctx := context.Background()
-			admin, err := sql.Open("pgx", base)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { admin.Close() })
-			schema := "sbclaim_fx_" + randomHex(t)
-			if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP SCHEMA "+schema+" CASCADE") })
-			u, err := url.Parse(base)
-			if err != nil {
-				t.Fatalf("%s does not parse", claimtest.PostgresURLEnv)
-			}
-			q := u.Query()
-			q.Set("search_path", schema)
-			u.RawQuery = q.Encode()
-			s, err := postgres.Open(ctx, u.String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
-			if err := postgres.Migrate(ctx, s.DB()); err != nil {
-				t.Fatal(err)
-			}
-			return s
-		},
-		ph: func(n int) string { return fmt.Sprintf("$%d", n) },
+		open: func(t *testing.T) txStore { return testdb.Postgres(t) },
+		ph:   func(n int) string { return fmt.Sprintf("$%d", n) },
 	})
-}
-
-func randomHex(t *testing.T) string {
-	b := make([]byte, 6)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b)
 }
 
 // ledgerEffect is the transactional effect under test: it books every line

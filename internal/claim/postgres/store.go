@@ -523,14 +523,16 @@ func (s *Store) Stats(ctx context.Context) (*claim.Stats, error) {
 const lockNamespace = 0x5bc1
 
 // TryLock takes a session advisory lock on a dedicated connection, held
-// until unlock.
+// until unlock. The lock is scoped to the current schema, so deployments
+// that keep their claims in different schemas of one database do not
+// block each other's reconcilers.
 func (s *Store) TryLock(ctx context.Context, name string) (func(context.Context) error, bool, error) {
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return nil, false, fmt.Errorf("try lock %q: %w", name, translate(err))
 	}
 	var ok bool
-	if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1, hashtext($2))", lockNamespace, name).Scan(&ok); err != nil {
+	if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1, hashtext(current_schema() || '.' || $2))", lockNamespace, name).Scan(&ok); err != nil {
 		discard(conn)
 		return nil, false, fmt.Errorf("try lock %q: %w", name, translate(err))
 	}
@@ -545,7 +547,7 @@ func (s *Store) TryLock(ctx context.Context, name string) (func(context.Context)
 	unlock := func(ctx context.Context) error {
 		once.Do(func() {
 			var released bool
-			err := conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1, hashtext($2))", lockNamespace, name).Scan(&released)
+			err := conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1, hashtext(current_schema() || '.' || $2))", lockNamespace, name).Scan(&released)
 			if err != nil || !released {
 				// Never return a connection that may still hold the lock
 				// to the pool: closing the session releases it.
