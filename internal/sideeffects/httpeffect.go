@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptrace"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -98,9 +100,10 @@ type header struct {
 // a retry that re-runs an already performed step 1 sends the same key and
 // the downstream replays its answer instead of acting twice.
 //
-// When a step fails permanently after an earlier step was performed, the
-// effect is partial: that is reported as OutcomeUnknown (the claim is kept
-// for an operator) rather than Permanent (which would release it).
+// When a step fails after an earlier step was performed, the effect is
+// partial: that is reported as OutcomeUnknown (the claim is kept, retried
+// with the same keys, and flagged for an operator) rather than retryable or
+// permanent (which would release it).
 func (r *httpRoute) Perform(ctx context.Context, msg *azservicebus.ReceivedMessage, key string) error {
 	for i, st := range r.steps {
 		stepKey := key
@@ -115,7 +118,9 @@ func (r *httpRoute) Perform(ctx context.Context, msg *azservicebus.ReceivedMessa
 		if st.name != "" {
 			label += " step " + st.name
 		}
-		if i > 0 && Classify(err) == OutcomePermanent {
+		if i > 0 && Classify(err) != OutcomeUnknown {
+			// Whatever this step's answer, an earlier step happened:
+			// releasing the claim would say the effect never did.
 			return Unknown(fmt.Errorf("%s: partial effect, earlier steps were performed: %w", label, err))
 		}
 		return fmt.Errorf("%s: %w", label, err)
@@ -166,6 +171,12 @@ func (r *httpRoute) send(ctx context.Context, msg *azservicebus.ReceivedMessage,
 	var result error
 	status := 0
 	if err != nil {
+		// net/http quotes the whole URL, query included (an API key in
+		// ?code= would end up in logs, the claim and the DLQ).
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			ue.URL = logURL(st.url)
+		}
 		p := sendProgress{gotConn: progress.gotConn.Load(), wroteRequest: progress.wrote.Load()}
 		msg := err.Error()
 		if p.wroteRequest && isTimeout(err) {
@@ -189,7 +200,7 @@ func (r *httpRoute) send(ctx context.Context, msg *azservicebus.ReceivedMessage,
 		slog.String("message_id", msg.MessageID),
 		slog.String("idempotency_key", key),
 		slog.String("method", st.method),
-		slog.String("url", st.url),
+		slog.String("url", logURL(st.url)),
 		slog.Int("status", status),
 		slog.String("outcome", Classify(result).String()),
 		slog.Duration("duration", time.Since(start)),
@@ -234,3 +245,20 @@ func redacted(msg string, err error) error { return &redactedError{msg: msg, err
 
 func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
+
+// logURL is a route URL fit for logs and errors: query values are
+// replaced, since some APIs take their key there (Azure Functions' ?code=).
+func logURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "[unparseable URL]"
+	}
+	if u.RawQuery != "" {
+		q := u.Query()
+		for k := range q {
+			q[k] = []string{"REDACTED"}
+		}
+		u.RawQuery = q.Encode()
+	}
+	return u.Redacted()
+}

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+
 	"github.com/sbclaim/sbclaim/internal/sideeffects/fakedownstream"
 )
 
@@ -331,8 +333,10 @@ routes:
 	if err != nil {
 		t.Fatalf("Do: %v", err)
 	}
-	if Classify(first) != OutcomeRetryable || !strings.Contains(first.Error(), "step charge") {
-		t.Errorf("step 2 failure: %v (outcome %v), want retryable naming the step", first, Classify(first))
+	// Step 1 was performed, so even a "not performed" answer of step 2
+	// makes the attempt's outcome unknown (never a release).
+	if Classify(first) != OutcomeUnknown || !strings.Contains(first.Error(), "step charge") {
+		t.Errorf("step 2 failure: %v (outcome %v), want unknown naming the step", first, Classify(first))
 	}
 	if got := b.fake.Keys(); fmt.Sprint(got) != "[m7:charge m7:reserve]" {
 		t.Errorf("keys = %v", got)
@@ -411,5 +415,68 @@ func BenchmarkHTTPEffectPerform(b *testing.B) {
 	}
 	if fake.TotalEffects() != i {
 		b.Fatalf("effects = %d, want %d", fake.TotalEffects(), i)
+	}
+}
+
+// TestLaterStepFailureIsUnknown: once step 1 was performed, any failure of
+// step 2 — even a "not performed" one — leaves the whole effect unknown, so
+// the claim is kept rather than released.
+func TestLaterStepFailureIsUnknown(t *testing.T) {
+	for _, status := range []int{http.StatusServiceUnavailable, http.StatusBadRequest} {
+		charge := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) }))
+		notify := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(status) }))
+		router, err := ParseRoutes([]byte(fmt.Sprintf(`
+routes:
+  - name: pay
+    match: {subject: pay}
+    steps:
+      - {name: charge, url: %q}
+      - {name: notify, url: %q}
+`, charge.URL, notify.URL)), func(string) string { return "" }, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		subject := "pay"
+		msg := &azservicebus.ReceivedMessage{MessageID: "m", Subject: &subject, Body: []byte("{}")}
+		h, err := router.Route(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = h.Effect.Perform(context.Background(), msg, "m")
+		if got := Classify(err); got != OutcomeUnknown {
+			t.Errorf("step 2 answered %d after step 1 was performed: outcome %v, want unknown", status, got)
+		}
+		charge.Close()
+		notify.Close()
+	}
+}
+
+// TestURLQuerySecretsNeverLeak: an API key in a route URL's query string
+// (Azure Functions' ?code=) never appears in an error.
+func TestURLQuerySecretsNeverLeak(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	addr := srv.URL
+	srv.Close() // a dial error: net/http quotes the URL
+	router, err := ParseRoutes([]byte(fmt.Sprintf(`
+routes:
+  - name: fn
+    match: {subject: fn}
+    url: "%s/api/charge?code=SUPERSECRETKEY"
+`, addr)), func(string) string { return "" }, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject := "fn"
+	msg := &azservicebus.ReceivedMessage{MessageID: "m", Subject: &subject}
+	h, _ := router.Route(msg)
+	err = h.Effect.Perform(context.Background(), msg, "m")
+	if err == nil {
+		t.Fatal("no error from a closed port")
+	}
+	if strings.Contains(err.Error(), "SUPERSECRETKEY") {
+		t.Errorf("error leaks the URL's key: %v", err)
+	}
+	if !strings.Contains(err.Error(), "/api/charge") {
+		t.Errorf("error no longer says which URL failed: %v", err)
 	}
 }

@@ -437,18 +437,18 @@ func checkURL(raw string) error {
 	lower := strings.ToLower(raw)
 	for _, bad := range []string{"{", "}", "$", "%7b", "%7d", "%24", "<", ">", "%3c", "%3e"} {
 		if strings.Contains(lower, bad) {
-			return fmt.Errorf("URL %q contains template syntax %q: a route URL is fixed text and never takes a value from the message", raw, bad)
+			return fmt.Errorf("URL %q contains template syntax %q: a route URL is fixed text and never takes a value from the message", logURL(raw), bad)
 		}
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
-		return fmt.Errorf("URL %q does not parse: %v", raw, err)
+		return errors.New("URL does not parse")
 	}
 	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
-		return fmt.Errorf("URL %q must be an absolute http:// or https:// URL", raw)
+		return fmt.Errorf("URL %q must be an absolute http:// or https:// URL", logURL(raw))
 	}
 	if u.User != nil {
-		return fmt.Errorf("URL %q must not carry credentials: put them in a header with fromEnv", u.Redacted())
+		return fmt.Errorf("URL %q must not carry credentials: put them in a header with fromEnv", logURL(raw))
 	}
 	return nil
 }
