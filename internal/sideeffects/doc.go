@@ -37,7 +37,7 @@
 // with its own classification. If step 2 fails and the effect is retried,
 // step 1 is sent again with the same key (key:step1) and the downstream
 // replays its first answer instead of acting twice. A step that fails
-// permanently after an earlier step was performed makes the effect partial,
+// (in any way) after an earlier step was performed makes the effect partial,
 // reported as unknown so that the claim is kept for an operator.
 //
 // Application properties traceparent, tracestate and Diagnostic-Id are
