@@ -226,10 +226,12 @@ func parseConfig(v map[string]*setting) (*Config, error) {
 		bad("SBCLAIM_ROUTES", errors.New("required: the side-effect routes file"))
 	}
 
-	c.MaxConcurrentCalls = integer("SBCLAIM_MAX_CONCURRENT_CALLS", 1, 1000)
+	// Above 256, the store's connection pool (sqlstore.MaxOpenConns) would
+	// make claims and heartbeats queue for connections.
+	c.MaxConcurrentCalls = integer("SBCLAIM_MAX_CONCURRENT_CALLS", 1, 256)
 	c.MaxLockRenewal = dur("SBCLAIM_MAX_LOCK_RENEWAL", 0)
 	c.HeartbeatInterval = dur("SBCLAIM_HEARTBEAT_INTERVAL", time.Second)
-	c.ShutdownTimeout = dur("SBCLAIM_SHUTDOWN_TIMEOUT", 0)
+	c.ShutdownTimeout = dur("SBCLAIM_SHUTDOWN_TIMEOUT", time.Second)
 	c.MaxPayloadBytes = integer("SBCLAIM_MAX_PAYLOAD_BYTES", 1, 100<<20)
 	c.EffectMaxAttempts = integer("SBCLAIM_EFFECT_MAX_ATTEMPTS", 1, 100)
 	c.EffectBudget = dur("SBCLAIM_EFFECT_RETRY_BUDGET", time.Millisecond)

@@ -96,6 +96,8 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"lock renewal", func(e map[string]string) { e["SBCLAIM_MAX_LOCK_RENEWAL"] = "5 minutes" }, "SBCLAIM_MAX_LOCK_RENEWAL", "5 minutes"},
 		{"heartbeat too short", func(e map[string]string) { e["SBCLAIM_HEARTBEAT_INTERVAL"] = "10ms" }, "SBCLAIM_HEARTBEAT_INTERVAL", "10ms"},
 		{"shutdown timeout", func(e map[string]string) { e["SBCLAIM_SHUTDOWN_TIMEOUT"] = "-1s" }, "SBCLAIM_SHUTDOWN_TIMEOUT", "-1s"},
+		{"shutdown timeout zero", func(e map[string]string) { e["SBCLAIM_SHUTDOWN_TIMEOUT"] = "0" }, "SBCLAIM_SHUTDOWN_TIMEOUT", "0"},
+		{"concurrency beyond the pool", func(e map[string]string) { e["SBCLAIM_MAX_CONCURRENT_CALLS"] = "1000" }, "SBCLAIM_MAX_CONCURRENT_CALLS", "1000"},
 		{"dedup key", func(e map[string]string) { e["SBCLAIM_DEDUP_KEY"] = "correlation-id" }, "SBCLAIM_DEDUP_KEY", "correlation-id"},
 		{"dedup property empty", func(e map[string]string) { e["SBCLAIM_DEDUP_KEY"] = "property:" }, "SBCLAIM_DEDUP_KEY", ""},
 		{"store payload", func(e map[string]string) { e["SBCLAIM_STORE_PAYLOAD"] = "maybe" }, "SBCLAIM_STORE_PAYLOAD", "maybe"},

@@ -3,6 +3,7 @@ package processor
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
@@ -21,8 +22,10 @@ var ErrNoKey = errors.New("message has no dedup key")
 //	message-id       the Service Bus MessageId (default)
 //	property:<name>  an application property (string, or a number/bool/UUID
 //	                 rendered as text)
-//	cloudevents      ce_source + "/" + ce_id (CloudEvents binary mode over
-//	                 AMQP: ids are unique per source, so both are needed)
+//	cloudevents      ce_source (path-escaped) + "/" + ce_id (CloudEvents
+//	                 binary mode over AMQP: ids are unique per source, so
+//	                 both are needed; escaping the source keeps source "a/b"
+//	                 with id "c" apart from source "a" with id "b/c")
 //
 // Never CorrelationId, the delivery count, the lock token, the sequence
 // number or a receive time: they are not stable across redeliveries or are
@@ -61,7 +64,7 @@ func cloudEventsKey(msg *azservicebus.ReceivedMessage) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return src + "/" + id, nil
+	return url.PathEscape(src) + "/" + id, nil
 }
 
 func propertyKey(msg *azservicebus.ReceivedMessage, name string) (string, error) {

@@ -20,7 +20,7 @@ func TestParseKeySpec(t *testing.T) {
 		"message-id":        "mid-1",
 		"property:order_id": "o-7",
 		"property:n":        "42",
-		"cloudevents":       "/shop/e-1",
+		"cloudevents":       "%2Fshop/e-1",
 	} {
 		f, err := ParseKeySpec(spec)
 		if err != nil {
@@ -35,6 +35,12 @@ func TestParseKeySpec(t *testing.T) {
 		if _, err := f(msg); !errors.Is(err, ErrNoKey) {
 			t.Errorf("%q: err %v, want ErrNoKey", spec, err)
 		}
+	}
+	ce, _ := ParseKeySpec("cloudevents")
+	k1, _ := ce(&azservicebus.ReceivedMessage{ApplicationProperties: map[string]any{"ce_source": "a/b", "ce_id": "c"}})
+	k2, _ := ce(&azservicebus.ReceivedMessage{ApplicationProperties: map[string]any{"ce_source": "a", "ce_id": "b/c"}})
+	if k1 == k2 {
+		t.Errorf("cloudevents keys collide: %q", k1)
 	}
 	if _, err := messageIDKey(&azservicebus.ReceivedMessage{}); !errors.Is(err, ErrNoKey) {
 		t.Errorf("empty MessageId accepted")

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
+	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
 
@@ -96,24 +98,52 @@ func (p *Processor) handleBatch(ctx, work context.Context, lr *liveReceiver, msg
 	if err == nil && len(results) != len(batch) {
 		err = fmt.Errorf("store returned %d results for %d claims", len(results), len(batch))
 	}
-	if errors.Is(err, claim.ErrUnavailable) {
-		p.storeDown.Store(true)
-	}
-	if err != nil {
-		// Store unavailable (or broken): nothing was claimed by this call
-		// that we know of; hand every message back for redelivery.
+	switch {
+	case err == nil:
+		for i, d := range batch {
+			res := results[i]
+			go func() { finish(d, p.afterClaim(work, d, res)) }()
+		}
+	case errors.Is(err, claim.ErrUnavailable) || len(batch) == 1:
+		if errors.Is(err, claim.ErrUnavailable) {
+			p.storeDown.Store(true)
+		}
+		// Nothing was claimed by this call that we know of; hand every
+		// message back for redelivery.
 		for _, d := range batch {
 			go func() {
 				p.abandon(d)
 				finish(d, OutcomeAbandoned, "reason", "claim failed", "error", err)
 			}()
 		}
-		return
+	default:
+		// The store answered but refused the batch (one bad row fails a
+		// whole statement): claim one by one, so only the message that
+		// cannot be claimed goes back to the broker.
+		p.log.Warn("batch claim failed; claiming one by one", "error", err, "messages", len(batch))
+		for _, d := range batch {
+			go func() { finish(d, p.claimOne(work, d)) }()
+		}
 	}
-	for i, d := range batch {
-		res := results[i]
-		go func() { finish(d, p.afterClaim(work, d, res)) }()
+}
+
+// claimOne claims a single message (the fallback of a refused batch).
+func (p *Processor) claimOne(work context.Context, d *delivery) Outcome {
+	sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
+	results, err := p.opts.Store.ClaimBatch(sctx, &claim.ClaimBatchParams{Host: p.opts.Host, Claims: []claim.ClaimParams{p.claimParams(d)}})
+	cancel()
+	if err == nil && len(results) != 1 {
+		err = fmt.Errorf("store returned %d results for 1 claim", len(results))
 	}
+	if err != nil {
+		if errors.Is(err, claim.ErrUnavailable) {
+			p.storeDown.Store(true)
+		}
+		d.log.Warn("claim failed", "error", err)
+		p.abandon(d)
+		return OutcomeAbandoned
+	}
+	return p.afterClaim(work, d, results[0])
 }
 
 // validate resolves the dedup key and the handler. A non-empty reason means
@@ -125,6 +155,16 @@ func (p *Processor) validate(d *delivery) (reason, description string) {
 	}
 	if !utf8.ValidString(key) {
 		return ReasonInvalidDedupKey, "the dedup key is not valid UTF-8"
+	}
+	if strings.IndexFunc(key, unicode.IsControl) >= 0 {
+		// It is sent as the Idempotency-Key header, and PostgreSQL refuses
+		// NUL in text.
+		return ReasonInvalidDedupKey, "the dedup key contains control characters"
+	}
+	if strings.TrimSpace(key) != key {
+		// SQL Server compares strings ignoring trailing spaces: "k" and
+		// "k " would be one key there and two elsewhere.
+		return ReasonInvalidDedupKey, "the dedup key has leading or trailing white space"
 	}
 	if n := len(utf16.Encode([]rune(key))); n > claim.MaxMessageIDLength {
 		return ReasonDedupKeyTooLong, fmt.Sprintf("the dedup key is %d characters long; at most %d are allowed", n, claim.MaxMessageIDLength)
@@ -162,10 +202,10 @@ func (p *Processor) claimParams(d *delivery) claim.ClaimParams {
 		DeliveryCount: int(d.msg.DeliveryCount),
 	}
 	if d.msg.Subject != nil {
-		cp.Subject = *d.msg.Subject
+		cp.Subject = storable(*d.msg.Subject)
 	}
 	if d.msg.ContentType != nil {
-		cp.ContentType = *d.msg.ContentType
+		cp.ContentType = storable(*d.msg.ContentType)
 	}
 	if p.opts.StorePayload {
 		cp.Payload = d.msg.Body
@@ -175,11 +215,21 @@ func (p *Processor) claimParams(d *delivery) claim.ClaimParams {
 		if len(d.msg.ApplicationProperties) > 0 {
 			cp.Properties = make(map[string]string, len(d.msg.ApplicationProperties))
 			for k, v := range d.msg.ApplicationProperties {
-				cp.Properties[k] = fmt.Sprint(v)
+				cp.Properties[storable(k)] = storable(fmt.Sprint(v))
 			}
 		}
 	}
 	return cp
+}
+
+// storable makes producer-controlled text storable in every database:
+// PostgreSQL refuses NUL in text and JSON, so one such property would fail
+// the whole batch. These copies only serve redrive routing and operators.
+func storable(s string) string {
+	if !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
+		return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+	}
+	return s
 }
 
 // afterClaim follows the claim's outcome (DESIGN.md §2).
@@ -240,8 +290,17 @@ func (p *Processor) runClaimed(work context.Context, d *delivery, c *claim.Claim
 		return OutcomeCrashed
 	}
 
+	// With lock renewal on, the message is ours for MaxLockRenewal at most:
+	// an effect still running then is cut off (its outcome is unknown and
+	// the claim goes to the reconciler) instead of heartbeating forever.
+	effectCtx := work
+	if p.opts.MaxLockRenewal > 0 {
+		var cancel context.CancelFunc
+		effectCtx, cancel = context.WithDeadline(work, d.received.Add(p.opts.MaxLockRenewal))
+		defer cancel()
+	}
 	start := time.Now()
-	err := p.opts.Retry.Do(work, func(ctx context.Context) error {
+	err := p.opts.Retry.Do(effectCtx, func(ctx context.Context) error {
 		return d.handler.Effect.Perform(ctx, d.msg, d.key)
 	}, func(attempt int, err error) {
 		d.log.Warn("effect attempt failed", "attempt", attempt, "error", err)
@@ -264,7 +323,7 @@ func (p *Processor) runClaimed(work context.Context, d *delivery, c *claim.Claim
 			// heartbeat got through). The flagged row is the trace: an
 			// operator resolves it, a redrive is deduplicated downstream.
 			stopKeepAlive()
-			d.log.Warn("effect done but the claim was flagged meanwhile; leaving it to operators")
+			p.reportLateEffect(work, d, c)
 			p.complete(d)
 			return OutcomeFlagged
 		case err != nil:
@@ -381,8 +440,9 @@ func (p *Processor) markProcessed(work context.Context, d *delivery, c *claim.Cl
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval = 100 * time.Millisecond
 	b.MaxInterval = 2 * time.Second
-	_, err := backoff.Retry(work, func() (struct{}, error) {
-		ctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
+	detached := context.WithoutCancel(work) // the effect happened: record it even when shutting down
+	_, err := backoff.Retry(detached, func() (struct{}, error) {
+		ctx, cancel := context.WithTimeout(detached, p.opts.StoreTimeout)
 		defer cancel()
 		err := p.opts.Store.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: c.ID, Owner: c.Owner})
 		if err != nil && !errors.Is(err, claim.ErrUnavailable) {
@@ -399,9 +459,30 @@ func (p *Processor) release(work context.Context, d *delivery, c *claim.Claim, c
 	})
 }
 
-// storeCall runs a best-effort store write and logs its failure.
+// reportLateEffect tells operators about an effect that completed after
+// its claim was flagged — loudly if one of them has already resolved it
+// as if it had not happened.
+func (p *Processor) reportLateEffect(work context.Context, d *delivery, c *claim.Claim) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(work), p.opts.StoreTimeout)
+	defer cancel()
+	now, err := p.opts.Store.Get(ctx, c.ID)
+	switch {
+	case err != nil:
+		d.log.Warn("effect done but the claim was flagged meanwhile; leaving it to operators", "error", err)
+	case now.State == claim.StateResolved && now.Resolution != claim.ResolutionRedriven:
+		d.log.Error("effect done AFTER an operator resolved its claim: the resolution is wrong, the effect happened",
+			"resolution", string(now.Resolution), "resolved_by", now.ResolvedBy)
+	default:
+		d.log.Warn("effect done but the claim was flagged meanwhile; leaving it to operators (resolve it as done)",
+			"state", string(now.State))
+	}
+}
+
+// storeCall runs a best-effort store write and logs its failure. Like
+// settlement, it runs on its own short context: recording an outcome that
+// is already known must not fail because the shutdown timeout ran out.
 func (p *Processor) storeCall(work context.Context, d *delivery, what string, fn func(ctx context.Context) error) {
-	ctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(work), p.opts.StoreTimeout)
 	defer cancel()
 	if err := fn(ctx); err != nil {
 		d.log.Warn(what+" failed", "error", err)
@@ -412,7 +493,6 @@ func (p *Processor) storeCall(work context.Context, d *delivery, what string, fn
 // ticker until the returned stop is called (idempotent; it waits for the
 // ticker goroutine, so nothing is renewed after settlement).
 func (p *Processor) keepAlive(work context.Context, d *delivery, c *claim.Claim) (stop func()) {
-	ctx, cancel := context.WithCancel(work)
 	interval := p.opts.HeartbeatInterval
 	renew := p.opts.MaxLockRenewal > 0 && d.msg.LockedUntil != nil
 	if renew {
@@ -421,6 +501,13 @@ func (p *Processor) keepAlive(work context.Context, d *delivery, c *claim.Claim)
 		}
 	}
 	renewUntil := d.received.Add(p.opts.MaxLockRenewal)
+	ctx, cancel := context.WithCancel(work)
+	if p.opts.MaxLockRenewal > 0 {
+		// Heartbeats end with the effect's deadline too: an effect that
+		// ignores its context must not keep its claim fresh forever.
+		cancel()
+		ctx, cancel = context.WithDeadline(work, renewUntil.Add(p.opts.HeartbeatInterval))
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

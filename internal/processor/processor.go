@@ -50,7 +50,8 @@ type Options struct {
 	// MaxPayloadBytes rejects (dead-letters) larger bodies. Default 256 KiB.
 	MaxPayloadBytes int
 	// SettleTimeout bounds each settlement call, on its own context.
-	// Default 10s.
+	// Default 5s (ShutdownTimeout + SettleTimeout should fit the platform's
+	// grace period: 25s + 5s for Container Apps' 30s).
 	SettleTimeout time.Duration
 	// StoreTimeout bounds each claim-store call. Default 10s.
 	StoreTimeout time.Duration
@@ -106,13 +107,27 @@ func New(opts Options) (*Processor, error) {
 	case opts.Consumer == "":
 		return nil, errors.New("processor: Consumer is required")
 	}
+	for name, d := range map[string]time.Duration{
+		"MaxLockRenewal": opts.MaxLockRenewal, "HeartbeatInterval": opts.HeartbeatInterval,
+		"SettleTimeout": opts.SettleTimeout, "StoreTimeout": opts.StoreTimeout, "ShutdownTimeout": opts.ShutdownTimeout,
+	} {
+		if d < 0 {
+			return nil, fmt.Errorf("processor: %s cannot be negative (got %s)", name, d)
+		}
+	}
+	if opts.MaxConcurrentCalls < 0 || opts.MaxPayloadBytes < 0 {
+		return nil, fmt.Errorf("processor: MaxConcurrentCalls and MaxPayloadBytes cannot be negative (got %d, %d)", opts.MaxConcurrentCalls, opts.MaxPayloadBytes)
+	}
+	if err := opts.Retry.Validate(); err != nil {
+		return nil, fmt.Errorf("processor: %w", err)
+	}
 	if opts.Key == nil {
 		opts.Key = messageIDKey
 	}
 	opts.MaxConcurrentCalls = cmp.Or(opts.MaxConcurrentCalls, 16)
 	opts.HeartbeatInterval = cmp.Or(opts.HeartbeatInterval, 30*time.Second)
 	opts.MaxPayloadBytes = cmp.Or(opts.MaxPayloadBytes, 256*1024)
-	opts.SettleTimeout = cmp.Or(opts.SettleTimeout, 10*time.Second)
+	opts.SettleTimeout = cmp.Or(opts.SettleTimeout, 5*time.Second)
 	opts.StoreTimeout = cmp.Or(opts.StoreTimeout, 10*time.Second)
 	opts.ShutdownTimeout = cmp.Or(opts.ShutdownTimeout, 25*time.Second)
 	if opts.Host == "" {

@@ -229,9 +229,16 @@ func TestBadInputIsDeadLetteredWithReason(t *testing.T) {
 		b.send("route", "noroute", `{}`, map[string]any{"order_id": "o-route"})
 		b.send("json", "json", `{not json`, map[string]any{"order_id": "o-json"})
 		b.send("good", "json", `{"ok":true}`, map[string]any{"order_id": "o-good"})
+		b.send("ctrl", "pay", `{}`, map[string]any{"order_id": "o\x00ctrl"})
+		b.send("space", "pay", `{}`, map[string]any{"order_id": "o-space "})
+		// A NUL in a property is stored sanitised (PostgreSQL refuses NUL
+		// in text): the message is processed, not stuck.
+		b.send("nul", "pay", `{}`, map[string]any{"order_id": "o-nul", "note": "a\x00b"})
 		b.waitIdle()
 
 		want := map[string]string{
+			"ctrl":  processor.ReasonInvalidDedupKey,
+			"space": processor.ReasonInvalidDedupKey,
 			"nokey": processor.ReasonMissingDedupKey,
 			"long":  processor.ReasonDedupKeyTooLong,
 			"big":   processor.ReasonBodyTooLarge,
@@ -252,11 +259,11 @@ func TestBadInputIsDeadLetteredWithReason(t *testing.T) {
 		if len(got) != len(want) {
 			t.Errorf("dead-lettered %v, want exactly %v", got, want)
 		}
-		if n := len(b.claims()); n != 1 {
-			t.Errorf("%d claims, want 1: bad input is never claimed", n)
+		if n := len(b.claims()); n != 2 {
+			t.Errorf("%d claims, want 2: bad input is never claimed", n)
 		}
-		if b.eff.Performed("o-good") != 1 {
-			t.Errorf("the good message was not processed under its property key")
+		if b.eff.Performed("o-good") != 1 || b.eff.Performed("o-nul") != 1 {
+			t.Errorf("the good messages were not processed under their property keys")
 		}
 	})
 }
@@ -643,5 +650,82 @@ func TestTransactionalRouteMeetsReleasedClaim(t *testing.T) {
 	var n int
 	if err := db.QueryRow(`SELECT COUNT(*) FROM ledger`).Scan(&n); err != nil || n != 0 {
 		t.Errorf("ledger rows %d (%v), want 0", n, err)
+	}
+}
+
+// refusingStore refuses any batch that holds the key "poison", the way
+// a database refuses a whole statement for one bad row.
+type refusingStore struct{ claim.Store }
+
+func (r refusingStore) ClaimBatch(ctx context.Context, p *claim.ClaimBatchParams) ([]claim.ClaimResult, error) {
+	for _, c := range p.Claims {
+		if c.MessageID == "poison" {
+			return nil, errors.New("invalid byte sequence for encoding UTF8")
+		}
+	}
+	return r.Store.ClaimBatch(ctx, p)
+}
+
+// TestRefusedBatchFallsBackToOneByOne: one message the store refuses does
+// not hold back the others received with it.
+func TestRefusedBatchFallsBackToOneByOne(t *testing.T) {
+	b := setup(t, "sqlite", membus.QueueOptions{MaxDeliveryCount: 3})
+	opts := b.options()
+	opts.Store = refusingStore{b.store}
+	for i := range 4 {
+		b.send(fmt.Sprintf("ok%d", i), "pay", `{}`, nil)
+	}
+	b.send("poison", "pay", `{}`, nil)
+	b.start(opts) // after the sends, so one receive returns them together
+	b.waitIdle()
+	for i := range 4 {
+		if k := fmt.Sprintf("ok%d", i); b.eff.Performed(k) != 1 || countCompleted(b.q, k) != 1 {
+			t.Errorf("%s: performed %d completed %d, want 1 and 1", k, b.eff.Performed(k), countCompleted(b.q, k))
+		}
+	}
+	if !strings.Contains(b.logs.String(), "claiming one by one") {
+		t.Errorf("the batch was never refused: the test proves nothing")
+	}
+	if got := b.deadLetterReasons()["poison"]; got != membus.ReasonMaxDeliveryCountExceeded {
+		t.Errorf("poison dead-letter reason %q, want %q (abandoned until the broker gave up)", got, membus.ReasonMaxDeliveryCountExceeded)
+	}
+}
+
+// TestEffectCutOffAtMaxLockRenewal: an effect still running when lock
+// renewal ends is cancelled; its outcome is unknown, its claim is kept for
+// the reconciler, and the redelivery is a duplicate.
+func TestEffectCutOffAtMaxLockRenewal(t *testing.T) {
+	b := setup(t, "sqlite", membus.QueueOptions{LockDuration: 200 * time.Millisecond})
+	b.eff.gate = make(chan struct{}) // never opens: only the deadline ends the effect
+	opts := b.options()
+	opts.MaxLockRenewal = 300 * time.Millisecond
+	opts.HeartbeatInterval = 50 * time.Millisecond
+	b.start(opts)
+	b.send("hang", "pay", `{}`, nil)
+	b.waitIdle()
+	c := b.claimOf("hang")
+	if c.State != claim.StateClaimed || !strings.Contains(c.LastError, "deadline") {
+		t.Errorf("claim %s last error %q, want claimed with the deadline error", c.State, c.LastError)
+	}
+	if got := countCompleted(b.q, "hang"); got != 1 {
+		t.Errorf("completed %d, want 1 (the redelivery, on the duplicate path)", got)
+	}
+	if got := b.eff.Calls("hang"); got != 1 {
+		t.Errorf("effect called %d times, want 1", got)
+	}
+}
+
+func TestNewRejectsNegativeOptions(t *testing.T) {
+	b := setup(t, "sqlite", membus.QueueOptions{})
+	for name, edit := range map[string]func(*processor.Options){
+		"concurrency": func(o *processor.Options) { o.MaxConcurrentCalls = -1 },
+		"heartbeat":   func(o *processor.Options) { o.HeartbeatInterval = -time.Second },
+		"retry":       func(o *processor.Options) { o.Retry.MaxAttempts = -1 },
+	} {
+		opts := b.options()
+		edit(&opts)
+		if _, err := processor.New(opts); err == nil {
+			t.Errorf("%s: negative value accepted", name)
+		}
 	}
 }

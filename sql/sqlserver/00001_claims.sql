@@ -15,8 +15,13 @@ CREATE TABLE dbo.Claims (
     -- insert. Dedup is enforced by the unique nonclustered index below.
     Id             bigint IDENTITY(1,1) NOT NULL
                    CONSTRAINT PK_Claims PRIMARY KEY CLUSTERED,
-    MessageId      nvarchar(128)    NOT NULL,
-    Consumer       nvarchar(200)    NOT NULL,
+    -- Binary collation: the dedup key compares exactly, as on PostgreSQL
+    -- and SQLite ("Order-1" and "order-1" are two keys), whatever the
+    -- database's default (Azure SQL: case-insensitive). SQL Server still
+    -- ignores trailing spaces in comparisons, so the processor refuses keys
+    -- with leading or trailing white space.
+    MessageId      nvarchar(128)    COLLATE Latin1_General_100_BIN2 NOT NULL,
+    Consumer       nvarchar(200)    COLLATE Latin1_General_100_BIN2 NOT NULL,
     Owner          uniqueidentifier NOT NULL,  -- token of the claiming attempt
     State          varchar(16)      NOT NULL
                    CONSTRAINT CK_Claims_State

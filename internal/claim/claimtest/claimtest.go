@@ -78,6 +78,7 @@ func Exercise(t *testing.T, h Harness) {
 		{"InvalidClaimIsRejected", s.invalidClaim},
 		{"ConcurrentClaimsOfOneKeyHaveOneWinner", s.concurrentClaims},
 		{"SameKeyUnderTwoConsumersIsTwoClaims", s.twoConsumers},
+		{"KeysDifferingOnlyInCaseAreTwoClaims", s.caseSensitiveKeys},
 		{"SameKeyOtherPayloadIsConflict", s.conflict},
 		{"UncommittedInsertBlocksSecondClaim", s.uncommittedInsertBlocks},
 		{"OtherUniqueViolationIsAnErrorNotADuplicate", s.otherUniqueViolation},
@@ -288,6 +289,27 @@ func (s *suite) concurrentClaims(t *testing.T) {
 	}
 	if len(rows) != 1 {
 		t.Fatalf("%d rows for one key, want 1", len(rows))
+	}
+}
+
+// caseSensitiveKeys: keys compare exactly in every store (SQL Server's
+// default collation is case-insensitive; the claims table overrides it),
+// in one batch and across calls.
+func (s *suite) caseSensitiveKeys(t *testing.T) {
+	st := s.h.NewStore(t)
+	base := "Order-" + uuid.NewString()[:8]
+	lower := msg(strings.ToLower(base), "billing", "b")
+	upper := msg(strings.ToUpper(base), "billing", "b")
+	res, err := st.ClaimBatch(ctxT(t), &claim.ClaimBatchParams{Claims: []claim.ClaimParams{lower, upper}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Outcome != claim.OutcomeWon || res[1].Outcome != claim.OutcomeWon {
+		t.Fatalf("outcomes %s, %s: want both won", res[0].Outcome, res[1].Outcome)
+	}
+	mixed := msg(base, "billing", "b")
+	if got := claimOne(t, st, mixed); got.Outcome != claim.OutcomeWon {
+		t.Fatalf("mixed-case key: %s, want won", got.Outcome)
 	}
 }
 

@@ -31,7 +31,9 @@ func (s *Store) TryLock(ctx context.Context, name string) (unlock func(context.C
 	}
 	r, err := getAppLock(ctx, conn, name, 0)
 	if err != nil {
-		conn.Close()
+		// The lock may have been granted before the error (a timeout on
+		// the way back): never pool a session that may hold it.
+		discard(conn)
 		return nil, false, fmt.Errorf("try lock %q: %w", name, interpretError(err))
 	}
 	switch {
@@ -50,8 +52,9 @@ func (s *Store) TryLock(ctx context.Context, name string) (unlock func(context.C
 				// The session may still hold the lock: discard the
 				// connection instead of pooling it, which ends the
 				// session and so releases the lock.
-				_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+				discard(conn)
 				uerr = fmt.Errorf("unlock %q: %w", name, interpretError(err))
+				return
 			}
 			if err := conn.Close(); err != nil && !errors.Is(err, sql.ErrConnDone) && uerr == nil {
 				uerr = fmt.Errorf("unlock %q: %w", name, interpretError(err))
@@ -96,4 +99,10 @@ SELECT @result;`, []any{text(name)}, func(rows *sql.Rows) error { return rows.Sc
 		return fmt.Errorf("sp_releaseapplock returned %d", r)
 	}
 	return nil
+}
+
+// discard ends conn's session instead of returning it to the pool.
+func discard(conn *sql.Conn) {
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	_ = conn.Close()
 }

@@ -56,8 +56,8 @@ func TestMigrationShape(t *testing.T) {
 	for _, want := range []string{
 		"CREATE TABLE dbo.Claims (",
 		"Id bigint IDENTITY(1,1) NOT NULL CONSTRAINT PK_Claims PRIMARY KEY CLUSTERED,",
-		"MessageId nvarchar(128) NOT NULL,",
-		"Consumer nvarchar(200) NOT NULL,",
+		"MessageId nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,",
+		"Consumer nvarchar(200) COLLATE Latin1_General_100_BIN2 NOT NULL,",
 		"Owner uniqueidentifier NOT NULL,",
 		"PayloadHash varbinary(32) NOT NULL,",
 		"Payload varbinary(max) NULL,",

@@ -207,12 +207,12 @@ func ErrClosedDB(err error) bool {
 }
 
 // MaxOpenConns bounds the connection pool of a server store (PostgreSQL,
-// SQL Server). A replica needs about one connection per in-flight message
-// (claim, heartbeat, mark processed run one after another per message), so
-// this covers the default SBCLAIM_MAX_CONCURRENT_CALLS with room to spare,
-// while fifty replicas scaled out by KEDA still fit a server's connection
-// limit. Calls beyond it wait for a free connection.
-const MaxOpenConns = 32
+// SQL Server). A message holds a connection only for the length of each of
+// its short statements (claim, heartbeat, mark processed), so this serves
+// the processor's largest SBCLAIM_MAX_CONCURRENT_CALLS (256), while many
+// replicas scaled out by KEDA still fit a server's connection limit. Calls
+// beyond it wait for a free connection.
+const MaxOpenConns = 64
 
 // LimitPool applies MaxOpenConns to db and recycles idle connections, so a
 // replica that scaled down gives its connections back to the server.
