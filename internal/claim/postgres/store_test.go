@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net/url"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,51 +13,13 @@ import (
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
 	"github.com/sbclaim/sbclaim/internal/claim/postgres"
+	"github.com/sbclaim/sbclaim/internal/testdb"
 )
 
 // newStore opens a store on a fresh schema (search_path) of the test
-// database, migrates it, and drops the schema when the test ends, so tests
-// run in parallel without seeing each other's claims.
-func newStore(t *testing.T) *postgres.Store {
-	t.Helper()
-	base := claimtest.PostgresURL(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-
-	admin, err := sql.Open("pgx", base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { admin.Close() })
-	name := "claimtest_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:16]
-	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+name); err != nil {
-		t.Fatalf("create schema: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if _, err := admin.ExecContext(ctx, "DROP SCHEMA "+name+" CASCADE"); err != nil {
-			t.Errorf("drop schema %s: %v", name, err)
-		}
-	})
-
-	u, err := url.Parse(base)
-	if err != nil {
-		t.Fatalf("parse %s: %v", claimtest.PostgresURLEnv, err)
-	}
-	q := u.Query()
-	q.Set("search_path", name)
-	u.RawQuery = q.Encode()
-	s, err := postgres.Open(ctx, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	if err := postgres.Migrate(ctx, s.DB()); err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
+// database, migrated, dropped when the test ends, so tests run in parallel
+// without seeing each other's claims.
+func newStore(t *testing.T) *postgres.Store { return testdb.Postgres(t) }
 
 func TestConformance(t *testing.T) {
 	claimtest.PostgresURL(t)
@@ -100,8 +60,21 @@ func TestUnreachableServerIsUnavailable(t *testing.T) {
 	}
 }
 
-func TestTryLockIsDatabaseWide(t *testing.T) {
-	a, b := newStore(t), newStore(t) // two pools, as two replicas would have
+// TestTryLockSpansPools: two pools on one schema (two replicas) exclude
+// each other; a store on another schema (another deployment sharing the
+// database) does not.
+func TestTryLockSpansPools(t *testing.T) {
+	u := testdb.URL(t, "postgres")
+	open := func() *postgres.Store {
+		s, err := postgres.Open(t.Context(), u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	a, b := open(), open() // two pools, as two replicas would have
+	other := newStore(t)
 	ctx := t.Context()
 	name := fmt.Sprintf("reconciler-%s", uuid.NewString())
 	unlock, ok, err := a.TryLock(ctx, name)
@@ -111,6 +84,11 @@ func TestTryLockIsDatabaseWide(t *testing.T) {
 	if _, ok, err := b.TryLock(ctx, name); err != nil || ok {
 		t.Fatalf("TryLock on b while a holds it: ok %v, err %v", ok, err)
 	}
+	unlockOther, ok, err := other.TryLock(ctx, name)
+	if err != nil || !ok {
+		t.Fatalf("TryLock on another schema while a holds it: ok %v, err %v", ok, err)
+	}
+	unlockOther(ctx)
 	if err := unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
