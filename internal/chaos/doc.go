@@ -20,6 +20,10 @@
 //   - lock-expiry: the message's lock is expired (membus.ExpireLock) while
 //     its effect runs, and the effect waits until the redelivery was
 //     received by some replica, so the two overlap.
+//   - lost-then-503: the downstream performs the effect, the response is
+//     lost, and the retries are answered 503 (not performed). The effect
+//     may have happened, so the claim must stay kept, never released for
+//     another delivery to take over.
 //   - store-outage: the store refuses every replica's calls with
 //     claim.ErrUnavailable for Config.OutageDuration, Config.OutageWindows
 //     times as the run progresses.

@@ -39,12 +39,19 @@ const (
 	// FaultStoreOutage: the claim store is unreachable from every replica
 	// for a window of time.
 	FaultStoreOutage Fault = "store-outage"
+	// FaultLostThen503: the downstream performs the effect and the response
+	// is lost (as response-lost), then answers the retries 503 (not
+	// performed). The effect may have happened, so the claim must not be
+	// released for another delivery to take over. (The harness found this
+	// under load before sideeffects.RetryPolicy.Do kept an unknown outcome
+	// unknown; this fault reproduces it deterministically.)
+	FaultLostThen503 Fault = "lost-then-503"
 )
 
 // AllFaults lists every fault in the order reports print them.
 var AllFaults = []Fault{
 	FaultDieAfterClaim, FaultResponseLost, FaultDieAfterEffect,
-	FaultDieAfterProcessed, FaultLockExpiry, FaultStoreOutage,
+	FaultDieAfterProcessed, FaultLockExpiry, FaultStoreOutage, FaultLostThen503,
 }
 
 // perMessage reports whether f is planned per message.

@@ -308,8 +308,12 @@ func (h *harness) plan() {
 				continue
 			}
 			h.book.assign(id, f)
-			if f == FaultResponseLost {
+			switch f {
+			case FaultResponseLost:
 				h.down.FailKey(id, 1, fakedownstream.FaultHang)
+			case FaultLostThen503:
+				h.down.FailKey(id, 1, fakedownstream.FaultHang)
+				h.down.FailKey(id, 3, fakedownstream.FaultUnavailable)
 			}
 			k++
 		}
@@ -327,8 +331,8 @@ func (h *harness) serveDownstream(w http.ResponseWriter, r *http.Request) {
 	tw := &trackWriter{ResponseWriter: w}
 	h.down.ServeHTTP(tw, r)
 	key := r.Header.Get("Idempotency-Key")
-	if tw.status == 0 && r.Context().Err() != nil && h.book.planFor(key) == FaultResponseLost {
-		h.book.count(FaultResponseLost, 1)
+	if f := h.book.planFor(key); tw.status == 0 && r.Context().Err() != nil && (f == FaultResponseLost || f == FaultLostThen503) {
+		h.book.count(f, 1)
 	}
 	if d := r.Header.Get(DeliveryHeader); d != "" && key != "" && mayHavePerformed(tw.status) {
 		h.mu.Lock()

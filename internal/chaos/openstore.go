@@ -8,7 +8,8 @@ import (
 )
 
 // openStore migrates and opens the product's claim store for url, the way
-// the binaries do.
+// the binaries do (with the store's own pool limits). All replicas of a run
+// share it.
 func openStore(ctx context.Context, _ Dialect, url string) (claim.Store, error) {
 	if err := store.Migrate(ctx, url); err != nil {
 		return nil, err
