@@ -90,10 +90,14 @@ func (r *BenchResult) PerSecond() float64 {
 }
 
 // TripsPerMessage is database round trips per message.
-func (r *BenchResult) TripsPerMessage() float64 { return float64(r.RoundTrips) / float64(max(r.Done, 1)) }
+func (r *BenchResult) TripsPerMessage() float64 {
+	return float64(r.RoundTrips) / float64(max(r.Done, 1))
+}
 
 // AllocPerMessage is bytes allocated per message.
-func (r *BenchResult) AllocPerMessage() float64 { return float64(r.TotalAlloc) / float64(max(r.Done, 1)) }
+func (r *BenchResult) AllocPerMessage() float64 {
+	return float64(r.TotalAlloc) / float64(max(r.Done, 1))
+}
 
 // benchEnv is the downstream and effect shared by a cell.
 type benchEnv struct {

@@ -313,7 +313,7 @@ func (h *harness) plan() {
 				h.down.FailKey(id, 1, fakedownstream.FaultHang)
 			case FaultLostThen503:
 				h.down.FailKey(id, 1, fakedownstream.FaultHang)
-				h.down.FailKey(id, 3, fakedownstream.FaultUnavailable)
+				h.down.FailKey(id, 2, fakedownstream.FaultUnavailable) // the retries within the 3 s budget
 			}
 			k++
 		}
@@ -571,19 +571,34 @@ func (h *harness) reconcile(ctx context.Context, rep *Report) {
 			return
 		}
 		rep.Ticks++
+		// Redrive what the tick flagged, a few at a time (an operator
+		// would go one by one; the harness has no time to wait).
+		var (
+			wg  sync.WaitGroup
+			mu  sync.Mutex
+			sem = make(chan struct{}, 8)
+		)
 		for _, c := range res.Flagged {
 			rep.Flagged++
 			rep.FlagReasons[flagReasonKind(c.FlagReason)]++
-			_, err := reconciler.Redrive(ctx, h.db.Store, &reconciler.RedriveParams{
-				ID: c.ID, By: "chaos", Router: redriveRouter,
-				Retry: sideeffects.RetryPolicy{MaxAttempts: 5, InitialInterval: 50 * time.Millisecond, MaxInterval: 500 * time.Millisecond, Budget: 10 * time.Second},
-			})
-			if err != nil {
-				rep.violate("redrive claim %d (%s): %v", c.ID, c.MessageID, err)
-				continue
-			}
-			rep.Redriven++
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				_, err := reconciler.Redrive(ctx, h.db.Store, &reconciler.RedriveParams{
+					ID: c.ID, By: "chaos", Router: redriveRouter, Logger: h.log,
+					Retry: sideeffects.RetryPolicy{MaxAttempts: 5, InitialInterval: 50 * time.Millisecond, MaxInterval: 500 * time.Millisecond, Budget: 10 * time.Second},
+				})
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					rep.violate("redrive claim %d (%s): %v", c.ID, c.MessageID, err)
+					return
+				}
+				rep.Redriven++
+			}()
 		}
+		wg.Wait()
 		if res.Stats != nil && res.Stats.Claimed == 0 && res.Stats.Released == 0 {
 			return
 		}

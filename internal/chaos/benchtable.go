@@ -1,0 +1,178 @@
+package chaos
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime"
+	"strings"
+	"time"
+)
+
+// BenchConfig configures RunBenchmarks.
+type BenchConfig struct {
+	SQLite      bool   // run the SQLite rows
+	PostgresURL string // run the PostgreSQL rows when set
+	// Concurrencies and Latencies span the matrix [1,16,64] x [0,20ms].
+	Concurrencies []int
+	Latencies     []time.Duration
+	// ScanSizes are the claims-table sizes of the stale-scan timing
+	// [10 000, 1 000 000].
+	ScanSizes []int
+	// CellDuration bounds each cell [4s].
+	CellDuration time.Duration
+	Logger       *slog.Logger
+	Progress     io.Writer // one line per cell; nil: none
+}
+
+// cellMessages sizes a cell so that it runs about a second when the
+// variant keeps up: 2000 messages at 0 ms, 40 per worker at 20 ms.
+func cellMessages(conc int, latency time.Duration) int {
+	if latency <= 0 {
+		return 2000
+	}
+	return min(2000, max(100, conc*40))
+}
+
+// RunBenchmarks runs the benchmark matrix and the stale-scan timing and
+// writes a markdown report to w.
+func RunBenchmarks(ctx context.Context, cfg BenchConfig, w io.Writer) error {
+	if len(cfg.Concurrencies) == 0 {
+		cfg.Concurrencies = []int{1, 16, 64}
+	}
+	if len(cfg.Latencies) == 0 {
+		cfg.Latencies = []time.Duration{0, 20 * time.Millisecond}
+	}
+	if len(cfg.ScanSizes) == 0 {
+		cfg.ScanSizes = []int{10_000, 1_000_000}
+	}
+	cfg.CellDuration = cmp.Or(cfg.CellDuration, 4*time.Second)
+	progress := cfg.Progress
+	if progress == nil {
+		progress = io.Discard
+	}
+	var dbs []string
+	if cfg.SQLite {
+		dbs = append(dbs, "")
+	}
+	if cfg.PostgresURL != "" {
+		dbs = append(dbs, cfg.PostgresURL)
+	}
+
+	type row struct {
+		dialect Dialect
+		latency time.Duration
+		conc    int
+		res     map[Variant]*BenchResult
+	}
+	var rows []row
+	type scanRow struct {
+		dialect Dialect
+		res     []ScanResult
+	}
+	var scans []scanRow
+	for _, url := range dbs {
+		db, err := OpenDatabase(ctx, url)
+		if err != nil {
+			return err
+		}
+		for _, lat := range cfg.Latencies {
+			for _, conc := range cfg.Concurrencies {
+				r := row{dialect: db.Dialect, latency: lat, conc: conc, res: map[Variant]*BenchResult{}}
+				for _, v := range Variants {
+					res, err := RunBench(ctx, BenchParams{
+						Variant: v, DB: db, Concurrency: conc, Latency: lat,
+						Messages: cellMessages(conc, lat), MaxDuration: cfg.CellDuration, Logger: cfg.Logger,
+					})
+					if err != nil {
+						db.Close()
+						return fmt.Errorf("%s %s conc %d latency %s: %w", db.Dialect, v, conc, lat, err)
+					}
+					fmt.Fprintf(progress, "bench %-8s latency %-4s conc %-3d %-15s %6d msgs in %-8s %9.0f msg/s %5.2f round trips/msg\n",
+						db.Dialect, lat, conc, v, res.Done, res.Elapsed.Round(time.Millisecond), res.PerSecond(), res.TripsPerMessage())
+					r.res[v] = res
+				}
+				rows = append(rows, r)
+			}
+		}
+		db.Close()
+
+		// The scan gets its own fresh database.
+		sdb, err := OpenDatabase(ctx, url)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(progress, "scan %s: building %v claims...\n", sdb.Dialect, cfg.ScanSizes)
+		sres, err := BenchScan(ctx, sdb, cfg.ScanSizes, 30)
+		sdb.Close()
+		if err != nil {
+			return err
+		}
+		scans = append(scans, scanRow{dialect: sdb.Dialect, res: sres})
+	}
+
+	fmt.Fprintf(w, "## sbclaim benchmarks\n\n")
+	fmt.Fprintf(w, "%s/%s, %d CPUs, %s. Every variant performs the same HTTP effect (the product's HTTP route, loopback, fake idempotent downstream with the given latency) per message; they differ in how they deduplicate. Throughput is shown as a ratio to (b), the raw store loop; (b)'s own msg/s is given for scale only. Round trips = database calls per message (each claim.Store call is one; BEGIN, each statement and COMMIT count one each).\n\n",
+		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version())
+	fmt.Fprintf(w, "(a) two-phase: processor + in-memory broker + claim store · (b) raw-claim: ClaimBatch(1) + effect + MarkProcessed loop · (c) naive: SELECT + effect + INSERT (no unique index) · (d) tx-across-call: BEGIN; INSERT marker; effect; COMMIT on a pool of %d · (e) no-dedup: effect only\n\n", TxPoolSize)
+	fmt.Fprintf(w, "| db | latency | conc | a/b | c/b | d/b | e/b | a/d | round trips a · b · c · d · e | (b) msg/s | (a) alloc/msg | (a) peak heap |\n")
+	fmt.Fprintf(w, "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		b := r.res[VariantRawClaim].PerSecond()
+		ratio := func(v Variant) string { return fmt.Sprintf("%.2f", r.res[v].PerSecond()/b) }
+		a := r.res[VariantTwoPhase]
+		var trips []string
+		for _, v := range Variants {
+			trips = append(trips, fmt.Sprintf("%.2f", r.res[v].TripsPerMessage()))
+		}
+		fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s | %s | %.2f | %s | %.0f | %s | %s |\n",
+			r.dialect, r.latency, r.conc, ratio(VariantTwoPhase), ratio(VariantNaive), ratio(VariantTxAcrossCall), ratio(VariantNoDedup),
+			a.PerSecond()/r.res[VariantTxAcrossCall].PerSecond(), strings.Join(trips, " · "), b,
+			bytesText(a.AllocPerMessage()), bytesText(float64(a.PeakHeapInuse)))
+	}
+
+	fmt.Fprintf(w, "\n### Reconciler stale scan (FlagStale, nothing stale, %d fresh unfinished claims)\n\n", scanUnfinished)
+	fmt.Fprintf(w, "| db | rows | build (bulk insert) | scan vs smallest |\n|---|---|---|---|\n")
+	for _, s := range scans {
+		for _, r := range s.res {
+			fmt.Fprintf(w, "| %s | %d | %s | %.2f |\n", s.dialect, r.Rows, r.BuildTime.Round(10*time.Millisecond), float64(r.Median)/float64(s.res[0].Median))
+		}
+	}
+
+	fmt.Fprintf(w, "\n### Targets\n\n")
+	for _, r := range rows {
+		if r.latency == 0 && r.conc == 16 {
+			ab := r.res[VariantTwoPhase].PerSecond() / r.res[VariantRawClaim].PerSecond()
+			fmt.Fprintf(w, "- %s, 0 ms, conc %d: (a) = %.2f x (b), target >= 0.7: %s\n", r.dialect, r.conc, ab, hit(ab >= 0.7))
+		}
+		if r.latency == 20*time.Millisecond && r.conc == 64 {
+			ad := r.res[VariantTwoPhase].PerSecond() / r.res[VariantTxAcrossCall].PerSecond()
+			fmt.Fprintf(w, "- %s, 20 ms, conc 64, pool %d: (a) = %.2f x (d), target >= 3: %s\n", r.dialect, TxPoolSize, ad, hit(ad >= 3))
+		}
+	}
+	for _, s := range scans {
+		last := s.res[len(s.res)-1]
+		ratio := float64(last.Median) / float64(s.res[0].Median)
+		fmt.Fprintf(w, "- %s: scan at %d rows = %.2f x scan at %d rows, target <= 2: %s\n", s.dialect, last.Rows, ratio, s.res[0].Rows, hit(ratio <= 2))
+	}
+	return nil
+}
+
+func hit(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "MISSED"
+}
+
+func bytesText(b float64) string {
+	switch {
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", b/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", b/(1<<10))
+	}
+	return fmt.Sprintf("%.0f B", b)
+}
