@@ -85,23 +85,36 @@ func ParseFaults(s string) ([]Fault, error) {
 
 // faultBook is the plan (which message gets which fault) and the record
 // of what happened.
+//
+// A fault that fires at a processor hook is planned on spare messages too
+// (a planned message can miss its fault when an earlier fault already
+// settled its fate), but fires on at most limit[f] of them.
 type faultBook struct {
 	mu      sync.Mutex
 	plan    map[string]Fault // message ID → fault
 	fired   map[string]bool  // message ID → its fault already fired
+	limit   map[Fault]int    // how many messages a fault fires on at most
+	nfired  map[Fault]int
 	planned map[Fault]int
 	counts  map[Fault]int
 }
 
 func newFaultBook() *faultBook {
-	return &faultBook{plan: map[string]Fault{}, fired: map[string]bool{}, planned: map[Fault]int{}, counts: map[Fault]int{}}
+	return &faultBook{
+		plan: map[string]Fault{}, fired: map[string]bool{}, limit: map[Fault]int{}, nfired: map[Fault]int{},
+		planned: map[Fault]int{}, counts: map[Fault]int{},
+	}
 }
 
-func (b *faultBook) assign(id string, f Fault) {
+// assign plans f on id; spare plans count toward nothing until they fire.
+func (b *faultBook) assign(id string, f Fault, spare bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.plan[id] = f
-	b.planned[f]++
+	if !spare {
+		b.planned[f]++
+		b.limit[f]++
+	}
 }
 
 func (b *faultBook) planFor(id string) Fault {
@@ -115,10 +128,11 @@ func (b *faultBook) planFor(id string) Fault {
 func (b *faultBook) fire(id string, f Fault) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.plan[id] != f || b.fired[id] {
+	if b.plan[id] != f || b.fired[id] || b.nfired[f] >= b.limit[f] {
 		return false
 	}
 	b.fired[id] = true
+	b.nfired[f]++
 	return true
 }
 

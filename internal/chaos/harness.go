@@ -302,12 +302,16 @@ func (h *harness) plan() {
 	candidates := h.rng.Perm(n)
 	next := 0
 	for _, f := range faults {
-		for k := 0; k < per && next < len(candidates); next++ {
+		planned := per
+		if f != FaultResponseLost && f != FaultLostThen503 {
+			planned = 2 * per // spares for the hook faults (see faultBook)
+		}
+		for k := 0; k < planned && next < len(candidates); next++ {
 			id := h.ids[candidates[next]]
 			if slices.Contains(h.conflicts, id) {
 				continue
 			}
-			h.book.assign(id, f)
+			h.book.assign(id, f, k >= per)
 			switch f {
 			case FaultResponseLost:
 				h.down.FailKey(id, 1, fakedownstream.FaultHang)
