@@ -46,15 +46,25 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	returned := make(chan struct{})
+	defer close(returned)
 	go func() {
-		// A second signal forces the exit.
-		<-ctx.Done()
-		stop()
+		// After the first signal, a second one forces the exit.
+		select {
+		case <-ctx.Done():
+		case <-returned:
+			return
+		}
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-		<-sig
-		logger.Error("second signal: exiting now")
-		os.Exit(1)
+		defer signal.Stop(sig)
+		stop()
+		select {
+		case <-sig:
+			logger.Error("second signal: exiting now")
+			os.Exit(1)
+		case <-returned:
+		}
 	}()
 
 	if err := serve(ctx, cfg, logger, getenv); err != nil {

@@ -146,8 +146,8 @@ func New(opts Options) (*Processor, error) {
 	}, nil
 }
 
-// Ready reports whether the processor has an open receiver (for /readyz,
-// together with a store ping).
+// Ready reports whether the processor has a receiver whose last receive
+// did not fail (for /readyz, together with a store ping).
 func (p *Processor) Ready() bool { return p.ready.Load() }
 
 // Run receives and processes messages until ctx ends, then shuts down
@@ -212,6 +212,9 @@ func (p *Processor) Run(ctx context.Context) error {
 		}
 
 		msgs, err := cur.r.ReceiveMessages(ctx, free, nil)
+		// Ready while receives succeed: a receiver whose connection fails
+		// (the SDK connects lazily) is not ready.
+		p.ready.Store(err == nil || ctx.Err() != nil)
 		if len(msgs) < free {
 			for range free - len(msgs) {
 				<-slots
