@@ -60,7 +60,9 @@ func TestSIGTERMExitsZero(t *testing.T) {
 	}
 	var stdout, stderr lockedBuffer
 	done := make(chan int, 1)
-	go func() { done <- run(context.Background(), nil, func(k string) string { return env[k] }, &stdout, &stderr) }()
+	go func() {
+		done <- run(context.Background(), nil, func(k string) string { return env[k] }, &stdout, &stderr)
+	}()
 
 	get := func(path string) int {
 		resp, err := http.Get("http://" + addr + path)
