@@ -305,7 +305,7 @@ func (p *Processor) runClaimed(work context.Context, d *delivery, c *claim.Claim
 	}, func(attempt int, err error) {
 		d.log.Warn("effect attempt failed", "attempt", attempt, "error", err)
 		p.storeCall(work, d, "record attempt", func(ctx context.Context) error {
-			return p.opts.Store.RecordAttempt(ctx, &claim.RecordAttemptParams{ID: c.ID, Owner: c.Owner, Error: err.Error()})
+			return p.opts.Store.RecordAttempt(ctx, &claim.RecordAttemptParams{ID: c.ID, Owner: c.Owner, Error: errorText(err)})
 		})
 	})
 	eo := sideeffects.Classify(err)
@@ -316,7 +316,7 @@ func (p *Processor) runClaimed(work context.Context, d *delivery, c *claim.Claim
 		if crashed(p.opts.Hooks.AfterEffect, work, d) {
 			return OutcomeCrashed
 		}
-		err := p.markProcessed(work, d, c)
+		err := p.markProcessed(work, c)
 		switch {
 		case errors.Is(err, claim.ErrStateChanged):
 			// The reconciler flagged the claim while the effect ran (no
@@ -343,14 +343,22 @@ func (p *Processor) runClaimed(work context.Context, d *delivery, c *claim.Claim
 		return OutcomeProcessed
 
 	case sideeffects.OutcomeRetryable, sideeffects.OutcomePermanent:
-		p.release(work, d, c, err)
+		relErr := p.release(work, c, err)
 		stopKeepAlive()
-		if eo == sideeffects.OutcomeRetryable {
-			p.abandon(d)
-			return OutcomeReleased
+		if relErr != nil {
+			// The claim stays claimed and goes stale: the reconciler flags
+			// it, and a redrive (same key) performs the effect.
+			d.log.Warn("effect not performed but the release failed; claim kept for the reconciler", "error", relErr)
 		}
-		p.deadLetter(d, ReasonEffectFailed, err.Error())
-		return OutcomeDeadLettered
+		if eo == sideeffects.OutcomePermanent {
+			p.deadLetter(d, ReasonEffectFailed, err.Error())
+			return OutcomeDeadLettered
+		}
+		p.abandon(d)
+		if relErr != nil {
+			return OutcomeUnknown
+		}
+		return OutcomeReleased
 
 	default: // unknown: keep the claim with its last error
 		stopKeepAlive()
@@ -434,29 +442,70 @@ func crashed(hook func(context.Context, *azservicebus.ReceivedMessage) error, ct
 	return false
 }
 
-// markProcessed retries a store outage for a while: the effect already
-// happened, and recording it now saves a flag and an operator's time.
-func (p *Processor) markProcessed(work context.Context, d *delivery, c *claim.Claim) error {
+// markProcessed records the effect's success. A store outage is retried
+// for a while (recordOutcome): the effect already happened, and recording
+// it now saves a flag and an operator's time.
+func (p *Processor) markProcessed(work context.Context, c *claim.Claim) error {
+	err := p.recordOutcome(work, func(ctx context.Context) error {
+		return p.opts.Store.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: c.ID, Owner: c.Owner})
+	})
+	if errors.Is(err, claim.ErrStateChanged) && p.ownProcessed(work, c) {
+		// An earlier try committed but its answer was lost.
+		return nil
+	}
+	return err
+}
+
+// ownProcessed reports whether claim c is processed under c's owner.
+func (p *Processor) ownProcessed(work context.Context, c *claim.Claim) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(work), p.opts.StoreTimeout)
+	defer cancel()
+	now, err := p.opts.Store.Get(ctx, c.ID)
+	return err == nil && now.State == claim.StateProcessed && now.Owner == c.Owner
+}
+
+// release marks the claim released: the effect was definitely not
+// performed, and the next delivery may take the claim over.
+func (p *Processor) release(work context.Context, c *claim.Claim, cause error) error {
+	return p.recordOutcome(work, func(ctx context.Context) error {
+		return p.opts.Store.Release(ctx, &claim.ReleaseParams{ID: c.ID, Owner: c.Owner, Error: errorText(cause)})
+	})
+}
+
+// recordOutcome runs a store write that records an outcome already known.
+// Like settlement it runs on its own short context, so the shutdown timeout
+// does not stop it; an outage is retried a few times, but only once when
+// the shutdown timeout has already passed (the platform's SIGKILL is near).
+func (p *Processor) recordOutcome(work context.Context, write func(ctx context.Context) error) error {
+	tries := uint(5)
+	if work.Err() != nil {
+		tries = 1
+	}
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval = 100 * time.Millisecond
 	b.MaxInterval = 2 * time.Second
-	detached := context.WithoutCancel(work) // the effect happened: record it even when shutting down
+	detached := context.WithoutCancel(work)
 	_, err := backoff.Retry(detached, func() (struct{}, error) {
 		ctx, cancel := context.WithTimeout(detached, p.opts.StoreTimeout)
 		defer cancel()
-		err := p.opts.Store.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: c.ID, Owner: c.Owner})
+		err := write(ctx)
 		if err != nil && !errors.Is(err, claim.ErrUnavailable) {
 			return struct{}{}, backoff.Permanent(err)
 		}
 		return struct{}{}, err
-	}, backoff.WithBackOff(b), backoff.WithMaxTries(5))
+	}, backoff.WithBackOff(b), backoff.WithMaxTries(tries))
 	return err
 }
 
-func (p *Processor) release(work context.Context, d *delivery, c *claim.Claim, cause error) {
-	p.storeCall(work, d, "release", func(ctx context.Context) error {
-		return p.opts.Store.Release(ctx, &claim.ReleaseParams{ID: c.ID, Owner: c.Owner, Error: cause.Error()})
-	})
+// errorText is an error as stored on a claim: storable in every database
+// and bounded.
+func errorText(err error) string {
+	s := storable(err.Error())
+	const max = 2000
+	if len(s) > max {
+		s = strings.ToValidUTF8(s[:max], "") + "…"
+	}
+	return s
 }
 
 // reportLateEffect tells operators about an effect that completed after
@@ -469,9 +518,11 @@ func (p *Processor) reportLateEffect(work context.Context, d *delivery, c *claim
 	switch {
 	case err != nil:
 		d.log.Warn("effect done but the claim was flagged meanwhile; leaving it to operators", "error", err)
-	case now.State == claim.StateResolved && now.Resolution != claim.ResolutionRedriven:
-		d.log.Error("effect done AFTER an operator resolved its claim: the resolution is wrong, the effect happened",
-			"resolution", string(now.Resolution), "resolved_by", now.ResolvedBy)
+	case now.State == claim.StateResolved && now.Resolution == claim.ResolutionDiscarded:
+		d.log.Error("effect done AFTER an operator discarded its claim: the effect DID happen",
+			"resolved_by", now.ResolvedBy, "resolution_note", now.ResolutionNote)
+	case now.State == claim.StateResolved:
+		d.log.Info("effect done after its claim was resolved", "resolution", string(now.Resolution))
 	default:
 		d.log.Warn("effect done but the claim was flagged meanwhile; leaving it to operators (resolve it as done)",
 			"state", string(now.State))

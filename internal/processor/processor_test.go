@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -725,4 +726,92 @@ func TestNewRejectsNegativeOptions(t *testing.T) {
 			t.Errorf("%s: negative value accepted", name)
 		}
 	}
+}
+
+// lossyStore commits MarkProcessed/Release and then reports the store
+// unavailable (the answer was lost), or refuses Release outright.
+type lossyStore struct {
+	claim.Store
+	lostAnswers   atomic.Int64 // writes committed, answer "lost"
+	refuseRelease atomic.Bool
+}
+
+func (l *lossyStore) MarkProcessed(ctx context.Context, p *claim.MarkProcessedParams) error {
+	if err := l.Store.MarkProcessed(ctx, p); err != nil {
+		return err
+	}
+	l.lostAnswers.Add(1)
+	return fmt.Errorf("connection reset after commit: %w", claim.ErrUnavailable)
+}
+
+func (l *lossyStore) Release(ctx context.Context, p *claim.ReleaseParams) error {
+	if l.refuseRelease.Load() {
+		return fmt.Errorf("database down: %w", claim.ErrUnavailable)
+	}
+	return l.Store.Release(ctx, p)
+}
+
+// TestMarkProcessedAnswerLost: MarkProcessed commits but its answer is
+// lost; the retry finds the claim processed under our own owner and the
+// message is completed as processed.
+func TestMarkProcessedAnswerLost(t *testing.T) {
+	b := setup(t, "sqlite", membus.QueueOptions{})
+	ls := &lossyStore{Store: b.store}
+	opts := b.options()
+	opts.Store = ls
+	opts.Metrics = processor.NewMetrics(nil)
+	b.start(opts)
+	b.send("m1", "pay", `{}`, nil)
+	b.waitIdle()
+	if ls.lostAnswers.Load() == 0 {
+		t.Fatal("no answer was lost: the test proves nothing")
+	}
+	if c := b.claimOf("m1"); c.State != claim.StateProcessed {
+		t.Errorf("claim %s, want processed", c.State)
+	}
+	b.eventually("a processed outcome", func() bool { return outcomes(opts.Metrics, processor.OutcomeProcessed) == 1 })
+	if got := outcomes(opts.Metrics, processor.OutcomeFlagged); got != 0 {
+		t.Errorf("%d flagged outcomes for our own lost answer", got)
+	}
+}
+
+// TestReleaseFailureKeepsClaim: when the release cannot be written, the
+// claim stays claimed (for the reconciler) and the outcome is unknown, not
+// released.
+func TestReleaseFailureKeepsClaim(t *testing.T) {
+	b := setup(t, "sqlite", membus.QueueOptions{})
+	ls := &lossyStore{Store: b.store}
+	ls.refuseRelease.Store(true)
+	b.eff.behave = func(_, _ string, _ int) error { return sideeffects.Retryable(errors.New("503")) }
+	opts := b.options()
+	opts.Store = ls
+	opts.Metrics = processor.NewMetrics(nil)
+	b.start(opts)
+	b.send("m1", "pay", `{}`, nil)
+	b.waitIdle()
+	if c := b.claimOf("m1"); c.State != claim.StateClaimed {
+		t.Errorf("claim %s, want claimed (the release never got through)", c.State)
+	}
+	b.eventually("an unknown outcome", func() bool { return outcomes(opts.Metrics, processor.OutcomeUnknown) == 1 })
+	if got := outcomes(opts.Metrics, processor.OutcomeReleased); got != 0 {
+		t.Errorf("%d released outcomes, want 0", got)
+	}
+}
+
+// TestErrorTextIsStorable: an effect error with NUL and invalid UTF-8 is
+// still recorded on the claim (PostgreSQL refuses both in text).
+func TestErrorTextIsStorable(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		b.eff.behave = func(_, _ string, _ int) error {
+			return sideeffects.Permanent(errors.New("bad \x00 answer \xff" + strings.Repeat("x", 5000)))
+		}
+		b.start(b.options())
+		b.send("m1", "pay", `{}`, nil)
+		b.waitIdle()
+		c := b.claimOf("m1")
+		if c.State != claim.StateReleased || !strings.Contains(c.LastError, "bad") || len(c.LastError) > 2100 {
+			t.Errorf("claim %s, last error %d bytes, want released with a bounded error", c.State, len(c.LastError))
+		}
+	})
 }
