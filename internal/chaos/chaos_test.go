@@ -125,6 +125,78 @@ func TestChaosDetectsMissingDeduplication(t *testing.T) {
 	}
 }
 
+// wonAsDuplicateStore turns every won claim into a duplicate of itself: the
+// processor completes every message without performing its effect, and
+// the claims are left for the reconciler, whose redrive performs them all.
+type wonAsDuplicateStore struct{ claim.Store }
+
+func (s wonAsDuplicateStore) ClaimBatch(ctx context.Context, p *claim.ClaimBatchParams) ([]claim.ClaimResult, error) {
+	res, err := s.Store.ClaimBatch(ctx, p)
+	for i := range res {
+		if res[i].Outcome == claim.OutcomeWon {
+			res[i].Outcome = claim.OutcomeDuplicate
+		}
+	}
+	return res, err
+}
+
+// forgetfulStore's MarkProcessed reports success and writes nothing: every
+// claim stays claimed, and the reconciler flags and redrives it.
+type forgetfulStore struct{ claim.Store }
+
+func (forgetfulStore) MarkProcessed(context.Context, *claim.MarkProcessedParams) error { return nil }
+
+// TestChaosDetectsWorkLeftToRedrive proves that a redrive does not hide a
+// processor that leaves its work to the reconciler: every flagged claim
+// must be explained by a kill, a fault or an outage, and an effect that
+// only a redrive performed must be too. (Before this check, both broken
+// processors below passed with every claim flagged and redriven.)
+func TestChaosDetectsWorkLeftToRedrive(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		wrap   func(claim.Store) claim.Store
+		faults []Fault
+	}{
+		{"no-effect/no-faults", func(s claim.Store) claim.Store { return wonAsDuplicateStore{s} }, nil},
+		{"no-effect/all-faults", func(s claim.Store) claim.Store { return wonAsDuplicateStore{s} }, AllFaults},
+		{"no-mark-processed/no-faults", func(s claim.Store) claim.Store { return forgetfulStore{s} }, nil},
+		{"no-mark-processed/all-faults", func(s claim.Store) claim.Store { return forgetfulStore{s} }, AllFaults},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			rep, err := Run(context.Background(), Config{
+				Messages:  100,
+				Replicas:  2,
+				Faults:    tc.faults,
+				Seed:      4,
+				Logger:    testLogger(t),
+				wrapStore: tc.wrap,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b strings.Builder
+			rep.Write(&b)
+			t.Log("\n" + b.String())
+			if rep.Pass() || !strings.HasPrefix(rep.Verdict(), "VERDICT: FAIL: ") {
+				t.Fatalf("the harness passed a processor that leaves its work to the reconciler: %s", rep.Verdict())
+			}
+			if rep.Unexplained == 0 {
+				t.Errorf("no flagged claim was reported unexplained (flagged %d: %v)", rep.Flagged, rep.FlagExplained)
+			}
+			if len(rep.Histories) == 0 {
+				t.Error("no history was reported for an unexplained claim")
+			}
+			if tc.faults == nil && !slices.ContainsFunc(rep.Violations, func(v string) bool {
+				return strings.Contains(v, "no fault was injected, yet the reconciler flagged claims")
+			}) {
+				t.Errorf("with no faults, flagged claims were not a violation of their own: %q", rep.Violations)
+			}
+		})
+	}
+}
+
 func TestScenarios(t *testing.T) {
 	t.Parallel()
 	backends := map[string]func(t *testing.T) string{

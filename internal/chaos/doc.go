@@ -27,6 +27,10 @@
 //   - store-outage: the store refuses every replica's calls with
 //     claim.ErrUnavailable for Config.OutageDuration, Config.OutageWindows
 //     times as the run progresses.
+//   - ack-lost: the store commits a MarkProcessed or Release and then
+//     answers claim.ErrUnavailable (the answer to a COMMIT that reached
+//     the server is lost); half of these messages are refused 503 by the
+//     downstream first, so the write is a Release.
 //
 // When the queue is idle the replicas stop, and the reconciler's tick runs
 // (StaleAfter 1 s) until no claim is claimed or released, redriving every
@@ -44,6 +48,16 @@
 //     a conflict);
 //   - claims: one per routed message, none left claimed, released or
 //     flagged, resolved only as redriven;
+//   - every claim the reconciler flagged is explained: a fault happened to
+//     its key, an outage refused a call on it (MarkProcessed, Release,
+//     RecordAttempt, Heartbeat, TakeOver), or its owner was killed while
+//     holding a delivery of it. An unexplained one means the processor
+//     left work to the reconciler (the redrive would otherwise hide it);
+//     the report prints its history (deliveries, store calls, downstream
+//     requests). With no faults, nothing may be flagged at all;
+//   - redrive requests carry X-Chaos-Redrive, so the report counts effects
+//     performed by the processor and effects only a redrive performed; the
+//     latter must be explained likewise;
 //   - every fault that is on happened at least once.
 //
 // Report.Write prints the counts and ends with one verdict line

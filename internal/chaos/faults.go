@@ -18,7 +18,7 @@ import (
 // Fault is a failure the harness injects. Each is switchable and counted.
 type Fault string
 
-// The faults. The first five are planned per message (at most one per
+// The faults. All but StoreOutage are planned per message (at most one per
 // message, chosen from the seeded source); StoreOutage is a time window.
 const (
 	// FaultDieAfterClaim: the replica dies right after its claim commits
@@ -46,12 +46,19 @@ const (
 	// under load before sideeffects.RetryPolicy.Do kept an unknown outcome
 	// unknown; this fault reproduces it deterministically.)
 	FaultLostThen503 Fault = "lost-then-503"
+	// FaultAckLost: the store commits a MarkProcessed or Release and then
+	// answers claim.ErrUnavailable (the connection broke after COMMIT
+	// reached the server). Half of its messages are also answered 503 four
+	// times by the downstream, so their effect is definitely not performed
+	// and the write that loses its answer is the Release.
+	FaultAckLost Fault = "ack-lost"
 )
 
 // AllFaults lists every fault in the order reports print them.
 var AllFaults = []Fault{
 	FaultDieAfterClaim, FaultResponseLost, FaultDieAfterEffect,
 	FaultDieAfterProcessed, FaultLockExpiry, FaultStoreOutage, FaultLostThen503,
+	FaultAckLost,
 }
 
 // perMessage reports whether f is planned per message.
@@ -97,12 +104,15 @@ type faultBook struct {
 	nfired  map[Fault]int
 	planned map[Fault]int
 	counts  map[Fault]int
+	// hit is every message a fault actually happened to (the key explains
+	// a flagged claim; see harness.explain).
+	hit map[string]Fault
 }
 
 func newFaultBook() *faultBook {
 	return &faultBook{
 		plan: map[string]Fault{}, fired: map[string]bool{}, limit: map[Fault]int{}, nfired: map[Fault]int{},
-		planned: map[Fault]int{}, counts: map[Fault]int{},
+		planned: map[Fault]int{}, counts: map[Fault]int{}, hit: map[string]Fault{},
 	}
 }
 
@@ -133,7 +143,24 @@ func (b *faultBook) fire(id string, f Fault) bool {
 	}
 	b.fired[id] = true
 	b.nfired[f]++
+	b.hit[id] = f
 	return true
+}
+
+// markHit records that f happened to id (for faults the downstream
+// injects, which the harness observes rather than fires).
+func (b *faultBook) markHit(id string, f Fault) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.hit[id] = f
+}
+
+// hitOn returns the fault that happened to id, if any.
+func (b *faultBook) hitOn(id string) (Fault, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	f, ok := b.hit[id]
+	return f, ok
 }
 
 func (b *faultBook) count(f Fault, n int) {
@@ -159,14 +186,41 @@ func (b *faultBook) snapshot() (planned, happened map[Fault]int) {
 type outage struct {
 	active  atomic.Bool
 	refused atomic.Int64
+
+	mu sync.Mutex
+	// refusedIDs are the claims whose outcome-changing calls (MarkProcessed,
+	// Release, RecordAttempt, Heartbeat, TakeOver) an outage refused: such a
+	// claim may legitimately be left for the reconciler.
+	refusedIDs map[int64][]string
 }
 
-func (o *outage) gate(_ context.Context, op string) error {
-	if o.active.Load() {
-		o.refused.Add(1)
-		return fmt.Errorf("chaos: store outage: %s: %w", op, claim.ErrUnavailable)
+// outageOps are the calls on an existing claim whose refusal can leave it
+// unfinished.
+var outageOps = []string{"MarkProcessed", "Release", "RecordAttempt", "Heartbeat", "TakeOver"}
+
+func (o *outage) gate(_ context.Context, op string, id int64) error {
+	if !o.active.Load() {
+		return nil
 	}
-	return nil
+	o.refused.Add(1)
+	if id != 0 && slices.Contains(outageOps, op) {
+		o.mu.Lock()
+		if o.refusedIDs == nil {
+			o.refusedIDs = map[int64][]string{}
+		}
+		if !slices.Contains(o.refusedIDs[id], op) {
+			o.refusedIDs[id] = append(o.refusedIDs[id], op)
+		}
+		o.mu.Unlock()
+	}
+	return fmt.Errorf("chaos: store outage: %s: %w", op, claim.ErrUnavailable)
+}
+
+// refusedFor returns the calls on claim id an outage refused.
+func (o *outage) refusedFor(id int64) []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.refusedIDs[id])
 }
 
 // replicaDeadError is what a dead replica's store, receiver and HTTP client
@@ -206,6 +260,7 @@ func (k *killReceiver) ReceiveMessages(ctx context.Context, n int, o *azserviceb
 	}
 	for _, m := range msgs {
 		k.rep.h.sawDelivery(m)
+		k.rep.received(m)
 	}
 	return msgs, err
 }
@@ -214,21 +269,27 @@ func (k *killReceiver) CompleteMessage(ctx context.Context, m *azservicebus.Rece
 	if k.rep.dead.Load() {
 		return k.lost("complete")
 	}
-	return k.r.CompleteMessage(ctx, m, o)
+	err := k.r.CompleteMessage(ctx, m, o)
+	k.rep.settled(m, "complete", err)
+	return err
 }
 
 func (k *killReceiver) AbandonMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.AbandonMessageOptions) error {
 	if k.rep.dead.Load() {
 		return k.lost("abandon")
 	}
-	return k.r.AbandonMessage(ctx, m, o)
+	err := k.r.AbandonMessage(ctx, m, o)
+	k.rep.settled(m, "abandon", err)
+	return err
 }
 
 func (k *killReceiver) DeadLetterMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.DeadLetterOptions) error {
 	if k.rep.dead.Load() {
 		return k.lost("dead-letter")
 	}
-	return k.r.DeadLetterMessage(ctx, m, o)
+	err := k.r.DeadLetterMessage(ctx, m, o)
+	k.rep.settled(m, "dead-letter", err)
+	return err
 }
 
 func (k *killReceiver) RenewMessageLock(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.RenewMessageLockOptions) error {
@@ -239,6 +300,40 @@ func (k *killReceiver) RenewMessageLock(ctx context.Context, m *azservicebus.Rec
 }
 
 func (k *killReceiver) Close(ctx context.Context) error { return k.r.Close(ctx) }
+
+// received notes a delivery the replica now holds.
+func (r *replica) received(m *azservicebus.ReceivedMessage) {
+	r.mu.Lock()
+	r.held[m.LockToken] = m.MessageID
+	r.mu.Unlock()
+	r.h.hist.add(m.MessageID, "%s received delivery %d (lock %x)", r.host, m.DeliveryCount, m.LockToken[:4])
+}
+
+// settled notes that the replica settled (or tried to settle) a delivery:
+// it no longer holds it, whatever the broker answered.
+func (r *replica) settled(m *azservicebus.ReceivedMessage, op string, err error) {
+	r.mu.Lock()
+	delete(r.held, m.LockToken)
+	r.mu.Unlock()
+	r.h.hist.add(m.MessageID, "%s %s delivery %d (lock %x): %s", r.host, op, m.DeliveryCount, m.LockToken[:4], errText(err))
+}
+
+// RedriveHeader marks the effect requests of the harness's redrives (the
+// reconciler's, not a delivery's), so the report can tell effects the
+// processor performed from effects only a redrive performed.
+const RedriveHeader = "X-Chaos-Redrive"
+
+// redriveSender names redrive requests among an effect's performers.
+const redriveSender = "redrive"
+
+// redriveTransport tags every request with RedriveHeader.
+type redriveTransport struct{ base http.RoundTripper }
+
+func (t redriveTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	req.Header.Set(RedriveHeader, "1")
+	return t.base.RoundTrip(req)
+}
 
 // killTransport is a replica's HTTP transport: a dead replica sends no new
 // request. (A request already on the wire when the replica dies is
@@ -274,22 +369,25 @@ func withDelivery(ctx context.Context, rep *replica, m *azservicebus.ReceivedMes
 	return context.WithValue(ctx, deliveryKey{}, fmt.Sprintf("replica-%d/%x", rep.id, m.LockToken[:6]))
 }
 
-// trackWriter notes the status a handler wrote (0: none).
+// trackWriter notes the status a handler wrote (0: none) and whether the
+// answer was an idempotent replay.
 type trackWriter struct {
 	http.ResponseWriter
-	status int
+	status   int
+	replayed bool
 }
 
 func (w *trackWriter) WriteHeader(code int) {
 	if w.status == 0 {
 		w.status = code
+		w.replayed = w.Header().Get("Idempotent-Replayed") == "true"
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
 
 func (w *trackWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
-		w.status = http.StatusOK
+		w.WriteHeader(http.StatusOK)
 	}
 	return w.ResponseWriter.Write(b)
 }

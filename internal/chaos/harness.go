@@ -146,6 +146,16 @@ type harness struct {
 	wg       sync.WaitGroup
 	seen     map[string]uint32          // message ID → highest delivery count received
 	senders  map[string]map[string]bool // key → deliveries whose effect request may have performed
+	// performers: key → who sent each request that performed the effect
+	// (a delivery, or "redrive").
+	performers map[string][]string
+	// heldAtDeath: killed replica's host → message IDs it had received and
+	// not yet settled when it died.
+	heldAtDeath map[string]map[string]bool
+	// explained: key → why its claim was flagged (filled by reconcile).
+	explained map[string]string
+
+	hist *history
 
 	hangs atomic.Int64 // response-lost hangs observed at the downstream
 }
@@ -164,15 +174,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, fmt.Errorf("chaos: %w", err)
 	}
 	h := &harness{
-		cfg:       cfg,
-		log:       cfg.Logger,
-		rng:       rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5bd1e995)),
-		book:      newFaultBook(),
-		metrics:   processor.NewMetrics(nil),
-		seen:      map[string]uint32{},
-		senders:   map[string]map[string]bool{},
-		copies:    map[string]int{},
-		conflictB: map[string][]byte{},
+		cfg:         cfg,
+		log:         cfg.Logger,
+		rng:         rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5bd1e995)),
+		book:        newFaultBook(),
+		metrics:     processor.NewMetrics(nil),
+		seen:        map[string]uint32{},
+		senders:     map[string]map[string]bool{},
+		performers:  map[string][]string{},
+		heldAtDeath: map[string]map[string]bool{},
+		explained:   map[string]string{},
+		hist:        newHistory(),
+		copies:      map[string]int{},
+		conflictB:   map[string][]byte{},
 	}
 	db, err := OpenDatabase(ctx, cfg.DatabaseURL)
 	if err != nil {
@@ -197,7 +211,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 
-	rep := &Report{Config: cfg, Database: db.String(), Dialect: db.Dialect, FlagReasons: map[string]int{}}
+	rep := &Report{Config: cfg, Database: db.String(), Dialect: db.Dialect, FlagReasons: map[string]int{}, FlagExplained: map[string]int{}}
 	start := time.Now()
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
@@ -303,7 +317,7 @@ func (h *harness) plan() {
 	next := 0
 	for _, f := range faults {
 		planned := per
-		if f != FaultResponseLost && f != FaultLostThen503 {
+		if f != FaultResponseLost && f != FaultLostThen503 && f != FaultAckLost {
 			planned = 2 * per // spares for the hook faults (see faultBook)
 		}
 		for k := 0; k < planned && next < len(candidates); next++ {
@@ -318,6 +332,12 @@ func (h *harness) plan() {
 			case FaultLostThen503:
 				h.down.FailKey(id, 1, fakedownstream.FaultHang)
 				h.down.FailKey(id, 2, fakedownstream.FaultUnavailable) // the retries within the 3 s budget
+			case FaultAckLost:
+				if k%2 == 1 {
+					// Every attempt of the first delivery is refused: the
+					// effect is not performed, the claim is released.
+					h.down.FailKey(id, 4, fakedownstream.FaultUnavailable)
+				}
 			}
 			k++
 		}
@@ -331,20 +351,48 @@ func (h *harness) enabled(f Fault) bool { return slices.Contains(h.cfg.Faults, f
 // serveDownstream is the fake downstream, observed: a request for a
 // response-lost key that got no answer before the caller gave up is one
 // response-lost fault that happened.
+//
+// It also notes who performed each key's effect: the request answered 2xx
+// and not replayed, or the request that hung (a hang is injected on a
+// key's first request, which performs it; the harness's downstream has no
+// latency, so no other request goes unanswered).
 func (h *harness) serveDownstream(w http.ResponseWriter, r *http.Request) {
 	tw := &trackWriter{ResponseWriter: w}
 	h.down.ServeHTTP(tw, r)
 	key := r.Header.Get("Idempotency-Key")
 	if f := h.book.planFor(key); tw.status == 0 && r.Context().Err() != nil && (f == FaultResponseLost || f == FaultLostThen503) {
 		h.book.count(f, 1)
+		h.book.markHit(key, f)
 	}
-	if d := r.Header.Get(DeliveryHeader); d != "" && key != "" && mayHavePerformed(tw.status) {
-		h.mu.Lock()
+	d := r.Header.Get(DeliveryHeader)
+	from := d
+	if r.Header.Get(RedriveHeader) != "" {
+		from = redriveSender
+	}
+	performed := tw.status == 0 || tw.status >= 200 && tw.status < 300 && !tw.replayed
+	what := fmt.Sprintf("answered %d", tw.status)
+	switch {
+	case tw.status == 0:
+		what = "performed, no answer (hang)"
+	case performed:
+		what = fmt.Sprintf("performed, answered %d", tw.status)
+	case tw.replayed:
+		what = fmt.Sprintf("replayed %d", tw.status)
+	}
+	h.hist.add(key, "downstream request from %s: %s", cmpOr(from, "(untagged)"), what)
+	if key == "" {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if performed {
+		h.performers[key] = append(h.performers[key], cmpOr(from, "(untagged)"))
+	}
+	if d != "" && mayHavePerformed(tw.status) {
 		if h.senders[key] == nil {
 			h.senders[key] = map[string]bool{}
 		}
 		h.senders[key][d] = true
-		h.mu.Unlock()
 	}
 }
 
@@ -402,7 +450,10 @@ func (h *harness) monitor(ctx context.Context) {
 type replica struct {
 	h       *harness
 	id      int
+	host    string
 	dead    atomic.Bool
+	mu      sync.Mutex
+	held    map[[16]byte]string // lock token → message ID, received and not settled
 	killCtx context.Context
 	kill    context.CancelFunc
 	cancel  context.CancelFunc
@@ -416,7 +467,7 @@ func (h *harness) startReplica() {
 	}
 	h.nextID++
 	h.started++
-	r := &replica{h: h, id: h.nextID}
+	r := &replica{h: h, id: h.nextID, host: fmt.Sprintf("replica-%d", h.nextID), held: map[[16]byte]string{}}
 	h.replicas = append(h.replicas, r)
 	h.wg.Add(1)
 	h.mu.Unlock()
@@ -431,7 +482,10 @@ func (h *harness) startReplica() {
 	if err != nil {
 		panic("chaos: routes: " + err.Error()) // the harness's own fixed routes file
 	}
+	// The chain, outermost first: a test's wrapper, the history, lost
+	// acknowledgements, the dead-replica gate, the outage gate.
 	var st claim.Store = &gateStore{inner: &gateStore{inner: h.db.Store, gate: h.out.gate}, gate: r.gate, calls: &h.trips}
+	st = &traceStore{Store: &lostAckStore{Store: st, h: h}, host: r.host, hist: h.hist}
 	if h.cfg.wrapStore != nil {
 		st = h.cfg.wrapStore(st)
 	}
@@ -450,7 +504,7 @@ func (h *harness) startReplica() {
 		SettleTimeout:      2 * time.Second,
 		StoreTimeout:       5 * time.Second,
 		ShutdownTimeout:    10 * time.Second,
-		Host:               fmt.Sprintf("replica-%d", r.id),
+		Host:               r.host,
 		Logger:             log,
 		Metrics:            h.metrics,
 		Hooks: processor.Hooks{
@@ -471,7 +525,7 @@ func (h *harness) startReplica() {
 }
 
 // gate refuses every store call once the replica is dead.
-func (r *replica) gate(context.Context, string) error {
+func (r *replica) gate(context.Context, string, int64) error {
 	if r.dead.Load() {
 		return replicaDeadError(r.id, "store")
 	}
@@ -491,12 +545,25 @@ func (r *replica) die() {
 	if !r.dead.CompareAndSwap(false, true) {
 		return
 	}
+	// What it held when it died: a claim it owns on one of these may be
+	// left unfinished, legitimately. (A receive that returns after this
+	// point can claim nothing: the store refuses a dead replica.)
+	r.mu.Lock()
+	held := map[string]bool{}
+	for _, id := range r.held {
+		held[id] = true
+	}
+	r.mu.Unlock()
 	r.kill()
 	r.cancel()
 	h := r.h
 	h.mu.Lock()
 	h.kills++
+	h.heldAtDeath[r.host] = held
 	h.mu.Unlock()
+	for id := range held {
+		h.hist.add(id, "%s killed while holding a delivery", r.host)
+	}
 	h.log.Info("replica killed", "replica", r.id)
 	go func() {
 		time.Sleep(50 * time.Millisecond) // the platform notices and restarts
@@ -562,7 +629,7 @@ func (h *harness) reconcile(ctx context.Context, rep *Report) {
 		FlagBatchSize: 500,
 		QueryTimeout:  30 * time.Second,
 	}, h.log, nil)
-	redriveRouter, err := sideeffects.ParseRoutes(h.routes, func(string) string { return "" }, &http.Client{Transport: h.base}, h.log)
+	redriveRouter, err := sideeffects.ParseRoutes(h.routes, func(string) string { return "" }, &http.Client{Transport: redriveTransport{h.base}}, h.log)
 	if err != nil {
 		rep.violate("redrive routes: %v", err)
 		return
@@ -582,9 +649,25 @@ func (h *harness) reconcile(ctx context.Context, rep *Report) {
 			mu  sync.Mutex
 			sem = make(chan struct{}, 8)
 		)
+		if len(h.cfg.Faults) == 0 && len(res.Flagged) > 0 && rep.Flagged == 0 {
+			rep.violate("no fault was injected, yet the reconciler flagged claims (want none)")
+		}
 		for _, c := range res.Flagged {
 			rep.Flagged++
 			rep.FlagReasons[flagReasonKind(c.FlagReason)]++
+			h.hist.add(c.MessageID, "reconciler flagged claim %d (%s; claimed by %s, delivery %d, attempts %d, last error %q)",
+				c.ID, c.FlagReason, c.ClaimedBy, c.DeliveryCount, c.Attempts, c.LastError)
+			why, kind := h.explain(c)
+			rep.FlagExplained[kind]++
+			h.mu.Lock()
+			h.explained[c.MessageID] = why
+			h.mu.Unlock()
+			if why == "" {
+				rep.Unexplained++
+				rep.violate("claim %d (%s) flagged (%s) and nothing explains it: claimed by %s, which was not killed holding it; no fault happened to the key; no store call for it was refused by an outage",
+					c.ID, c.MessageID, flagReasonKind(c.FlagReason), c.ClaimedBy)
+				rep.history(c.MessageID, h.hist.of(c.MessageID))
+			}
 			wg.Add(1)
 			sem <- struct{}{}
 			go func() {
@@ -597,8 +680,10 @@ func (h *harness) reconcile(ctx context.Context, rep *Report) {
 				defer mu.Unlock()
 				if err != nil {
 					rep.violate("redrive claim %d (%s): %v", c.ID, c.MessageID, err)
+					h.hist.add(c.MessageID, "redrive of claim %d: %v", c.ID, err)
 					return
 				}
+				h.hist.add(c.MessageID, "redrive of claim %d: resolved", c.ID)
 				rep.Redriven++
 			}()
 		}
@@ -617,6 +702,34 @@ func (h *harness) reconcile(ctx context.Context, rep *Report) {
 		case <-time.After(h.cfg.StaleAfter / 5):
 		}
 	}
+}
+
+// explain says why a flagged claim may legitimately have been left
+// unfinished by a correct processor, and its kind (for the report's
+// counts); why is "" when nothing does:
+//
+//   - a fault happened to the message's key;
+//   - an outage refused a call on the claim that records its outcome or
+//     keeps it alive (MarkProcessed, Release, RecordAttempt, Heartbeat,
+//     TakeOver);
+//   - the replica that owns it (ClaimedBy) was killed while it held a
+//     delivery of the message (received, not yet settled). Merely owning
+//     it is not enough: a replica that was killed later, after it had
+//     settled the message, must have recorded the claim's outcome first.
+func (h *harness) explain(c *claim.Claim) (why, kind string) {
+	if f, ok := h.book.hitOn(c.MessageID); ok {
+		return fmt.Sprintf("fault %s happened to it", f), "fault " + string(f)
+	}
+	if ops := h.out.refusedFor(c.ID); len(ops) > 0 {
+		return fmt.Sprintf("an outage refused %s on it", strings.Join(ops, ", ")), "outage refused " + strings.Join(ops, "+")
+	}
+	h.mu.Lock()
+	held := h.heldAtDeath[c.ClaimedBy][c.MessageID]
+	h.mu.Unlock()
+	if held {
+		return fmt.Sprintf("%s was killed holding it", c.ClaimedBy), "killed holding it"
+	}
+	return "", "UNEXPLAINED"
 }
 
 // flagReasonKind drops the timestamp from a flag reason ("no heartbeat
@@ -659,6 +772,17 @@ func (h *harness) verify(ctx context.Context, rep *Report) {
 	}
 	h.mu.Lock()
 	for _, id := range h.ids {
+		by := h.performers[id]
+		switch {
+		case len(by) == 0:
+		case by[0] == redriveSender:
+			rep.EffectsByRedrive++
+			if h.explained[id] == "" {
+				rep.violate("%s: its effect was performed only by the reconciler's redrive, and nothing explains why the processor did not perform it", id)
+			}
+		default:
+			rep.EffectsByProcessor++
+		}
 		if n := len(h.senders[id]); n > 1 {
 			rep.MultiSender++
 			rep.violate("%s: %d deliveries ran the effect (%s): the claim did not stop the second; only the downstream's idempotency hid it",

@@ -40,6 +40,15 @@ type Report struct {
 
 	Ticks, Flagged, Redriven int
 	FlagReasons              map[string]int
+	// FlagExplained counts flagged claims by what explains them (a killed
+	// replica holding the message, a fault on its key, an outage refusing
+	// a call on it, or UNEXPLAINED: a violation).
+	FlagExplained map[string]int
+	Unexplained   int
+	// EffectsByProcessor and EffectsByRedrive count routed keys whose
+	// effect was performed by a delivery's request or only by the
+	// reconciler's redrive.
+	EffectsByProcessor, EffectsByRedrive int
 
 	DrainTime, ReconcileTime, Duration time.Duration
 
@@ -50,6 +59,18 @@ type Report struct {
 	Violations     []string
 	moreViolations int
 	WrongKeys      int
+	// Histories are the recorded histories of the first unexplained
+	// flagged claims' keys.
+	Histories []string
+}
+
+// maxHistories bounds how many key histories a report keeps.
+const maxHistories = 5
+
+func (r *Report) history(key, events string) {
+	if len(r.Histories) < maxHistories {
+		r.Histories = append(r.Histories, fmt.Sprintf("%s:\n    %s", key, events))
+	}
 }
 
 func (r *Report) violate(format string, args ...any) {
@@ -110,6 +131,7 @@ func (r *Report) Write(w io.Writer) {
 		fmt.Fprintf(w, " %d effect(s): %d keys;", n, r.EffectsPerKey[n])
 	}
 	fmt.Fprintf(w, " total effects %d, raw requests %d; keys whose effect was sent by more than one delivery: %d\n", r.Effects, r.Requests, r.MultiSender)
+	fmt.Fprintf(w, "effects performed by the processor: %d keys; only by the reconciler's redrive: %d keys\n", r.EffectsByProcessor, r.EffectsByRedrive)
 
 	q := r.Queue
 	fmt.Fprintf(w, "queue: sent %d, completed %d, dead-lettered %d %s, still in queue %d; deliveries %d (redeliveries %d), lock expiries %d, lock losses %d\n",
@@ -120,6 +142,7 @@ func (r *Report) Write(w io.Writer) {
 		fmt.Fprintf(w, " %s %d;", s, r.ClaimStates[s])
 	}
 	fmt.Fprintf(w, " reconciler flagged %d %s, redriven %d\n", r.Flagged, fmtMap(r.FlagReasons), r.Redriven)
+	fmt.Fprintf(w, "flagged claims explained by: %s (unexplained %d)\n", fmtMap(r.FlagExplained), r.Unexplained)
 
 	fmt.Fprintf(w, "processor outcomes (all replicas):")
 	for _, o := range outcomes {
@@ -143,6 +166,9 @@ func (r *Report) Write(w io.Writer) {
 	fmt.Fprintf(w, " replicas killed %d, started %d\n", r.Kills, r.ReplicasStarted)
 	for _, v := range r.Violations {
 		fmt.Fprintf(w, "VIOLATION: %s\n", v)
+	}
+	for _, hs := range r.Histories {
+		fmt.Fprintf(w, "HISTORY %s\n", hs)
 	}
 	fmt.Fprintln(w, r.Verdict())
 }

@@ -14,15 +14,15 @@ import (
 // reaches the inner store counts as one database round trip.
 type gateStore struct {
 	inner claim.Store
-	gate  func(ctx context.Context, op string) error
-	calls *atomic.Int64 // round trips that reached inner (may be nil)
+	gate  func(ctx context.Context, op string, id int64) error // id: the claim the call is about, 0 if none
+	calls *atomic.Int64                                        // round trips that reached inner (may be nil)
 }
 
 var _ claim.Store = (*gateStore)(nil)
 
-func (s *gateStore) pass(ctx context.Context, op string) error {
+func (s *gateStore) pass(ctx context.Context, op string, id int64) error {
 	if s.gate != nil {
-		if err := s.gate(ctx, op); err != nil {
+		if err := s.gate(ctx, op, id); err != nil {
 			return err
 		}
 	}
@@ -40,112 +40,112 @@ func CountingStore(inner claim.Store, calls *atomic.Int64) claim.Store {
 }
 
 func (s *gateStore) ClaimBatch(ctx context.Context, p *claim.ClaimBatchParams) ([]claim.ClaimResult, error) {
-	if err := s.pass(ctx, "ClaimBatch"); err != nil {
+	if err := s.pass(ctx, "ClaimBatch", 0); err != nil {
 		return nil, err
 	}
 	return s.inner.ClaimBatch(ctx, p)
 }
 
 func (s *gateStore) ClaimTx(ctx context.Context, p *claim.ClaimTxParams, fn func(ctx context.Context, tx *sql.Tx) error) (claim.ClaimResult, error) {
-	if err := s.pass(ctx, "ClaimTx"); err != nil {
+	if err := s.pass(ctx, "ClaimTx", 0); err != nil {
 		return claim.ClaimResult{}, err
 	}
 	return s.inner.ClaimTx(ctx, p, fn)
 }
 
 func (s *gateStore) TakeOver(ctx context.Context, p *claim.TakeOverParams) (*claim.Claim, error) {
-	if err := s.pass(ctx, "TakeOver"); err != nil {
+	if err := s.pass(ctx, "TakeOver", p.ID); err != nil {
 		return nil, err
 	}
 	return s.inner.TakeOver(ctx, p)
 }
 
 func (s *gateStore) Heartbeat(ctx context.Context, p *claim.HeartbeatParams) error {
-	if err := s.pass(ctx, "Heartbeat"); err != nil {
+	if err := s.pass(ctx, "Heartbeat", p.ID); err != nil {
 		return err
 	}
 	return s.inner.Heartbeat(ctx, p)
 }
 
 func (s *gateStore) MarkProcessed(ctx context.Context, p *claim.MarkProcessedParams) error {
-	if err := s.pass(ctx, "MarkProcessed"); err != nil {
+	if err := s.pass(ctx, "MarkProcessed", p.ID); err != nil {
 		return err
 	}
 	return s.inner.MarkProcessed(ctx, p)
 }
 
 func (s *gateStore) Release(ctx context.Context, p *claim.ReleaseParams) error {
-	if err := s.pass(ctx, "Release"); err != nil {
+	if err := s.pass(ctx, "Release", p.ID); err != nil {
 		return err
 	}
 	return s.inner.Release(ctx, p)
 }
 
 func (s *gateStore) RecordAttempt(ctx context.Context, p *claim.RecordAttemptParams) error {
-	if err := s.pass(ctx, "RecordAttempt"); err != nil {
+	if err := s.pass(ctx, "RecordAttempt", p.ID); err != nil {
 		return err
 	}
 	return s.inner.RecordAttempt(ctx, p)
 }
 
 func (s *gateStore) FlagStale(ctx context.Context, p *claim.FlagStaleParams) ([]*claim.Claim, error) {
-	if err := s.pass(ctx, "FlagStale"); err != nil {
+	if err := s.pass(ctx, "FlagStale", 0); err != nil {
 		return nil, err
 	}
 	return s.inner.FlagStale(ctx, p)
 }
 
 func (s *gateStore) List(ctx context.Context, p *claim.ListParams) ([]*claim.Claim, error) {
-	if err := s.pass(ctx, "List"); err != nil {
+	if err := s.pass(ctx, "List", 0); err != nil {
 		return nil, err
 	}
 	return s.inner.List(ctx, p)
 }
 
 func (s *gateStore) Get(ctx context.Context, id int64) (*claim.Claim, error) {
-	if err := s.pass(ctx, "Get"); err != nil {
+	if err := s.pass(ctx, "Get", id); err != nil {
 		return nil, err
 	}
 	return s.inner.Get(ctx, id)
 }
 
 func (s *gateStore) Resolve(ctx context.Context, p *claim.ResolveParams) (*claim.Claim, error) {
-	if err := s.pass(ctx, "Resolve"); err != nil {
+	if err := s.pass(ctx, "Resolve", 0); err != nil {
 		return nil, err
 	}
 	return s.inner.Resolve(ctx, p)
 }
 
 func (s *gateStore) PurgeProcessed(ctx context.Context, p *claim.PurgeParams) (int64, error) {
-	if err := s.pass(ctx, "PurgeProcessed"); err != nil {
+	if err := s.pass(ctx, "PurgeProcessed", 0); err != nil {
 		return 0, err
 	}
 	return s.inner.PurgeProcessed(ctx, p)
 }
 
 func (s *gateStore) Stats(ctx context.Context) (*claim.Stats, error) {
-	if err := s.pass(ctx, "Stats"); err != nil {
+	if err := s.pass(ctx, "Stats", 0); err != nil {
 		return nil, err
 	}
 	return s.inner.Stats(ctx)
 }
 
 func (s *gateStore) TryLock(ctx context.Context, name string) (func(context.Context) error, bool, error) {
-	if err := s.pass(ctx, "TryLock"); err != nil {
+	if err := s.pass(ctx, "TryLock", 0); err != nil {
 		return nil, false, err
 	}
 	return s.inner.TryLock(ctx, name)
 }
 
 func (s *gateStore) Now(ctx context.Context) (time.Time, error) {
-	if err := s.pass(ctx, "Now"); err != nil {
+	if err := s.pass(ctx, "Now", 0); err != nil {
 		return time.Time{}, err
 	}
 	return s.inner.Now(ctx)
 }
 
 func (s *gateStore) Ping(ctx context.Context) error {
-	if err := s.pass(ctx, "Ping"); err != nil {
+	if err := s.pass(ctx, "Ping", 0); err != nil {
 		return err
 	}
 	return s.inner.Ping(ctx)

@@ -1,0 +1,165 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+)
+
+// history is a per-message log of what the harness saw happen to each
+// dedup key: deliveries, store calls and their answers, downstream
+// requests, kills, flags and redrives. A flagged claim that nothing
+// explains is reported with its history, so the report says what the
+// processor did instead of only that it went wrong.
+type history struct {
+	start time.Time
+
+	mu     sync.Mutex
+	events map[string][]string
+	keys   map[int64]string // claim ID → dedup key
+}
+
+// maxEventsPerKey bounds one key's history (a key bouncing through many
+// redeliveries keeps its first events, which are the interesting ones).
+const maxEventsPerKey = 64
+
+func newHistory() *history {
+	return &history{start: time.Now(), events: map[string][]string{}, keys: map[int64]string{}}
+}
+
+func (t *history) add(key, format string, args ...any) {
+	if key == "" {
+		return
+	}
+	line := fmt.Sprintf("%7.3fs ", time.Since(t.start).Seconds()) + fmt.Sprintf(format, args...)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.events[key]) < maxEventsPerKey {
+		t.events[key] = append(t.events[key], line)
+	}
+}
+
+func (t *history) setKey(id int64, key string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.keys[id] = key
+}
+
+// keyOf returns the dedup key of claim id ("" when no store call of a
+// replica has returned that claim yet).
+func (t *history) keyOf(id int64) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.keys[id]
+}
+
+// of returns key's history, one event a line.
+func (t *history) of(key string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return strings.Join(t.events[key], "\n    ")
+}
+
+// traceStore is the outermost harness wrapper of a replica's store: it
+// records every call that decides or changes a claim, with its answer, in
+// the history (successful heartbeats are left out: there are too many).
+type traceStore struct {
+	claim.Store
+	host string
+	hist *history
+}
+
+func errText(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	return "error: " + err.Error()
+}
+
+func (s *traceStore) ClaimBatch(ctx context.Context, p *claim.ClaimBatchParams) ([]claim.ClaimResult, error) {
+	res, err := s.Store.ClaimBatch(ctx, p)
+	for i, c := range p.Claims {
+		switch {
+		case err != nil:
+			s.hist.add(c.MessageID, "%s ClaimBatch (delivery %d): %s", s.host, c.DeliveryCount, errText(err))
+		case i < len(res) && res[i].Claim != nil:
+			r := res[i]
+			s.hist.setKey(r.Claim.ID, c.MessageID)
+			s.hist.add(c.MessageID, "%s ClaimBatch (delivery %d): %s claim %d (state %s, owner %.8s, claimed by %s)",
+				s.host, c.DeliveryCount, r.Outcome, r.Claim.ID, r.Claim.State, r.Claim.Owner, r.Claim.ClaimedBy)
+		case i < len(res):
+			s.hist.add(c.MessageID, "%s ClaimBatch (delivery %d): %s (no claim returned)", s.host, c.DeliveryCount, res[i].Outcome)
+		}
+	}
+	return res, err
+}
+
+func (s *traceStore) TakeOver(ctx context.Context, p *claim.TakeOverParams) (*claim.Claim, error) {
+	c, err := s.Store.TakeOver(ctx, p)
+	owner := ""
+	if c != nil {
+		owner = fmt.Sprintf(" (new owner %.8s)", c.Owner)
+	}
+	s.hist.add(s.hist.keyOf(p.ID), "%s TakeOver claim %d (delivery %d): %s%s", s.host, p.ID, p.DeliveryCount, errText(err), owner)
+	return c, err
+}
+
+func (s *traceStore) Heartbeat(ctx context.Context, p *claim.HeartbeatParams) error {
+	err := s.Store.Heartbeat(ctx, p)
+	if err != nil {
+		s.hist.add(s.hist.keyOf(p.ID), "%s Heartbeat claim %d (owner %.8s): %s", s.host, p.ID, p.Owner, errText(err))
+	}
+	return err
+}
+
+func (s *traceStore) MarkProcessed(ctx context.Context, p *claim.MarkProcessedParams) error {
+	err := s.Store.MarkProcessed(ctx, p)
+	s.hist.add(s.hist.keyOf(p.ID), "%s MarkProcessed claim %d (owner %.8s): %s", s.host, p.ID, p.Owner, errText(err))
+	return err
+}
+
+func (s *traceStore) Release(ctx context.Context, p *claim.ReleaseParams) error {
+	err := s.Store.Release(ctx, p)
+	s.hist.add(s.hist.keyOf(p.ID), "%s Release claim %d (owner %.8s, cause %q): %s", s.host, p.ID, p.Owner, p.Error, errText(err))
+	return err
+}
+
+func (s *traceStore) RecordAttempt(ctx context.Context, p *claim.RecordAttemptParams) error {
+	err := s.Store.RecordAttempt(ctx, p)
+	s.hist.add(s.hist.keyOf(p.ID), "%s RecordAttempt claim %d (owner %.8s, attempt error %q): %s", s.host, p.ID, p.Owner, p.Error, errText(err))
+	return err
+}
+
+// lostAckStore injects FaultAckLost: for a message planned for it, the
+// first MarkProcessed or Release runs and commits, and then the store
+// answers claim.ErrUnavailable, as when a connection breaks after COMMIT
+// reached the server but before its answer came back.
+type lostAckStore struct {
+	claim.Store
+	h *harness
+}
+
+func (s *lostAckStore) lose(op string, id int64, run func() error) error {
+	key := s.h.hist.keyOf(id)
+	if key == "" || !s.h.book.fire(key, FaultAckLost) {
+		return run()
+	}
+	if err := run(); err != nil {
+		return err
+	}
+	s.h.book.count(FaultAckLost, 1)
+	s.h.hist.add(key, "fault %s: %s of claim %d committed, answer replaced by ErrUnavailable", FaultAckLost, op, id)
+	return fmt.Errorf("chaos: %s committed but its answer was lost: %w", op, claim.ErrUnavailable)
+}
+
+func (s *lostAckStore) MarkProcessed(ctx context.Context, p *claim.MarkProcessedParams) error {
+	return s.lose("MarkProcessed", p.ID, func() error { return s.Store.MarkProcessed(ctx, p) })
+}
+
+func (s *lostAckStore) Release(ctx context.Context, p *claim.ReleaseParams) error {
+	return s.lose("Release", p.ID, func() error { return s.Store.Release(ctx, p) })
+}
