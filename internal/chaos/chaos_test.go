@@ -224,6 +224,30 @@ func TestScenarios(t *testing.T) {
 	}
 }
 
+// TestTwoPhaseScenarioDetectsNoClaim proves the two-phase scenario can
+// fail: with a store that grants every claim, both instances call the
+// downstream. (Its effect count stays 1, the downstream deduplicating by
+// key itself; the request count and the outcomes show it.)
+func TestTwoPhaseScenarioDetectsNoClaim(t *testing.T) {
+	t.Parallel()
+	res, err := RunScenario(context.Background(), ScenarioTwoPhase, ScenarioConfig{
+		Logger:    testLogger(t),
+		wrapStore: func(s claim.Store) claim.Store { return noDedupStore{s} },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	res.Write(&b)
+	t.Log("\n" + b.String())
+	if res.Pass() || !strings.HasPrefix(res.Verdict(), "VERDICT: FAIL: ") {
+		t.Fatalf("the scenario passed a store that grants every claim: %s", res.Verdict())
+	}
+	if res.Requests < 2 {
+		t.Errorf("downstream requests = %d, want 2 (both instances called)", res.Requests)
+	}
+}
+
 func TestParseFaults(t *testing.T) {
 	for _, tc := range []struct {
 		in      string

@@ -72,7 +72,10 @@
 // RunScenario reproduces one dedup strategy under a race (one message
 // delivered to two instances at once): naive check-then-insert (2
 // effects: the bug), insert-first on a unique index (1), and the product's
-// two-phase claim with a slow HTTP effect (1).
+// two-phase claim with a slow HTTP effect: each instance holds one copy
+// before either claims, and exactly one request may reach the downstream
+// (one instance processed, the other a duplicate). The downstream
+// deduplicates by key itself, so its effect count alone could not fail.
 //
 // RunBenchmarks (and the Benchmark functions in this package's tests)
 // compare the product's two-phase claim with a raw store loop, naive

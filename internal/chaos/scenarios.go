@@ -8,7 +8,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http/httptest"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
@@ -16,6 +18,7 @@ import (
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 
+	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/membus"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
@@ -37,7 +40,9 @@ const (
 	// the same gap before COMMIT. The database picks the winner: 1 effect.
 	ScenarioUniqueIndex Scenario = "unique-index"
 	// ScenarioTwoPhase: two real processor instances, a slow external HTTP
-	// effect, the same message delivered to both at once: 1 effect.
+	// effect, the same message delivered to both at once (each holds one
+	// copy before either claims): one request reaches the downstream, one
+	// instance processes, the other completes its copy as a duplicate.
 	ScenarioTwoPhase Scenario = "two-phase"
 )
 
@@ -50,6 +55,10 @@ type ScenarioConfig struct {
 	Gap         time.Duration // naive, unique-index: gap between check and act [50ms]
 	Latency     time.Duration // two-phase: the downstream's latency [300ms]
 	Logger      *slog.Logger
+
+	// wrapStore, when set, wraps the two-phase instances' store (tests use
+	// it to break the claim and check that the scenario notices).
+	wrapStore func(claim.Store) claim.Store
 }
 
 // ScenarioResult is what a scenario found.
@@ -58,6 +67,10 @@ type ScenarioResult struct {
 	Database string
 	Effects  int // effects for the one message
 	Expected int
+	// Requests is how many effect requests for the message reached the
+	// downstream (two-phase: must be 1; the downstream's own idempotency
+	// would hide a second caller from Effects).
+	Requests int
 	Details  []string
 	Problem  string // a failure besides the effect count
 }
@@ -87,6 +100,9 @@ func (r *ScenarioResult) Write(w io.Writer) {
 		fmt.Fprintf(w, "  %s\n", d)
 	}
 	fmt.Fprintf(w, "effects for the message: %d (expected %d)\n", r.Effects, r.Expected)
+	if r.Scenario == ScenarioTwoPhase {
+		fmt.Fprintf(w, "downstream requests for the message: %d (expected 1)\n", r.Requests)
+	}
 	if r.Scenario == ScenarioNaive {
 		fmt.Fprintln(w, "This is the failure sbclaim prevents: a check-then-insert guard lets both instances act; only a unique index (the claim) picks one winner.")
 	}
@@ -267,26 +283,36 @@ func runTwoPhase(ctx context.Context, d *Database, cfg ScenarioConfig) (*Scenari
 		return nil, err
 	}
 	q := membus.NewQueue("scenario", membus.QueueOptions{LockDuration: 5 * time.Second})
-	q.DuplicateSends(true)
+	q.DuplicateSends(true) // one send, two copies: a producer retry
 	id := "order-42"
 	if err := q.SendMessage(ctx, &azservicebus.Message{MessageID: &id, Subject: ptr(EffectSubject), Body: []byte(`{"order":42,"amount":100}`)}, nil); err != nil {
 		return nil, err
+	}
+	var store claim.Store = d.Store
+	if cfg.wrapStore != nil {
+		store = cfg.wrapStore(store)
 	}
 	metrics := processor.NewMetrics(nil)
 	var (
 		mu    sync.Mutex
 		lines []string
+		// Each instance receives one copy, and neither goes on until both
+		// hold theirs: the two claims race for real.
+		both sync.WaitGroup
 	)
+	both.Add(2)
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	var wg sync.WaitGroup
+	got := make([]*oneCopyReceiver, 2)
 	for i := 1; i <= 2; i++ {
+		got[i-1] = &oneCopyReceiver{inner: q.NewReceiver(), both: &both}
 		p, err := processor.New(processor.Options{
 			Consumer:           "two-phase",
 			Entity:             "scenario",
-			Store:              d.Store,
+			Store:              store,
 			Router:             router,
-			NewReceiver:        func(context.Context) (processor.Receiver, error) { return q.NewReceiver(), nil },
+			NewReceiver:        func(context.Context) (processor.Receiver, error) { return got[i-1], nil },
 			MaxConcurrentCalls: 1,
 			MaxLockRenewal:     time.Minute,
 			HeartbeatInterval:  time.Second,
@@ -317,12 +343,75 @@ func runTwoPhase(ctx context.Context, d *Database, cfg ScenarioConfig) (*Scenari
 	}
 	oc := outcomeCounts(metrics)
 	st := q.Stats()
-	lines = append(lines,
+	res := &ScenarioResult{Scenario: ScenarioTwoPhase, Database: d.String(), Expected: 1, Effects: down.Effects(id), Requests: down.Requests(id)}
+	res.Details = append(lines,
+		fmt.Sprintf("copies received: instance 1 %d, instance 2 %d (both held theirs before either claimed)", got[0].copies(), got[1].copies()),
 		fmt.Sprintf("processor outcomes: processed %d, duplicate %d (the loser completed its copy without calling the downstream)", oc[processor.OutcomeProcessed], oc[processor.OutcomeDuplicate]),
-		fmt.Sprintf("queue: sent %d, completed %d, dead-lettered %d; downstream requests %d", st.Sent, st.Completed, st.DeadLettered, down.TotalRequests()))
-	res := &ScenarioResult{Scenario: ScenarioTwoPhase, Database: d.String(), Expected: 1, Details: lines, Effects: down.Effects(id)}
-	if st.Completed != 2 {
-		res.Problem = fmt.Sprintf("%d of 2 copies completed (both must be)", st.Completed)
+		fmt.Sprintf("queue: sent %d, completed %d, dead-lettered %d; downstream requests for the key %d, effects %d (the downstream deduplicates by key itself, so only the request count shows a second caller)",
+			st.Sent, st.Completed, st.DeadLettered, res.Requests, res.Effects))
+	var problems []string
+	if got[0].copies() != 1 || got[1].copies() != 1 {
+		problems = append(problems, fmt.Sprintf("the instances received %d and %d copies (want 1 each: the race did not happen)", got[0].copies(), got[1].copies()))
 	}
+	if res.Requests != 1 {
+		problems = append(problems, fmt.Sprintf("the downstream got %d requests for the key (want 1: the claim must stop the second instance before it calls)", res.Requests))
+	}
+	if oc[processor.OutcomeProcessed] != 1 || oc[processor.OutcomeDuplicate] != 1 {
+		problems = append(problems, fmt.Sprintf("outcomes processed %d, duplicate %d (want 1 and 1)", oc[processor.OutcomeProcessed], oc[processor.OutcomeDuplicate]))
+	}
+	if st.Completed != 2 {
+		problems = append(problems, fmt.Sprintf("%d of 2 copies completed (both must be)", st.Completed))
+	}
+	res.Problem = strings.Join(problems, "; ")
 	return res, nil
 }
+
+// oneCopyReceiver hands its instance exactly one message, and only once
+// the other instance holds its copy too; later receives wait for the end
+// of the run.
+type oneCopyReceiver struct {
+	inner *membus.Receiver
+	both  *sync.WaitGroup
+	n     atomic.Int32
+}
+
+func (r *oneCopyReceiver) copies() int { return int(r.n.Load()) }
+
+func (r *oneCopyReceiver) ReceiveMessages(ctx context.Context, _ int, o *azservicebus.ReceiveMessagesOptions) ([]*azservicebus.ReceivedMessage, error) {
+	if r.n.Load() > 0 {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	msgs, err := r.inner.ReceiveMessages(ctx, 1, o)
+	if err != nil || len(msgs) == 0 {
+		return msgs, err
+	}
+	r.n.Add(int32(len(msgs)))
+	r.both.Done()
+	waited := make(chan struct{})
+	go func() { r.both.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-ctx.Done():
+	case <-time.After(30 * time.Second): // the other never got a copy; the result says so
+	}
+	return msgs, nil
+}
+
+func (r *oneCopyReceiver) CompleteMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.CompleteMessageOptions) error {
+	return r.inner.CompleteMessage(ctx, m, o)
+}
+
+func (r *oneCopyReceiver) AbandonMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.AbandonMessageOptions) error {
+	return r.inner.AbandonMessage(ctx, m, o)
+}
+
+func (r *oneCopyReceiver) DeadLetterMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.DeadLetterOptions) error {
+	return r.inner.DeadLetterMessage(ctx, m, o)
+}
+
+func (r *oneCopyReceiver) RenewMessageLock(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.RenewMessageLockOptions) error {
+	return r.inner.RenewMessageLock(ctx, m, o)
+}
+
+func (r *oneCopyReceiver) Close(ctx context.Context) error { return r.inner.Close(ctx) }
