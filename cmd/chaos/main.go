@@ -44,6 +44,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		bench    = fs.Bool("bench", false, "run the benchmark matrix and print a markdown table")
 		benchPG  = fs.String("bench-postgres", os.Getenv("SBCLAIM_TEST_POSTGRES_URL"), "with -bench: PostgreSQL URL for the PostgreSQL rows (default $SBCLAIM_TEST_POSTGRES_URL)")
 		verbose  = fs.Bool("v", false, "log the replicas' and reconciler's work to stderr")
+		samples  = fs.Bool("flagged-histories", false, "print the history of a few flagged claims of each kind (why the reconciler had work)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -104,6 +105,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "chaos: %v (after %s)\n", err, time.Since(start).Round(time.Millisecond))
 		return 2
+	}
+	if *samples {
+		rep.WriteFlagSamples(stdout)
 	}
 	rep.Write(stdout)
 	if !rep.Pass() {

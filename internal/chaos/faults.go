@@ -143,12 +143,12 @@ func (b *faultBook) fire(id string, f Fault) bool {
 	}
 	b.fired[id] = true
 	b.nfired[f]++
-	b.hit[id] = f
 	return true
 }
 
-// markHit records that f happened to id (for faults the downstream
-// injects, which the harness observes rather than fires).
+// markHit records that f happened to id. Only a fault that really
+// happened explains a flagged claim: a planned fault that fired on a dead
+// replica, or a lock expiry that found no lock, did nothing.
 func (b *faultBook) markHit(id string, f Fault) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -211,7 +211,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 
-	rep := &Report{Config: cfg, Database: db.String(), Dialect: db.Dialect, FlagReasons: map[string]int{}, FlagExplained: map[string]int{}}
+	rep := &Report{Config: cfg, Database: db.String(), Dialect: db.Dialect, FlagReasons: map[string]int{}, FlagExplained: map[string]int{}, FlagSamples: map[string][]string{}}
 	start := time.Now()
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
@@ -576,10 +576,19 @@ func (h *harness) crashHook(r *replica, f Fault) func(context.Context, *azservic
 		return nil
 	}
 	return func(_ context.Context, msg *azservicebus.ReceivedMessage) error {
+		if r.dead.Load() {
+			// Already dead (its in-flight work runs on, but can reach
+			// nothing): it does not get further, and a planned fault is
+			// not spent on it.
+			return processor.ErrCrash
+		}
 		if !h.book.fire(msg.MessageID, f) {
 			return nil
 		}
 		h.book.count(f, 1)
+		h.book.markHit(msg.MessageID, f)
+		h.hist.add(msg.MessageID, "fault %s: %s dies here (delivery %d)", f, r.host, msg.DeliveryCount)
+		h.log.Info("fault kills the replica", "fault", f, "message_id", msg.MessageID, "replica", r.id)
 		r.die()
 		return processor.ErrCrash
 	}
@@ -606,6 +615,7 @@ func (fr *faultRouter) Route(msg *azservicebus.ReceivedMessage) (sideeffects.Han
 		if h.enabled(FaultLockExpiry) && h.book.fire(m.MessageID, FaultLockExpiry) {
 			if n := h.queue.ExpireLock(m.MessageID); n > 0 {
 				h.book.count(FaultLockExpiry, 1)
+				h.book.markHit(m.MessageID, FaultLockExpiry)
 				// Hold the effect until the redelivery was received (or a
 				// bound passes), so the two overlap.
 				deadline := time.Now().Add(2 * h.cfg.LockDuration)
@@ -659,6 +669,9 @@ func (h *harness) reconcile(ctx context.Context, rep *Report) {
 				c.ID, c.FlagReason, c.ClaimedBy, c.DeliveryCount, c.Attempts, c.LastError)
 			why, kind := h.explain(c)
 			rep.FlagExplained[kind]++
+			if len(rep.FlagSamples[kind]) < maxSamples {
+				rep.FlagSamples[kind] = append(rep.FlagSamples[kind], fmt.Sprintf("claim %d %s (%s):\n    %s", c.ID, c.MessageID, cmpOr(why, "unexplained"), h.hist.of(c.MessageID)))
+			}
 			h.mu.Lock()
 			h.explained[c.MessageID] = why
 			h.mu.Unlock()

@@ -44,7 +44,10 @@ type Report struct {
 	// replica holding the message, a fault on its key, an outage refusing
 	// a call on it, or UNEXPLAINED: a violation).
 	FlagExplained map[string]int
-	Unexplained   int
+	// FlagSamples keeps, per explanation kind, the histories of the first
+	// few flagged claims (WriteFlagSamples prints them).
+	FlagSamples map[string][]string
+	Unexplained int
 	// EffectsByProcessor and EffectsByRedrive count routed keys whose
 	// effect was performed by a delivery's request or only by the
 	// reconciler's redrive.
@@ -84,6 +87,19 @@ func (r *Report) violate(format string, args ...any) {
 func (r *Report) wrongKey(format string, args ...any) {
 	r.WrongKeys++
 	r.violate(format, args...)
+}
+
+// maxSamples bounds FlagSamples per kind.
+const maxSamples = 3
+
+// WriteFlagSamples prints the histories of a few flagged claims of each
+// explanation kind: what the harness saw happen to their keys.
+func (r *Report) WriteFlagSamples(w io.Writer) {
+	for _, kind := range sortedKeys(r.FlagSamples) {
+		for _, s := range r.FlagSamples[kind] {
+			fmt.Fprintf(w, "FLAGGED [%s] %s\n", kind, s)
+		}
+	}
 }
 
 // Pass reports whether the run found no violation.

@@ -152,6 +152,7 @@ func (s *lostAckStore) lose(op string, id int64, run func() error) error {
 		return err
 	}
 	s.h.book.count(FaultAckLost, 1)
+	s.h.book.markHit(key, FaultAckLost)
 	s.h.hist.add(key, "fault %s: %s of claim %d committed, answer replaced by ErrUnavailable", FaultAckLost, op, id)
 	return fmt.Errorf("chaos: %s committed but its answer was lost: %w", op, claim.ErrUnavailable)
 }
