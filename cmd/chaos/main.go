@@ -8,6 +8,7 @@
 //
 //	go run ./cmd/chaos -messages 2000 -replicas 3 -faults all -seed 1
 //	go run ./cmd/chaos -db "$SBCLAIM_TEST_POSTGRES_URL" -seed 2
+//	go run ./cmd/chaos -seed 3 -flagged-histories   # why the reconciler had work
 //	go run ./cmd/chaos -scenario naive|unique-index|two-phase
 //	go run ./cmd/chaos -bench
 package main
