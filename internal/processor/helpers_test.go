@@ -188,6 +188,7 @@ func (b *bundle) options() processor.Options {
 		StorePayload:       true,
 		MaxPayloadBytes:    1024,
 		ShutdownTimeout:    10 * time.Second,
+		RecordRetryWindow:  time.Second,
 		Logger:             slog.New(slog.NewJSONHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 }

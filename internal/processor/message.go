@@ -473,27 +473,28 @@ func (p *Processor) release(work context.Context, c *claim.Claim, cause error) e
 }
 
 // recordOutcome runs a store write that records an outcome already known.
-// Like settlement it runs on its own short context, so the shutdown timeout
-// does not stop it; an outage is retried a few times, but only once when
-// the shutdown timeout has already passed (the platform's SIGKILL is near).
+// Each try runs on its own short context, so a shutdown does not cut it
+// off; a store outage is retried for up to RecordRetryWindow (the
+// message's lock is still being renewed meanwhile), but no new try starts once the
+// shutdown timeout has passed (the platform's SIGKILL is near).
 func (p *Processor) recordOutcome(work context.Context, write func(ctx context.Context) error) error {
-	tries := uint(5)
-	if work.Err() != nil {
-		tries = 1
-	}
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval = 100 * time.Millisecond
 	b.MaxInterval = 2 * time.Second
 	detached := context.WithoutCancel(work)
-	_, err := backoff.Retry(detached, func() (struct{}, error) {
+	var last error
+	_, err := backoff.Retry(work, func() (struct{}, error) {
 		ctx, cancel := context.WithTimeout(detached, p.opts.StoreTimeout)
 		defer cancel()
-		err := write(ctx)
-		if err != nil && !errors.Is(err, claim.ErrUnavailable) {
-			return struct{}{}, backoff.Permanent(err)
+		last = write(ctx)
+		if last != nil && !errors.Is(last, claim.ErrUnavailable) {
+			return struct{}{}, backoff.Permanent(last)
 		}
-		return struct{}{}, err
-	}, backoff.WithBackOff(b), backoff.WithMaxTries(tries))
+		return struct{}{}, last
+	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(p.opts.RecordRetryWindow))
+	if err != nil && last != nil {
+		return last // not the shutdown's context error: what the store said
+	}
 	return err
 }
 

@@ -55,6 +55,9 @@ type Options struct {
 	SettleTimeout time.Duration
 	// StoreTimeout bounds each claim-store call. Default 10s.
 	StoreTimeout time.Duration
+	// RecordRetryWindow is how long recording a known outcome (mark
+	// processed, release) retries a store outage. Default 30s.
+	RecordRetryWindow time.Duration
 	// ShutdownTimeout is how long in-flight effects may run after Run's
 	// context ends. Default 25s (below Container Apps' 30 s grace period).
 	ShutdownTimeout time.Duration
@@ -110,6 +113,7 @@ func New(opts Options) (*Processor, error) {
 	for name, d := range map[string]time.Duration{
 		"MaxLockRenewal": opts.MaxLockRenewal, "HeartbeatInterval": opts.HeartbeatInterval,
 		"SettleTimeout": opts.SettleTimeout, "StoreTimeout": opts.StoreTimeout, "ShutdownTimeout": opts.ShutdownTimeout,
+		"RecordRetryWindow": opts.RecordRetryWindow,
 	} {
 		if d < 0 {
 			return nil, fmt.Errorf("processor: %s cannot be negative (got %s)", name, d)
@@ -129,6 +133,7 @@ func New(opts Options) (*Processor, error) {
 	opts.MaxPayloadBytes = cmp.Or(opts.MaxPayloadBytes, 256*1024)
 	opts.SettleTimeout = cmp.Or(opts.SettleTimeout, 5*time.Second)
 	opts.StoreTimeout = cmp.Or(opts.StoreTimeout, 10*time.Second)
+	opts.RecordRetryWindow = cmp.Or(opts.RecordRetryWindow, 30*time.Second)
 	opts.ShutdownTimeout = cmp.Or(opts.ShutdownTimeout, 25*time.Second)
 	if opts.Host == "" {
 		opts.Host, _ = os.Hostname()
