@@ -9,6 +9,7 @@ import (
 	"context"
 	"database/sql"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -162,7 +163,7 @@ func SQLServer(t testing.TB) *mssql.Store {
 }
 
 // sqlServerDatabaseURL creates a database (READ_COMMITTED_SNAPSHOT on, as
-// on Azure SQL Database), migrates it, drops it at cleanup, and returns its
+// on Azure SQL Database, unless SBCLAIM_TEST_SQLSERVER_RCSI=off), migrates it, drops it at cleanup, and returns its
 // URL.
 func sqlServerDatabaseURL(t testing.TB) string {
 	t.Helper()
@@ -187,8 +188,10 @@ func sqlServerDatabaseURL(t testing.TB) string {
 			t.Logf("drop database %s: %v", name, err)
 		}
 	})
-	if _, err := admin.DB().ExecContext(ctx, "ALTER DATABASE "+name+" SET READ_COMMITTED_SNAPSHOT ON WITH ROLLBACK IMMEDIATE"); err != nil {
-		t.Fatalf("turn on READ_COMMITTED_SNAPSHOT: %v", err)
+	if !strings.EqualFold(os.Getenv("SBCLAIM_TEST_SQLSERVER_RCSI"), "off") {
+		if _, err := admin.DB().ExecContext(ctx, "ALTER DATABASE "+name+" SET READ_COMMITTED_SNAPSHOT ON WITH ROLLBACK IMMEDIATE"); err != nil {
+			t.Fatalf("turn on READ_COMMITTED_SNAPSHOT: %v", err)
+		}
 	}
 	u, err := url.Parse(base)
 	if err != nil {
