@@ -815,3 +815,30 @@ func TestErrorTextIsStorable(t *testing.T) {
 		}
 	})
 }
+
+// TestReceivesOnlyForFreeSlots: the SDK has no prefetch, so the processor
+// must never hold more locked messages than it has workers: with two
+// slots busy it stops receiving, and the rest stay available to other
+// replicas.
+func TestReceivesOnlyForFreeSlots(t *testing.T) {
+	b := setup(t, "sqlite", membus.QueueOptions{})
+	b.eff.gate = make(chan struct{})
+	b.eff.started = make(chan string, 16)
+	opts := b.options()
+	opts.MaxConcurrentCalls = 2
+	b.start(opts)
+	for i := range 10 {
+		b.send(fmt.Sprintf("m%d", i), "pay", `{}`, nil)
+	}
+	<-b.eff.started
+	<-b.eff.started
+	time.Sleep(200 * time.Millisecond) // room for a wrong extra receive
+	if s := b.q.Stats(); s.Locked != 2 || s.Active != 8 {
+		t.Errorf("locked %d active %d with 2 busy slots, want 2 and 8", s.Locked, s.Active)
+	}
+	close(b.eff.gate)
+	b.waitIdle()
+	if got := len(b.claims()); got != 10 {
+		t.Errorf("%d claims, want 10", got)
+	}
+}
