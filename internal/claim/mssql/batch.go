@@ -105,6 +105,16 @@ func prepare(plan *sqlstore.Plan) ([]newClaim, error) {
 	rows := make([]newClaim, 0, len(plan.First))
 	for _, i := range plan.First {
 		c := &plan.Claims[i]
+		// sqlstore.ValidateClaim counts runes; nvarchar(n) counts UTF-16
+		// code units, so a key with characters outside the BMP can pass it
+		// and still be too wide for the column (error 2628, which fails
+		// the whole multi-row INSERT).
+		if n := utf16Len(c.MessageID); n > claim.MaxMessageIDLength {
+			return nil, fmt.Errorf("claim %s/%s: MessageID is %d UTF-16 code units, at most %d", c.MessageID, c.Consumer, n, claim.MaxMessageIDLength)
+		}
+		if n := utf16Len(c.Consumer); n > sqlstore.MaxConsumerLength {
+			return nil, fmt.Errorf("claim %s/%s: Consumer is %d UTF-16 code units, at most %d", c.MessageID, c.Consumer, n, sqlstore.MaxConsumerLength)
+		}
 		if n := utf16Len(c.Entity); n > maxEntity {
 			return nil, fmt.Errorf("claim %s/%s: Entity is %d characters, at most %d", c.MessageID, c.Consumer, n, maxEntity)
 		}

@@ -355,3 +355,31 @@ func TestClaimTx(t *testing.T) {
 		t.Fatalf("fn error: %v", err)
 	}
 }
+
+// A key within MaxMessageIDLength runes but wider than nvarchar(128) in
+// UTF-16 code units (characters outside the BMP take two) is refused
+// before any request, instead of failing the INSERT with error 2628.
+func TestClaimBatchChecksWidthsInUTF16(t *testing.T) {
+	wide := strings.Repeat("😀", claim.MaxMessageIDLength/2+1) // 65 runes, 130 code units
+	for name, p := range map[string]claim.ClaimParams{
+		"message id": params(wide, "c", "b"),
+		"consumer":   params("m", strings.Repeat("😀", 101), "b"),
+	} {
+		t.Run(name, func(t *testing.T) {
+			ft := newFakeTable()
+			db, rec := newFakeDB(t, ft.handle)
+			if _, err := New(db).ClaimBatch(context.Background(), &claim.ClaimBatchParams{Claims: []claim.ClaimParams{p}}); err == nil {
+				t.Fatal("no error")
+			}
+			if n := len(rec.requests()); n != 0 {
+				t.Fatalf("%d requests, want none", n)
+			}
+		})
+	}
+	// 128 code units exactly is accepted.
+	ft := newFakeTable()
+	db, _ := newFakeDB(t, ft.handle)
+	if _, err := New(db).ClaimBatch(context.Background(), &claim.ClaimBatchParams{Claims: []claim.ClaimParams{params(strings.Repeat("😀", 64), "c", "b")}}); err != nil {
+		t.Fatal(err)
+	}
+}
