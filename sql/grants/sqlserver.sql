@@ -9,9 +9,19 @@
 -- Three identities:
 --
 --   migrator    runs `reconciler migrate` (goose): CREATE TABLE/INDEX and
---               the goose_db_version table. Give it db_ddladmin plus
---               SELECT/INSERT/DELETE on dbo.goose_db_version, or run the
---               migration as the database owner from a pipeline.
+--               the goose_db_version table. Simplest: run the migration as
+--               the database owner (db_owner) from a pipeline.
+--               db_ddladmin alone is not enough, and a GRANT on
+--               dbo.goose_db_version cannot be given beforehand: on its
+--               first run goose creates that table (in the migrator's
+--               default schema, dbo) and inserts its version-0 row in the
+--               same transaction; a table created in dbo is owned by dbo,
+--               not by its creator, and db_ddladmin has no INSERT, so the
+--               first run fails (error 229) and rolls back. Either have
+--               the owner run the first migration, or grant the DML on
+--               the schema (this also covers dbo.Claims):
+--                 ALTER ROLE db_ddladmin ADD MEMBER [<migrator>];
+--                 GRANT SELECT, INSERT, DELETE ON SCHEMA::dbo TO [<migrator>];
 --   processor   claims messages: INSERT/SELECT/UPDATE on dbo.Claims.
 --               (OUTPUT INSERTED.* needs SELECT; no DELETE: the processor
 --               never deletes a claim, a released claim is kept.)
