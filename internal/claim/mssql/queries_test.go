@@ -101,7 +101,7 @@ func TestEveryQueryNumbersItsParameters(t *testing.T) {
 			}
 		}
 		if strings.Contains(q, "WITH stale AS") {
-			for _, want := range []string{"WITH (ROWLOCK, UPDLOCK, READPAST)", "WHERE " + unfinished, "State IN ('claimed', 'released')", "HeartbeatUtc < DATEADD(microsecond, -@p2, DATEADD(second, -@p3, SYSUTCDATETIME()))", "ORDER BY HeartbeatUtc"} {
+			for _, want := range []string{"WITH (ROWLOCK, UPDLOCK, READPAST, READCOMMITTEDLOCK)", "WHERE " + unfinished, "State IN ('claimed', 'released')", "HeartbeatUtc < DATEADD(microsecond, -@p2, DATEADD(second, -@p3, SYSUTCDATETIME()))", "ORDER BY HeartbeatUtc"} {
 				if !strings.Contains(q, want) {
 					t.Errorf("FlagStale lacks %q:\n%s", want, q)
 				}

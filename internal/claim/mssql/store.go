@@ -298,6 +298,11 @@ WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`,
 // not stale any more and is not flagged. READPAST skips rows another
 // session holds locked (a heartbeat in flight, another reconciler's flag
 // pass) instead of waiting for them; they are looked at on the next tick.
+// READCOMMITTEDLOCK is there for READPAST's sake: the table hints
+// reference says READPAST cannot be specified when READ_COMMITTED_SNAPSHOT
+// is ON (Azure SQL's default) and the session is at READ COMMITTED, unless
+// READCOMMITTEDLOCK is also given; with UPDLOCK it changes nothing else
+// (UPDLOCK makes SQL Server ignore READCOMMITTEDLOCK as an isolation hint).
 func (s *Store) FlagStale(ctx context.Context, params *claim.FlagStaleParams) ([]*claim.Claim, error) {
 	staleAfter, limit, err := sqlstore.ValidateFlag(params)
 	if err != nil {
@@ -310,7 +315,7 @@ func (s *Store) FlagStale(ctx context.Context, params *claim.FlagStaleParams) ([
 	noHeartbeat := a.add(sqlstore.ReasonNoHeartbeat)
 	q := `WITH stale AS (
     SELECT TOP (` + top + `) *
-    FROM dbo.Claims WITH (ROWLOCK, UPDLOCK, READPAST)
+    FROM dbo.Claims WITH (ROWLOCK, UPDLOCK, READPAST, READCOMMITTEDLOCK)
     WHERE ` + unfinished + `
       AND State IN ('claimed', 'released')
       AND HeartbeatUtc < ` + cutoff + `
