@@ -68,8 +68,10 @@ CREATE UNIQUE NONCLUSTERED INDEX UX_Claims_MessageId_Consumer
 -- claimed and stale released claims. The index holds only unfinished work,
 -- so the scan costs the same at 10k or 100M rows. Queries repeat the filter
 -- predicates literally so the optimizer can match this index.
+-- The filter columns are INCLUDEd too: with an IS NULL filter the optimizer
+-- otherwise looks every row up in the table to re-check it.
 CREATE NONCLUSTERED INDEX IX_Claims_Unfinished
-    ON dbo.Claims (HeartbeatUtc) INCLUDE (State, ClaimedUtc)
+    ON dbo.Claims (HeartbeatUtc) INCLUDE (State, ClaimedUtc, ProcessedUtc, FlaggedUtc)
     WHERE ProcessedUtc IS NULL AND FlaggedUtc IS NULL;
 
 -- The purge: processed claims by ProcessedUtc, resolved claims by

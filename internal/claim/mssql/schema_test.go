@@ -63,7 +63,7 @@ func TestMigrationShape(t *testing.T) {
 		"Payload varbinary(max) NULL,",
 		"ClaimedUtc datetime2(7) NOT NULL CONSTRAINT DF_Claims_ClaimedUtc DEFAULT (SYSUTCDATETIME()),",
 		"CREATE UNIQUE NONCLUSTERED INDEX UX_Claims_MessageId_Consumer ON dbo.Claims (MessageId, Consumer);",
-		"CREATE NONCLUSTERED INDEX IX_Claims_Unfinished ON dbo.Claims (HeartbeatUtc) INCLUDE (State, ClaimedUtc) WHERE " + unfinished + ";",
+		"CREATE NONCLUSTERED INDEX IX_Claims_Unfinished ON dbo.Claims (HeartbeatUtc) INCLUDE (State, ClaimedUtc, ProcessedUtc, FlaggedUtc) WHERE " + unfinished + ";",
 		"CREATE NONCLUSTERED INDEX IX_Claims_Processed ON dbo.Claims (ProcessedUtc) WHERE State = 'processed';",
 		"CREATE NONCLUSTERED INDEX IX_Claims_Resolved ON dbo.Claims (ResolvedUtc) WHERE State = 'resolved';",
 	} {
