@@ -19,7 +19,7 @@ import (
 
 // countingQuerier counts the statements ClaimBatch sends.
 type countingQuerier struct {
-	q querier
+	q sqlstore.Querier
 	n atomic.Int64
 }
 

@@ -202,7 +202,7 @@ func (s *Store) ClaimBatch(ctx context.Context, params *claim.ClaimBatchParams) 
 // statement's snapshot (in practice at most one more).
 const maxClaimAttempts = 3
 
-func insertClaims(ctx context.Context, q querier, host string, plan *sqlstore.Plan, state claim.State) (won, existing map[sqlstore.Key]*claim.Claim, err error) {
+func insertClaims(ctx context.Context, q sqlstore.Querier, host string, plan *sqlstore.Plan, state claim.State) (won, existing map[sqlstore.Key]*claim.Claim, err error) {
 	won = make(map[sqlstore.Key]*claim.Claim, len(plan.First))
 	existing = make(map[sqlstore.Key]*claim.Claim)
 	pending := plan.First
@@ -265,24 +265,9 @@ func insertClaims(ctx context.Context, q querier, host string, plan *sqlstore.Pl
 	return won, existing, nil
 }
 
-type querier interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
-func queryClaims(ctx context.Context, q querier, query string, args []any, each func(*claim.Claim)) error {
-	rows, err := q.QueryContext(ctx, query, args...)
-	if err != nil {
-		return translate(err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		c, err := scanClaim(rows)
-		if err != nil {
-			return translate(err)
-		}
-		each(c)
-	}
-	return translate(rows.Err())
+func queryClaims(ctx context.Context, q sqlstore.Querier, query string, args []any, each func(*claim.Claim)) error {
+	scan := func(r sqlstore.Scanner) (*claim.Claim, error) { return scanClaim(r) }
+	return sqlstore.QueryClaims(ctx, q, translate, scan, query, args, each)
 }
 
 // ClaimTx inserts the marker already processed and runs fn in the same
@@ -337,18 +322,7 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 // execGuarded runs an UPDATE guarded on id, owner and state and reports
 // ErrStateChanged when it matched no row.
 func (s *Store) execGuarded(ctx context.Context, op string, id int64, query string, args ...any) error {
-	res, err := s.db.ExecContext(ctx, query, args...)
-	if err != nil {
-		return fmt.Errorf("%s claim %d: %w", op, id, translate(err))
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return fmt.Errorf("%s claim %d: %w", op, id, translate(err))
-	}
-	if n == 0 {
-		return fmt.Errorf("%s claim %d: %w", op, id, claim.ErrStateChanged)
-	}
-	return nil
+	return sqlstore.ExecGuarded(ctx, s.db, translate, op, id, query, args...)
 }
 
 // Heartbeat refreshes the heartbeat of a claimed claim held by Owner.

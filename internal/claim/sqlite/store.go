@@ -315,24 +315,9 @@ func nullBytes(b []byte) any {
 	return b
 }
 
-type querier interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
-func queryClaims(ctx context.Context, q querier, query string, args []any, each func(*claim.Claim)) error {
-	rows, err := q.QueryContext(ctx, query, args...)
-	if err != nil {
-		return translate(err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		c, err := scanClaim(rows)
-		if err != nil {
-			return translate(err)
-		}
-		each(c)
-	}
-	return translate(rows.Err())
+func queryClaims(ctx context.Context, q sqlstore.Querier, query string, args []any, each func(*claim.Claim)) error {
+	scan := func(r sqlstore.Scanner) (*claim.Claim, error) { return scanClaim(r) }
+	return sqlstore.QueryClaims(ctx, q, translate, scan, query, args, each)
 }
 
 // ClaimTx inserts the marker already processed and runs fn in the same
@@ -393,18 +378,7 @@ func guarded(err error) error {
 // execGuarded runs an UPDATE guarded on id and owner and reports
 // ErrStateChanged when it matched no row.
 func (s *Store) execGuarded(ctx context.Context, op string, id int64, query string, args ...any) error {
-	res, err := s.db.ExecContext(ctx, query, args...)
-	if err != nil {
-		return fmt.Errorf("%s claim %d: %w", op, id, translate(err))
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return fmt.Errorf("%s claim %d: %w", op, id, translate(err))
-	}
-	if n == 0 {
-		return fmt.Errorf("%s claim %d: %w", op, id, claim.ErrStateChanged)
-	}
-	return nil
+	return sqlstore.ExecGuarded(ctx, s.db, translate, op, id, query, args...)
 }
 
 // Heartbeat refreshes the heartbeat of a claimed claim held by Owner.

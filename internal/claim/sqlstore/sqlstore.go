@@ -6,6 +6,7 @@ package sqlstore
 
 import (
 	"bytes"
+	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
@@ -223,4 +224,54 @@ func LimitPool(db *sql.DB) {
 	db.SetMaxOpenConns(MaxOpenConns)
 	db.SetMaxIdleConns(MaxOpenConns)
 	db.SetConnMaxIdleTime(5 * time.Minute)
+}
+
+// Querier is what QueryClaims needs: a *sql.DB, *sql.Tx or *sql.Conn.
+type Querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// Execer is what ExecGuarded needs.
+type Execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// Scanner is a row to scan a claim from.
+type Scanner interface{ Scan(dest ...any) error }
+
+// QueryClaims runs query and calls each with every claim that scan reads
+// from its rows; driver errors go through translate.
+func QueryClaims(ctx context.Context, q Querier, translate func(error) error, scan func(Scanner) (*claim.Claim, error),
+	query string, args []any, each func(*claim.Claim)) error {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return translate(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		c, err := scan(rows)
+		if err != nil {
+			return translate(err)
+		}
+		each(c)
+	}
+	return translate(rows.Err())
+}
+
+// ExecGuarded runs an UPDATE guarded on a claim's id, owner and state and
+// reports claim.ErrStateChanged when it matched no row; driver errors go
+// through translate. op names the operation in errors.
+func ExecGuarded(ctx context.Context, db Execer, translate func(error) error, op string, id int64, query string, args ...any) error {
+	res, err := db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return fmt.Errorf("%s claim %d: %w", op, id, translate(err))
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("%s claim %d: %w", op, id, translate(err))
+	}
+	if n == 0 {
+		return fmt.Errorf("%s claim %d: %w", op, id, claim.ErrStateChanged)
+	}
+	return nil
 }
