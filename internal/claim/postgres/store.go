@@ -120,9 +120,8 @@ func cols(prefix string) string {
 
 var columns = cols("")
 
-type scanner interface{ Scan(dest ...any) error }
 
-func scanClaim(r scanner, extra ...any) (*claim.Claim, error) {
+func scanClaim(r sqlstore.Scanner, extra ...any) (*claim.Claim, error) {
 	var (
 		c                                      claim.Claim
 		state, props, resolution               string
