@@ -120,7 +120,6 @@ func cols(prefix string) string {
 
 var columns = cols("")
 
-
 func scanClaim(r sqlstore.Scanner, extra ...any) (*claim.Claim, error) {
 	var (
 		c                                      claim.Claim

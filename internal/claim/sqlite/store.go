@@ -157,7 +157,6 @@ const columns = `id, message_id, consumer, owner, state, entity, subject, conten
 const insertColumns = `message_id, consumer, owner, state, entity, subject, content_type,
 	properties, payload_hash, payload, delivery_count, claimed_by, claimed_utc, heartbeat_utc, processed_utc`
 
-
 func scanClaim(r sqlstore.Scanner) (*claim.Claim, error) {
 	var (
 		c                                      claim.Claim
