@@ -2,7 +2,6 @@ package store_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"net/url"
 	"path/filepath"
@@ -10,13 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
 	"github.com/sbclaim/sbclaim/internal/claim/postgres"
 	"github.com/sbclaim/sbclaim/internal/claim/sqlite"
 	"github.com/sbclaim/sbclaim/internal/store"
+	"github.com/sbclaim/sbclaim/internal/testdb"
 )
 
 func claimOne(t *testing.T, s claim.Store) {
@@ -57,25 +54,11 @@ func TestSQLiteMemory(t *testing.T) {
 }
 
 func TestPostgres(t *testing.T) {
-	base := claimtest.PostgresURL(t)
 	ctx := t.Context()
-	admin, err := sql.Open("pgx", base)
+	u, err := url.Parse(testdb.EmptyPostgresURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer admin.Close()
-	schema := "storetest_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:16]
-	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { admin.ExecContext(context.Background(), "DROP SCHEMA "+schema+" CASCADE") })
-	u, err := url.Parse(base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
 	for _, scheme := range []string{"postgres", "postgresql", "POSTGRES"} {
 		u.Scheme = scheme
 		if err := store.Migrate(ctx, u.String()); err != nil {

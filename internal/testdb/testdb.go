@@ -111,6 +111,26 @@ func Postgres(t testing.TB) *postgres.Store {
 // returns a URL whose search_path selects it.
 func postgresSchemaURL(t testing.TB) string {
 	t.Helper()
+	u := EmptyPostgresURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := postgres.Open(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := postgres.Migrate(ctx, s.DB()); err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// EmptyPostgresURL creates an empty schema (for tests of the migrations
+// themselves), drops it at cleanup, and returns a URL whose search_path
+// selects it. It skips, naming the variable, without
+// SBCLAIM_TEST_POSTGRES_URL.
+func EmptyPostgresURL(t testing.TB) string {
+	t.Helper()
 	base := claimtest.PostgresURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -138,14 +158,6 @@ func postgresSchemaURL(t testing.TB) string {
 	q := u.Query()
 	q.Set("search_path", name)
 	u.RawQuery = q.Encode()
-	s, err := postgres.Open(ctx, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if err := postgres.Migrate(ctx, s.DB()); err != nil {
-		t.Fatal(err)
-	}
 	return u.String()
 }
 

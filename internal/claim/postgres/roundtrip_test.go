@@ -31,30 +31,8 @@ func (c *countingQuerier) QueryContext(ctx context.Context, query string, args .
 // TestClaimBatchIsOneStatement: a batch mixing new keys, duplicates,
 // conflicts and intra-batch repeats costs one statement.
 func TestClaimBatchIsOneStatement(t *testing.T) {
-	base := claimtest.PostgresURL(t)
 	ctx := t.Context()
-	admin, err := sql.Open("pgx", base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	schema := "roundtrip_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:16]
-	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { admin.ExecContext(context.Background(), "DROP SCHEMA "+schema+" CASCADE") })
-	u, _ := url.Parse(base)
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	s, err := Open(ctx, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if err := Migrate(ctx, s.DB()); err != nil {
-		t.Fatal(err)
-	}
+	s := schemaStore(t)
 
 	msg := func(i int, body string) claim.ClaimParams {
 		return claim.ClaimParams{MessageID: fmt.Sprintf("m-%d", i), Consumer: "c", PayloadHash: claim.HashPayload([]byte(body)), Payload: []byte(body)}
@@ -104,30 +82,8 @@ func TestClaimBatchIsOneStatement(t *testing.T) {
 // the insert waits for it, the statement's snapshot cannot see the row, so
 // ClaimBatch reads it with a second statement and reports a duplicate.
 func TestClaimBatchRaceCostsOneMoreStatement(t *testing.T) {
-	base := claimtest.PostgresURL(t)
 	ctx := t.Context()
-	admin, err := sql.Open("pgx", base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	schema := "roundtrip_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:16]
-	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { admin.ExecContext(context.Background(), "DROP SCHEMA "+schema+" CASCADE") })
-	u, _ := url.Parse(base)
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	s, err := Open(ctx, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if err := Migrate(ctx, s.DB()); err != nil {
-		t.Fatal(err)
-	}
+	s := schemaStore(t)
 
 	p := claim.ClaimParams{MessageID: "m", Consumer: "c", PayloadHash: claim.HashPayload([]byte("b"))}
 	tx, err := s.DB().BeginTx(ctx, nil)
@@ -165,7 +121,7 @@ func TestClaimBatchRaceCostsOneMoreStatement(t *testing.T) {
 	// Wait until the insert is blocked on the uncommitted row.
 	for {
 		var waiting bool
-		if err := admin.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+		if err := s.DB().QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
 			WHERE $1 = ANY(pg_blocking_pids(pid)))`, txPID).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
@@ -193,4 +149,44 @@ func TestClaimBatchRaceCostsOneMoreStatement(t *testing.T) {
 	if n := cq.n.Load(); n != 2 {
 		t.Fatalf("%d statements, want 2 (the snapshot did not see the racing row)", n)
 	}
+}
+
+// schemaStore opens a migrated store on a fresh schema, dropped when the
+// test ends. (This in-package test cannot use internal/testdb, which
+// imports this package.)
+func schemaStore(t *testing.T) *Store {
+	t.Helper()
+	base := claimtest.PostgresURL(t)
+	ctx := t.Context()
+	admin, err := sql.Open("pgx", base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := "roundtrip_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:16]
+	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
+		admin.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		defer admin.Close()
+		if _, err := admin.ExecContext(context.Background(), "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	s, err := Open(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := Migrate(ctx, s.DB()); err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
