@@ -156,8 +156,6 @@ type harness struct {
 	explained map[string]string
 
 	hist *history
-
-	hangs atomic.Int64 // response-lost hangs observed at the downstream
 }
 
 type sentMessage struct {
