@@ -842,3 +842,86 @@ func TestReceivesOnlyForFreeSlots(t *testing.T) {
 		t.Errorf("%d claims, want 10", got)
 	}
 }
+
+// TestEffectFinishingAfterFlag: the reconciler flags the claim while the
+// effect runs (its heartbeats did not get through); the effect's success
+// cannot mark it processed, so the claim stays flagged for an operator,
+// the message is completed, and a discarded resolution is reported loudly.
+func TestEffectFinishingAfterFlag(t *testing.T) {
+	for _, discard := range []bool{false, true} {
+		t.Run(fmt.Sprintf("discarded=%v", discard), func(t *testing.T) {
+			b := setup(t, "sqlite", membus.QueueOptions{})
+			b.eff.gate = make(chan struct{})
+			b.eff.started = make(chan string, 1)
+			opts := b.options()
+			opts.Metrics = processor.NewMetrics(nil)
+			b.start(opts)
+			b.send("late", "pay", `{}`, nil)
+			<-b.eff.started
+			ctx := context.Background()
+			flagged, err := b.store.FlagStale(ctx, &claim.FlagStaleParams{StaleAfter: time.Nanosecond, Limit: 10})
+			if err != nil || len(flagged) != 1 {
+				t.Fatalf("flag: %v, %d claims", err, len(flagged))
+			}
+			if discard {
+				if _, err := b.store.Resolve(ctx, &claim.ResolveParams{ID: flagged[0].ID, Resolution: claim.ResolutionDiscarded, By: "op", Note: "looked stuck"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			close(b.eff.gate)
+			b.waitIdle()
+			b.eventually("a flagged outcome", func() bool { return outcomes(opts.Metrics, processor.OutcomeFlagged) == 1 })
+			if got := countCompleted(b.q, "late"); got != 1 {
+				t.Errorf("completed %d, want 1", got)
+			}
+			want := claim.StateFlagged
+			if discard {
+				want = claim.StateResolved
+			}
+			if c := b.claimOf("late"); c.State != want || c.ProcessedAt != nil {
+				t.Errorf("claim %s processed_at %v, want %s and not processed", c.State, c.ProcessedAt, want)
+			}
+			loud := strings.Contains(b.logs.String(), "AFTER an operator discarded")
+			if loud != discard {
+				t.Errorf("error about a discarded claim logged: %v, want %v", loud, discard)
+			}
+		})
+	}
+}
+
+// takeOverDown fails TakeOver as unavailable.
+type takeOverDown struct{ claim.Store }
+
+func (takeOverDown) TakeOver(context.Context, *claim.TakeOverParams) (*claim.Claim, error) {
+	return nil, fmt.Errorf("connection refused: %w", claim.ErrUnavailable)
+}
+
+// TestTakeOverUnavailableAbandons: a released claim that cannot be taken
+// over because the store is down is abandoned, not completed, and stays
+// released for the next delivery.
+func TestTakeOverUnavailableAbandons(t *testing.T) {
+	b := setup(t, "sqlite", membus.QueueOptions{MaxDeliveryCount: 2})
+	ctx := context.Background()
+	res, err := b.store.ClaimBatch(ctx, &claim.ClaimBatchParams{Claims: []claim.ClaimParams{{
+		MessageID: "rel", Consumer: "billing", PayloadHash: claim.HashPayload([]byte("{}"))}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.store.Release(ctx, &claim.ReleaseParams{ID: res[0].Claim.ID, Owner: res[0].Claim.Owner, Error: "503"}); err != nil {
+		t.Fatal(err)
+	}
+	opts := b.options()
+	opts.Store = takeOverDown{b.store}
+	b.start(opts)
+	b.send("rel", "pay", `{}`, nil)
+	b.waitIdle()
+	if got := countCompleted(b.q, "rel"); got != 0 {
+		t.Errorf("completed %d times without the effect", got)
+	}
+	if got := b.deadLetterReasons()["rel"]; got != membus.ReasonMaxDeliveryCountExceeded {
+		t.Errorf("dead-letter reason %q, want %q (abandoned every time)", got, membus.ReasonMaxDeliveryCountExceeded)
+	}
+	if c := b.claimOf("rel"); c.State != claim.StateReleased || b.eff.Calls("rel") != 0 {
+		t.Errorf("claim %s, effect calls %d: want still released, no call", c.State, b.eff.Calls("rel"))
+	}
+}
