@@ -53,7 +53,8 @@ type Features struct {
 	InsertClaimSQL string
 
 	// BackdateSQL moves every time column of one claim (claimed,
-	// heartbeat, processed, released, flagged, resolved; NULLs stay NULL)
+	// heartbeat, processed, released, flagged, resolved, taken over, next
+	// attempt, late success; NULLs stay NULL)
 	// back by a number of seconds, so staleness tests do not sleep.
 	// Arguments: seconds (int64), claim id (int64).
 	BackdateSQL string
@@ -99,6 +100,7 @@ func Exercise(t *testing.T, h Harness) {
 		{"TryLock", s.tryLock},
 		{"ClosedStoreIsUnavailable", s.closed},
 	}
+	tests = append(tests, s.takeOverTests()...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -125,6 +127,9 @@ func msg(id, consumer, body string) claim.ClaimParams {
 	return claim.ClaimParams{
 		MessageID:     id,
 		Consumer:      consumer,
+		Owner:         uuid.New(),
+		Route:         "route-" + consumer,
+		Fingerprint:   "fp-1",
 		Entity:        "orders/billing",
 		Subject:       "subject-" + id,
 		ContentType:   "application/json",
@@ -135,8 +140,10 @@ func msg(id, consumer, body string) claim.ClaimParams {
 	}
 }
 
+// claimOne claims p as a new delivery would: with a fresh owner token.
 func claimOne(t *testing.T, s claim.Store, p claim.ClaimParams) claim.ClaimResult {
 	t.Helper()
+	p.Owner = uuid.New()
 	res, err := s.ClaimBatch(ctxT(t), &claim.ClaimBatchParams{Host: "host-a", Claims: []claim.ClaimParams{p}})
 	if err != nil {
 		t.Fatalf("ClaimBatch(%s/%s): %v", p.MessageID, p.Consumer, err)
@@ -248,6 +255,8 @@ func (s *suite) concurrentClaims(t *testing.T) {
 		errs    = make([]error, n)
 	)
 	for i := range n {
+		p := p
+		p.Owner = uuid.New() // each goroutine is another delivery
 		wg.Go(func() {
 			<-start
 			res, err := st.ClaimBatch(ctxT(t), &claim.ClaimBatchParams{Host: fmt.Sprintf("host-%d", i), Claims: []claim.ClaimParams{p}})
@@ -523,6 +532,7 @@ func (s *suite) claimTx(t *testing.T) {
 		want claim.Outcome
 	}{{p.PayloadHash, claim.OutcomeDuplicate}, {claim.HashPayload([]byte("other")), claim.OutcomeConflict}} {
 		q := p
+		q.Owner = uuid.New() // another delivery
 		q.PayloadHash = tc.hash
 		called := false
 		res, err := st.ClaimTx(ctx, &claim.ClaimTxParams{Claim: q}, func(context.Context, *sql.Tx) error { called = true; return nil })
@@ -570,7 +580,7 @@ func (s *suite) lifecycle(t *testing.T) {
 		t.Fatalf("released: %+v", got)
 	}
 
-	taken, err := st.TakeOver(ctx, &claim.TakeOverParams{ID: c.ID, Host: "host-b", DeliveryCount: 2})
+	taken, err := st.TakeOver(ctx, redelivery(got, "host-b", 2))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -613,8 +623,8 @@ func (s *suite) guardedOps(t *testing.T) {
 	if got := mustGet(t, st, c.ID); got.State != claim.StateClaimed || got.Attempts != 0 || got.LastError != "" {
 		t.Fatalf("refused ops changed the claim: %+v", got)
 	}
-	_, err := st.TakeOver(ctx, &claim.TakeOverParams{ID: c.ID, Host: "x"})
-	wantErr(t, "TakeOver of a claimed claim", err, claim.ErrStateChanged)
+	_, err := st.TakeOver(ctx, redelivery(c, "x", 0))
+	wantErr(t, "TakeOver of a claimed claim with a fresh heartbeat", err, claim.ErrStateChanged)
 	_, err = st.Resolve(ctx, &claim.ResolveParams{ID: c.ID, Resolution: claim.ResolutionDone, By: "op"})
 	wantErr(t, "Resolve of a claimed claim", err, claim.ErrStateChanged)
 
@@ -633,7 +643,7 @@ func (s *suite) guardedOps(t *testing.T) {
 	for op, err := range ops(p.ID, p.Owner) {
 		wantErr(t, op+" on a processed claim", err, claim.ErrStateChanged)
 	}
-	_, err = st.TakeOver(ctx, &claim.TakeOverParams{ID: p.ID, Host: "x"})
+	_, err = st.TakeOver(ctx, redelivery(p, "x", 0))
 	wantErr(t, "TakeOver of a processed claim", err, claim.ErrStateChanged)
 }
 
@@ -654,7 +664,7 @@ func (s *suite) takeOverOnce(t *testing.T) {
 	for i := range n {
 		wg.Go(func() {
 			<-start
-			got, err := st.TakeOver(ctxT(t), &claim.TakeOverParams{ID: c.ID, Host: fmt.Sprintf("host-%d", i), DeliveryCount: 2})
+			got, err := st.TakeOver(ctxT(t), redelivery(c, fmt.Sprintf("host-%d", i), 2))
 			switch {
 			case err == nil:
 				winners.Add(1)
@@ -755,7 +765,7 @@ func (s *suite) flagReleased(t *testing.T) {
 	if len(flagged) != 1 || flagged[0].ID != c.ID || !strings.HasPrefix(flagged[0].FlagReason, "released and not taken over since ") {
 		t.Fatalf("flagged %+v, want claim %d with the released reason", flagged, c.ID)
 	}
-	_, err = st.TakeOver(ctx, &claim.TakeOverParams{ID: c.ID, Host: "x"})
+	_, err = st.TakeOver(ctx, redelivery(flagged[0], "x", 0))
 	wantErr(t, "TakeOver of a flagged claim", err, claim.ErrStateChanged)
 }
 
