@@ -1,21 +1,39 @@
 // sbclaim on Azure Container Apps.
 //
-// Deploys, into the current resource group:
-//   - a Log Analytics workspace and a Container Apps environment
-//     (consumption workload profile);
-//   - three user-assigned managed identities:
-//       id-<prefix>-processor   the processor's code: Service Bus Data
-//                               Receiver on the namespace, AcrPull, and (by
-//                               you, with sql/grants/sqlserver.sql) the
-//                               sbclaim_processor role in the database;
-//       id-<prefix>-reconciler  the reconciler job: AcrPull and the
-//                               sbclaim_reconciler database role;
-//       id-<prefix>-scaler      only the KEDA scale rule: Service Bus Data
-//                               Owner on the watched queue/topic (the scaler
-//                               reads message counts, which needs Manage
-//                               rights; see modules/servicebus-access.bicep);
-//   - the processor container app with a KEDA azure-servicebus scale rule;
-//   - the reconciler as a scheduled Container Apps job (`reconciler once`).
+// Deploys, into the current resource group, in two passes (see the README,
+// "Deploy to Azure Container Apps"):
+//
+//   pass 1, deployApps=false (the default): a Log Analytics workspace, a
+//   Container Apps environment (consumption workload profile), the
+//   user-assigned managed identities and their role assignments, and the
+//   sqlStatements output that creates their database users. Nothing here
+//   needs the database, so it succeeds from an empty resource group; the
+//   role assignments then have time to apply (AcrPull before the first
+//   image pull) and the database users are created before any replica
+//   asks for readiness.
+//
+//   pass 2, deployApps=true: the same, plus the processor container app
+//   and the reconciler job. Re-running either pass is safe (ARM is
+//   incremental; pass 1 after pass 2 leaves the apps as they are).
+//
+// Identities (the README's privileges table is checked against this file
+// by deploy_test.go):
+//   id-<prefix>-processor   the processor's code: Azure Service Bus Data
+//                           Receiver on its queue or subscription only, and
+//                           (sqlStatements) the sbclaim_processor role;
+//   id-<prefix>-reconciler  the reconciler job's code: the
+//                           sbclaim_reconciler database role only;
+//   id-<prefix>-scaler      the KEDA scale rule only: Azure Service Bus Data
+//                           Owner on the watched queue or topic (the scaler
+//                           reads message counts, which needs Manage
+//                           rights; see modules/servicebus-access.bicep);
+//   id-<prefix>-pull        image pulls only: AcrPull on the registry (when
+//                           registryName is set).
+// Container Apps makes a token of every identity on an app available to
+// its code unless identitySettings says otherwise: the scaler and pull
+// identities are set to lifecycle 'None' (platform use only: scale rule,
+// image pull), so the processor's code can only get its own identity's
+// tokens, and the reconciler's only its own.
 //
 // It uses, and does not create: a Service Bus namespace with the queue (or
 // topic and subscription), an Azure SQL logical server and database with a
@@ -40,6 +58,9 @@ param location string = resourceGroup().location
 @minLength(2)
 @maxLength(20)
 param namePrefix string = 'sbclaim'
+
+@description('Pass 2: deploy the processor app and the reconciler job. Pass 1 (false) deploys the environment, the identities and their role assignments only, and prints sqlStatements; create the database users and let the role assignments apply before pass 2.')
+param deployApps bool = false
 
 // ---- Images ---------------------------------------------------------------
 
@@ -93,8 +114,8 @@ param sqlDatabaseName string = 'sbclaim'
 @maxLength(200)
 param consumerName string
 
-@description('Content of the routes file (SBCLAIM_ROUTES), e.g. --parameters routesYaml="$(cat routes.yaml)". Mounted at /etc/sbclaim/routes.yaml from a Container Apps secret.')
-param routesYaml string
+@description('Content of the routes file (SBCLAIM_ROUTES), e.g. -p routesYaml="$(cat deploy/routes.yaml)" after copying examples/routes.yaml there and editing it. Mounted at /etc/sbclaim/routes.yaml from a Container Apps secret, in the processor and in the reconciler job. Required for pass 2.')
+param routesYaml string = ''
 
 @description('Environment variables the routes file reads with fromEnv (name -> value), e.g. {"PAYMENTS_TOKEN": "Bearer ..."}. Stored as Container Apps secrets.')
 @secure()
@@ -119,12 +140,15 @@ param maxConcurrentCalls int = 16
 @description('Claim heartbeat interval of the processors (SBCLAIM_HEARTBEAT_INTERVAL); the reconciler\'s staleAfter must be at least 3 times this.')
 param heartbeatInterval string = '30s'
 
+@description('A processor takes over a claim whose owner has not heartbeaten for this long (SBCLAIM_TAKEOVER_AFTER).')
+param takeoverAfter string = '90s'
+
 // ---- Reconciler job ------------------------------------------------------------
 
 @description('When the reconciler job runs: 5-field cron, UTC.')
 param reconcileCron string = '*/5 * * * *'
 
-@description('Flag claims with no heartbeat (or released and not taken over) for this long (SBCLAIM_STALE_AFTER); at least 3 × heartbeatInterval.')
+@description('Flag claims with no heartbeat (or released and not taken over) for this long (SBCLAIM_STALE_AFTER, set on the processor and the reconciler alike); at least 3 × heartbeatInterval.')
 param staleAfter string = '5m'
 
 @description('Purge processed claims older than this (SBCLAIM_RETENTION): at least lock duration × max delivery count, plus the message TTL and the time operators may re-submit from the dead-letter queue.')
@@ -137,13 +161,22 @@ param logRetentionDays int = 30
 // ---- Derived values ------------------------------------------------------------
 
 var useQueue = !empty(queueName)
-var registryServer = empty(registryName) ? '' : '${registryName}${environment().suffixes.acrLoginServer}'
+var useRegistry = !empty(registryName)
+var registryServer = useRegistry ? '${registryName}${environment().suffixes.acrLoginServer}' : ''
+var processorAppName = '${namePrefix}-processor'
+var reconcilerJobName = '${namePrefix}-reconciler'
 var sqlHost = '${sqlServerName}${environment().suffixes.sqlServerHostname}'
 
 // go-mssqldb with its azuread driver: a token for the user-assigned identity
 // named by "user id" (its client id); encrypt=true validates the server
 // certificate. No password anywhere.
 func databaseUrl(host string, database string, clientId string) string => 'sqlserver://${host}?database=${uriComponent(database)}&encrypt=true&fedauth=ActiveDirectoryManagedIdentity&user+id=${clientId}'
+
+// The database user of an identity and its role membership, each created
+// only when missing, so the statements can be run again. The user is named
+// by the identity's resource name and bound to its object (principal) id,
+// so a name shared with another Entra principal cannot be picked up.
+func usersSql(user string, objectId string, role string) string => 'IF DATABASE_PRINCIPAL_ID(N\'${user}\') IS NULL CREATE USER [${user}] FROM EXTERNAL PROVIDER WITH OBJECT_ID = \'${objectId}\';\nIF NOT EXISTS (SELECT 1 FROM sys.database_role_members m JOIN sys.database_principals r ON r.principal_id = m.role_principal_id JOIN sys.database_principals u ON u.principal_id = m.member_principal_id WHERE r.name = N\'${role}\' AND u.name = N\'${user}\') ALTER ROLE ${role} ADD MEMBER [${user}];'
 
 var entityEnv = useQueue ? [
   { name: 'SBCLAIM_QUEUE', value: queueName }
@@ -163,18 +196,17 @@ var scaleMetadata = useQueue ? {
   messageCount: string(scaleMessageCount)
 }
 
-var processorRegistries = empty(registryName) ? [] : [
+// Images are pulled with the pull identity, which the code never sees.
+var registries = useRegistry ? [
   {
     server: registryServer
-    identity: processorIdentity.id
+    identity: pullIdentity.id
   }
-]
-var reconcilerRegistries = empty(registryName) ? [] : [
-  {
-    server: registryServer
-    identity: reconcilerIdentity.id
-  }
-]
+] : []
+var pullIdentities = useRegistry ? { '${pullIdentity.id}': {} } : {}
+var pullIdentitySettings = useRegistry ? [
+  { identity: pullIdentity.id, lifecycle: 'None' }
+] : []
 
 // Container Apps secret names: lowercase letters, digits and '-'.
 var routeSecrets = [
@@ -189,6 +221,29 @@ var routeSecretEnvVars = [
     secretRef: 'route-${toLower(replace(s.key, '_', '-'))}'
   }
 ]
+var routesSecrets = concat([
+  {
+    name: 'routes-yaml'
+    value: routesYaml
+  }
+], routeSecrets)
+var routesVolume = {
+  name: 'routes'
+  storageType: 'Secret'
+  secrets: [
+    {
+      secretRef: 'routes-yaml'
+      path: 'routes.yaml'
+    }
+  ]
+}
+
+// Changing a secret does not create a revision, so running replicas would
+// keep the old routes: a hash of the routes and route secrets in the
+// template makes every change of them a new revision. (A 64-bit hash of
+// the values, visible to readers of the app; it does not reveal a
+// high-entropy token.)
+var configHash = uniqueString(routesYaml, string(routeSecretEnv))
 
 // ---- Monitoring and environment ------------------------------------------------
 
@@ -240,6 +295,11 @@ resource scalerIdentity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-0
   location: location
 }
 
+resource pullIdentity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
+  name: 'id-${namePrefix}-pull'
+  location: location
+}
+
 module serviceBusAccess 'modules/servicebus-access.bicep' = {
   name: '${namePrefix}-servicebus-access'
   scope: resourceGroup(serviceBusResourceGroup)
@@ -247,34 +307,34 @@ module serviceBusAccess 'modules/servicebus-access.bicep' = {
     namespaceName: serviceBusNamespaceName
     queueName: queueName
     topicName: topicName
+    subscriptionName: subscriptionName
     receiverPrincipalId: processorIdentity.properties.principalId
     scalerPrincipalId: scalerIdentity.properties.principalId
   }
 }
 
-module acrPull 'modules/acr-pull.bicep' = if (!empty(registryName)) {
+module acrPull 'modules/acr-pull.bicep' = if (useRegistry) {
   name: '${namePrefix}-acr-pull'
   scope: resourceGroup(registryResourceGroup)
   params: {
     registryName: registryName
     principalIds: [
-      processorIdentity.properties.principalId
-      reconcilerIdentity.properties.principalId
+      pullIdentity.properties.principalId
     ]
   }
 }
 
-// ---- Processor -------------------------------------------------------------------
+// ---- Processor (pass 2) ------------------------------------------------------------
 
-resource processor 'Microsoft.App/containerApps@2025-07-01' = {
-  name: '${namePrefix}-processor'
+resource processor 'Microsoft.App/containerApps@2025-07-01' = if (deployApps) {
+  name: processorAppName
   location: location
   identity: {
     type: 'UserAssigned'
-    userAssignedIdentities: {
+    userAssignedIdentities: union({
       '${processorIdentity.id}': {}
       '${scalerIdentity.id}': {}
-    }
+    }, pullIdentities)
   }
   properties: {
     environmentId: containerAppsEnv.id
@@ -283,18 +343,21 @@ resource processor 'Microsoft.App/containerApps@2025-07-01' = {
       activeRevisionsMode: 'Single'
       // No ingress: the processor pulls from Service Bus. The platform's
       // probes reach the container port directly.
-      registries: processorRegistries
-      secrets: concat([
-        {
-          name: 'routes-yaml'
-          value: routesYaml
-        }
-      ], routeSecrets)
+      registries: registries
+      // Only the processor's own identity reaches its code; the scaler's
+      // (Data Owner on the entity) serves the scale rule, the pull
+      // identity the image pull.
+      identitySettings: concat([
+        { identity: processorIdentity.id, lifecycle: 'Main' }
+        { identity: scalerIdentity.id, lifecycle: 'None' }
+      ], pullIdentitySettings)
+      secrets: routesSecrets
     }
     template: {
       // Container Apps sends SIGTERM, then SIGKILL after this many seconds.
-      // SBCLAIM_SHUTDOWN_TIMEOUT (25s) lets in-flight effects finish and
-      // leaves 5 s to settle messages and close connections.
+      // SBCLAIM_TERMINATION_GRACE_PERIOD tells the processor the same
+      // number; it checks that SBCLAIM_SHUTDOWN_TIMEOUT (20s, in-flight
+      // effects finish), the settle timeout and one store write fit in it.
       terminationGracePeriodSeconds: 30
       containers: [
         {
@@ -319,12 +382,18 @@ resource processor 'Microsoft.App/containerApps@2025-07-01' = {
               { name: 'SBCLAIM_MAX_CONCURRENT_CALLS', value: string(maxConcurrentCalls) }
               { name: 'SBCLAIM_MAX_LOCK_RENEWAL', value: '5m' }
               { name: 'SBCLAIM_HEARTBEAT_INTERVAL', value: heartbeatInterval }
-              { name: 'SBCLAIM_SHUTDOWN_TIMEOUT', value: '25s' }
+              { name: 'SBCLAIM_TAKEOVER_AFTER', value: takeoverAfter }
+              { name: 'SBCLAIM_STALE_AFTER', value: staleAfter }
+              { name: 'SBCLAIM_SHUTDOWN_TIMEOUT', value: '20s' }
+              { name: 'SBCLAIM_TERMINATION_GRACE_PERIOD', value: '30s' }
               { name: 'SBCLAIM_DEDUP_KEY', value: 'message-id' }
               { name: 'SBCLAIM_STORE_PAYLOAD', value: 'true' }
               { name: 'SBCLAIM_HTTP_ADDR', value: ':8080' }
               { name: 'SBCLAIM_LOG_FORMAT', value: 'json' }
               { name: 'SBCLAIM_LOG_LEVEL', value: 'info' }
+              // Not read by the processor: a change of the routes or their
+              // secrets changes the template, so a new revision rolls out.
+              { name: 'DEPLOY_CONFIG_HASH', value: configHash }
             ], entityEnv, routeSecretEnvVars)
           volumeMounts: [
             {
@@ -345,6 +414,9 @@ resource processor 'Microsoft.App/containerApps@2025-07-01' = {
               failureThreshold: 3
             }
             {
+              // Not ready while the claim store refuses writes or Service
+              // Bus is unreachable: pass 2 runs after the database users
+              // exist, so the first revision can become ready.
               type: 'Readiness'
               httpGet: {
                 path: '/readyz'
@@ -359,16 +431,7 @@ resource processor 'Microsoft.App/containerApps@2025-07-01' = {
         }
       ]
       volumes: [
-        {
-          name: 'routes'
-          storageType: 'Secret'
-          secrets: [
-            {
-              secretRef: 'routes-yaml'
-              path: 'routes.yaml'
-            }
-          ]
-        }
+        routesVolume
       ]
       scale: {
         minReplicas: processorMinReplicas
@@ -393,16 +456,16 @@ resource processor 'Microsoft.App/containerApps@2025-07-01' = {
   ]
 }
 
-// ---- Reconciler (scheduled job) ----------------------------------------------------
+// ---- Reconciler (scheduled job, pass 2) -----------------------------------------------
 
-resource reconcilerJob 'Microsoft.App/jobs@2025-07-01' = {
-  name: '${namePrefix}-reconciler'
+resource reconcilerJob 'Microsoft.App/jobs@2025-07-01' = if (deployApps) {
+  name: reconcilerJobName
   location: location
   identity: {
     type: 'UserAssigned'
-    userAssignedIdentities: {
+    userAssignedIdentities: union({
       '${reconcilerIdentity.id}': {}
-    }
+    }, pullIdentities)
   }
   properties: {
     environmentId: containerAppsEnv.id
@@ -418,7 +481,14 @@ resource reconcilerJob 'Microsoft.App/jobs@2025-07-01' = {
       // stuck run before the next one starts with the default schedule.
       replicaTimeout: 240
       replicaRetryLimit: 1
-      registries: reconcilerRegistries
+      registries: registries
+      identitySettings: concat([
+        { identity: reconcilerIdentity.id, lifecycle: 'Main' }
+      ], pullIdentitySettings)
+      // The processor's routes and their secrets: the reconciler recovers
+      // claims by running their effects with the same routes. Each
+      // execution reads the current secrets, so no hash is needed here.
+      secrets: routesSecrets
     }
     template: {
       containers: [
@@ -433,20 +503,30 @@ resource reconcilerJob 'Microsoft.App/jobs@2025-07-01' = {
             cpu: json('0.25')
             memory: '0.5Gi'
           }
-          env: [
-            { name: 'AZURE_CLIENT_ID', value: reconcilerIdentity.properties.clientId }
+          env: concat([
+              { name: 'AZURE_CLIENT_ID', value: reconcilerIdentity.properties.clientId }
+              {
+                name: 'SBCLAIM_DATABASE_URL'
+                value: databaseUrl(sqlHost, sqlDatabaseName, reconcilerIdentity.properties.clientId)
+              }
+              { name: 'SBCLAIM_ROUTES', value: '/etc/sbclaim/routes.yaml' }
+              { name: 'SBCLAIM_STALE_AFTER', value: staleAfter }
+              { name: 'SBCLAIM_HEARTBEAT_INTERVAL', value: heartbeatInterval }
+              { name: 'SBCLAIM_RETENTION', value: retention }
+              { name: 'SBCLAIM_LOCK_DURATION', value: entityLockDuration }
+              { name: 'SBCLAIM_MAX_DELIVERY_COUNT', value: string(entityMaxDeliveryCount) }
+              { name: 'SBCLAIM_LOG_FORMAT', value: 'json' }
+            ], routeSecretEnvVars)
+          volumeMounts: [
             {
-              name: 'SBCLAIM_DATABASE_URL'
-              value: databaseUrl(sqlHost, sqlDatabaseName, reconcilerIdentity.properties.clientId)
+              volumeName: 'routes'
+              mountPath: '/etc/sbclaim'
             }
-            { name: 'SBCLAIM_STALE_AFTER', value: staleAfter }
-            { name: 'SBCLAIM_HEARTBEAT_INTERVAL', value: heartbeatInterval }
-            { name: 'SBCLAIM_RETENTION', value: retention }
-            { name: 'SBCLAIM_LOCK_DURATION', value: entityLockDuration }
-            { name: 'SBCLAIM_MAX_DELIVERY_COUNT', value: string(entityMaxDeliveryCount) }
-            { name: 'SBCLAIM_LOG_FORMAT', value: 'json' }
           ]
         }
+      ]
+      volumes: [
+        routesVolume
       ]
     }
   }
@@ -455,11 +535,24 @@ resource reconcilerJob 'Microsoft.App/jobs@2025-07-01' = {
   ]
 }
 
-// ---- Outputs ----------------------------------------------------------------------
+// ---- Room for the operator console (a later issue) ------------------------------------
+//
+// `reconciler console` will be a third resource here: a
+// Microsoft.App/containerApps@2025-07-01 app running the reconciler image
+// with args ['console'], external ingress, its own user-assigned identity
+// (the sbclaim_reconciler role, or a narrower one) with lifecycle 'Main'
+// and the pull identity with 'None', the same routesSecrets and
+// routesVolume (redrive), and a child
+// Microsoft.App/containerApps/authConfigs@2025-07-01 named 'current' with
+// the azureActiveDirectory provider and unauthenticatedClientAction
+// 'RedirectToLoginPage' (Entra built-in auth), deployed in pass 2 behind
+// its own deployConsole switch.
+
+// ---- Outputs (all available after pass 1) ------------------------------------------------
 
 output environmentName string = containerAppsEnv.name
-output processorAppName string = processor.name
-output reconcilerJobName string = reconcilerJob.name
+output processorAppName string = processorAppName
+output reconcilerJobName string = reconcilerJobName
 output processorIdentityName string = processorIdentity.name
 output processorIdentityClientId string = processorIdentity.properties.clientId
 output processorIdentityPrincipalId string = processorIdentity.properties.principalId
@@ -468,5 +561,8 @@ output reconcilerIdentityClientId string = reconcilerIdentity.properties.clientI
 output reconcilerIdentityPrincipalId string = reconcilerIdentity.properties.principalId
 output serviceBusNamespace string = serviceBusAccess.outputs.fullyQualifiedNamespace
 
-@description('Run in the database as an Entra principal, after sql/grants/sqlserver.sql.')
-output sqlStatements string = 'CREATE USER [${processorIdentity.name}] FROM EXTERNAL PROVIDER WITH OBJECT_ID = \'${processorIdentity.properties.principalId}\'; ALTER ROLE sbclaim_processor ADD MEMBER [${processorIdentity.name}]; CREATE USER [${reconcilerIdentity.name}] FROM EXTERNAL PROVIDER WITH OBJECT_ID = \'${reconcilerIdentity.properties.principalId}\'; ALTER ROLE sbclaim_reconciler ADD MEMBER [${reconcilerIdentity.name}];'
+@description('T-SQL, run in the database as an Entra principal after sql/grants/sqlserver.sql: one contained user per identity, and its role. Idempotent: every statement checks first, so it can be run again.')
+output sqlStatements string = join([
+  usersSql(processorIdentity.name, processorIdentity.properties.principalId, 'sbclaim_processor')
+  usersSql(reconcilerIdentity.name, reconcilerIdentity.properties.principalId, 'sbclaim_reconciler')
+], '\n')

@@ -200,6 +200,7 @@ func checkRange(field, value string, lo, hi time.Duration) (time.Duration, error
 // entityLimits summarises Config.json for the compose checks.
 type entityLimits struct {
 	queues        map[string]bool
+	queueLocks    map[string]time.Duration
 	subscriptions map[string]map[string]bool // topic -> subscription
 	maxLock       time.Duration
 	maxDeliveries int
@@ -209,12 +210,14 @@ type entityLimits struct {
 func checkConfig(c *config) (entityLimits, []error) {
 	var errs []error
 	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	lim := entityLimits{queues: map[string]bool{}, subscriptions: map[string]map[string]bool{}}
+	lim := entityLimits{queues: map[string]bool{}, queueLocks: map[string]time.Duration{}, subscriptions: map[string]map[string]bool{}}
 
 	switch c.UserConfig.Logging.Type {
-	case "File", "Console", "File,Console", "Console,File":
+	case "Console", "File,Console", "Console,File":
+	case "File":
+		fail("Logging.Type = File: the emulator's logs would only be in a file inside the container, not in `docker compose logs servicebus`; use Console")
 	default:
-		fail("Logging.Type = %q, want File, Console or both", c.UserConfig.Logging.Type)
+		fail("Logging.Type = %q, want Console (or File,Console)", c.UserConfig.Logging.Type)
 	}
 	ns := c.UserConfig.Namespaces[0]
 	if ns.Name != emulatorNamespace {
@@ -235,12 +238,13 @@ func checkConfig(c *config) (entityLimits, []error) {
 		}
 		lim.maxDeliveries = max(lim.maxDeliveries, n)
 	}
-	lock := func(field, v string, lo time.Duration) {
+	lock := func(field, v string, lo time.Duration) time.Duration {
 		d, err := checkRange(field, v, lo, maxLock)
 		if err != nil {
 			errs = append(errs, err)
 		}
 		lim.maxLock = max(lim.maxLock, d)
+		return d
 	}
 	ttl := func(field, v string) {
 		if _, err := checkRange(field, v, minTTL, maxTTL); err != nil {
@@ -261,7 +265,7 @@ func checkConfig(c *config) (entityLimits, []error) {
 		names[q.Name] = true
 		lim.queues[q.Name] = true
 		p := q.Properties
-		lock("queue "+q.Name+" LockDuration", p.LockDuration, minLock)
+		lim.queueLocks[q.Name] = lock("queue "+q.Name+" LockDuration", p.LockDuration, minLock)
 		deliveries("queue "+q.Name+" MaxDeliveryCount", p.MaxDeliveryCount)
 		ttl("queue "+q.Name+" DefaultMessageTimeToLive", p.DefaultMessageTimeToLive)
 		dupWindow("queue "+q.Name+" DuplicateDetectionHistoryTimeWindow", p.DuplicateDetectionHistoryTimeWindow)
@@ -322,11 +326,31 @@ func TestConfigWithinEmulatorLimits(t *testing.T) {
 	if !lim.queues[integrationQueue] {
 		t.Errorf("queue %q (internal/processor's TestServiceBus) is missing", integrationQueue)
 	}
+	// The broker contract suite (internal/membus/brokertest, gated
+	// TestServiceBusContract) has its own entities, so that it can run at
+	// the same time as TestServiceBus: a queue whose locks run out quickly
+	// (its lock-expiry cases wait for the real lock) and a topic with two
+	// subscriptions.
+	if !lim.queues[contractQueue] {
+		t.Errorf("queue %q (the broker contract suite) is missing", contractQueue)
+	} else if l := lim.queueLocks[contractQueue]; l > 30*time.Second {
+		t.Errorf("queue %q has LockDuration %v; the contract suite waits for locks to run out, keep it at most 30s", contractQueue, l)
+	}
+	if subs := lim.subscriptions[contractTopic]; len(subs) < 2 {
+		t.Errorf("topic %q (the broker contract suite) needs two subscriptions, has %v", contractTopic, subs)
+	}
 }
 
 // integrationQueue is the default queue of internal/processor's gated
 // TestServiceBus (SBCLAIM_TEST_SERVICEBUS_QUEUE).
 const integrationQueue = "integration"
+
+// Entities of the gated broker contract run
+// (internal/membus/brokertest/servicebus_test.go).
+const (
+	contractQueue = "brokertest"
+	contractTopic = "brokertest-topic"
+)
 
 // The limit checks must be able to fail: break a copy of the config in each
 // way the emulator would reject and expect an error naming it.
@@ -338,6 +362,7 @@ func TestCheckConfigRejects(t *testing.T) {
 	}{
 		"namespace":      {func(c *config) { c.UserConfig.Namespaces[0].Name = "prod" }, "sbemulatorns"},
 		"logging":        {func(c *config) { c.UserConfig.Logging.Type = "" }, "Logging.Type"},
+		"file logging":   {func(c *config) { c.UserConfig.Logging.Type = "File" }, "Console"},
 		"lock too short": {func(c *config) { c.UserConfig.Namespaces[0].Queues[0].Properties.LockDuration = "PT4S" }, "LockDuration"},
 		"lock too long":  {func(c *config) { c.UserConfig.Namespaces[0].Queues[0].Properties.LockDuration = "PT6M" }, "LockDuration"},
 		"lock not iso":   {func(c *config) { c.UserConfig.Namespaces[0].Queues[0].Properties.LockDuration = "30s" }, "ISO-8601"},
@@ -379,6 +404,8 @@ type composeFile struct {
 
 type composeService struct {
 	Image           string            `yaml:"image"`
+	Platform        string            `yaml:"platform"`
+	Ports           []string          `yaml:"ports"`
 	Command         []string          `yaml:"command"`
 	Environment     map[string]string `yaml:"environment"`
 	Volumes         []string          `yaml:"volumes"`
@@ -431,8 +458,11 @@ func TestComposeEntitiesExist(t *testing.T) {
 		if q != "" && !lim.queues[q] {
 			t.Errorf("service %s: SBCLAIM_QUEUE=%q is not a queue in Config.json", name, q)
 		}
-		if q == integrationQueue {
-			t.Errorf("service %s uses queue %q, which the gated integration test drains and owns", name, q)
+		if q == integrationQueue || q == contractQueue {
+			t.Errorf("service %s uses queue %q, which a gated Service Bus test drains and owns", name, q)
+		}
+		if tp == contractTopic {
+			t.Errorf("service %s uses topic %q, which the gated broker contract test drains and owns", name, tp)
 		}
 		if tp != "" {
 			if _, ok := lim.subscriptions[tp]; !ok {
@@ -690,8 +720,58 @@ func TestComposeReconcilerWindows(t *testing.T) {
 		if shutdown >= grace {
 			t.Errorf("service %s: SBCLAIM_SHUTDOWN_TIMEOUT %v must be below stop_grace_period %v", name, shutdown, grace)
 		}
+		// The processor checks its shutdown budget against the grace
+		// period it is told; it must be the one Docker gives.
+		if g := composeDuration(t, name, "SBCLAIM_TERMINATION_GRACE_PERIOD", penv["SBCLAIM_TERMINATION_GRACE_PERIOD"]); g != grace {
+			t.Errorf("service %s: SBCLAIM_TERMINATION_GRACE_PERIOD %v differs from stop_grace_period %v", name, g, grace)
+		}
+		if s := composeDuration(t, name, "SBCLAIM_STALE_AFTER", penv["SBCLAIM_STALE_AFTER"]); s != stale {
+			t.Errorf("service %s: SBCLAIM_STALE_AFTER %v differs from the reconciler's %v", name, s, stale)
+		}
+		if to := composeDuration(t, name, "SBCLAIM_TAKEOVER_AFTER", penv["SBCLAIM_TAKEOVER_AFTER"]); to < 3*heartbeat || to > stale {
+			t.Errorf("service %s: SBCLAIM_TAKEOVER_AFTER %v should lie between 3 × heartbeat (%v) and the stale window %v", name, to, 3*heartbeat, stale)
+		}
 		if svc.DependsOn["migrate"].Condition != "service_completed_successfully" {
 			t.Errorf("service %s must wait for migrate to complete", name)
 		}
+	}
+}
+
+// pinnedTag is a release version such as 1.1.2: not latest, not a
+// floating major tag.
+var pinnedTag = regexp.MustCompile(`:[0-9]+\.[0-9]+\.[0-9]+$`)
+
+// The laptop stack must not expose the SA login or the emulator to the
+// network, must start the same emulator every time, and must run on Apple
+// Silicon.
+func TestComposeLaptopSafety(t *testing.T) {
+	t.Parallel()
+	compose := loadCompose(t)
+	for name, svc := range compose.Services {
+		for _, p := range svc.Ports {
+			if !strings.HasPrefix(p, "127.0.0.1:") {
+				t.Errorf("service %s publishes %q on every interface; publish on 127.0.0.1 only (\"127.0.0.1:%s\")", name, p, p)
+			}
+		}
+		// mssql/server has no arm64 image: without the platform, an Apple
+		// Silicon Mac pulls nothing runnable.
+		if strings.HasPrefix(svc.Image, "mcr.microsoft.com/mssql/server:") && svc.Platform != "linux/amd64" {
+			t.Errorf("service %s runs %s without platform: linux/amd64", name, svc.Image)
+		}
+	}
+	sb, ok := compose.Services["servicebus"]
+	if !ok {
+		t.Fatal("no servicebus service")
+	}
+	if !strings.HasPrefix(sb.Image, "mcr.microsoft.com/azure-messaging/servicebus-emulator:") || !pinnedTag.MatchString(sb.Image) {
+		t.Errorf("servicebus image %q: pin the emulator to a release (servicebus-emulator:X.Y.Z), not latest", sb.Image)
+	}
+	if v := sb.Environment["SQL_WAIT_INTERVAL"]; v == "" {
+		t.Error("servicebus: SQL_WAIT_INTERVAL is not set; the emulator then waits 15 s for a SQL Server that depends_on already found healthy")
+	} else if n, err := strconv.Atoi(v); err != nil || n < 0 {
+		t.Errorf("servicebus: SQL_WAIT_INTERVAL=%q is not a number of seconds", v)
+	}
+	if sb.DependsOn["sqlserver"].Condition != "service_healthy" {
+		t.Error("servicebus must wait for sqlserver to be healthy (SQL_WAIT_INTERVAL is short because of it)")
 	}
 }

@@ -20,6 +20,15 @@
 //     compose service; internal/processor's gated TestServiceBus uses it
 //     (docker compose up -d sqlserver servicebus, then the README's test
 //     command with SBCLAIM_TEST_SERVICEBUS_CONNECTION_STRING set).
+//   - queue "brokertest" (LockDuration PT5S, the emulator's minimum, and
+//     MaxDeliveryCount 3) and topic "brokertest-topic" with subscriptions
+//     "copy-a" and "copy-b": the entities of the broker contract suite
+//     (internal/membus/brokertest) when it runs against the emulator. The
+//     short lock lets its lock-expiry cases wait for a real expiry; no
+//     compose service consumes them.
+//
+// Logging is "Console", so `docker compose logs servicebus` shows the
+// emulator's own log ("File" writes it inside the container only).
 //
 // Duplicate detection is off on purpose: the demo sends duplicates, and the
 // point is that the consumers, not the broker, absorb them (the broker's
@@ -31,5 +40,9 @@
 // queue, topic and subscription docker-compose.yml names exists, that every
 // routes file a compose service mounts loads with the processor's own
 // loader, that every route URL points at a compose service, and that the
-// reconciler's windows are valid for these entities.
+// reconciler's windows are valid for these entities. They also check what
+// makes the stack safe on a laptop: ports published on 127.0.0.1 only, the
+// emulator pinned to a release, platform linux/amd64 for the SQL Server
+// image (amd64 only), SQL_WAIT_INTERVAL set, and the processors' shutdown
+// and stale settings consistent with stop_grace_period and the reconciler.
 package emulator

@@ -1,18 +1,21 @@
 // Role assignments on an existing Service Bus namespace, deployed in the
 // namespace's resource group (which may differ from the app's).
 //
-//   receiver  "Azure Service Bus Data Receiver" on the namespace, for the
-//             processor's identity: receive, complete, abandon, dead-letter,
-//             renew locks. Nothing in sbclaim sends, so no Data Sender role
-//             is assigned (the reconciler's redrive calls the downstream
-//             API again; it does not re-send to Service Bus).
+//   receiver  "Azure Service Bus Data Receiver" on the one queue, or the
+//             one topic subscription, the processor receives from (not the
+//             namespace), for the processor's identity: receive, complete,
+//             abandon, dead-letter, renew locks. Nothing in sbclaim sends,
+//             so no Data Sender role is assigned (the reconciler's redrive
+//             calls the downstream API again; it does not re-send to
+//             Service Bus).
 //   scaler    "Azure Service Bus Data Owner" on the one queue or topic the
 //             KEDA scale rule watches, for a separate scaler identity. The
 //             azure-servicebus scaler reads the entity's message counts
 //             through the management data plane, which needs Manage rights
 //             (Data Receiver is not enough: the rule would never scale out).
-//             Scoped to the entity, not the namespace, and kept off the
-//             identity the processor code uses (AZURE_CLIENT_ID).
+//             Scoped to the entity, not the namespace. The scaler identity is
+//             on the processor app with identitySettings lifecycle 'None'
+//             (main.bicep), so the processor's code cannot get its tokens.
 
 @description('Name of the existing Service Bus namespace.')
 param namespaceName string
@@ -22,6 +25,9 @@ param queueName string = ''
 
 @description('Topic the processor receives from (with a subscription); empty when it uses a queue.')
 param topicName string = ''
+
+@description('Subscription of topicName the processor receives from; empty when it uses a queue.')
+param subscriptionName string = ''
 
 @description('Principal (object) id of the processor identity.')
 param receiverPrincipalId string
@@ -51,14 +57,30 @@ resource topic 'Microsoft.ServiceBus/namespaces/topics@2024-01-01' existing = {
   name: useQueue ? 'unused' : topicName
 }
 
-resource receiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  scope: serviceBus
-  name: guid(serviceBus.id, receiverPrincipalId, serviceBusDataReceiver)
+resource topicSubscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2024-01-01' existing = {
+  parent: topic
+  name: useQueue ? 'unused' : subscriptionName
+}
+
+resource receiverOnQueue 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (useQueue) {
+  scope: queue
+  name: guid(queue.id, receiverPrincipalId, serviceBusDataReceiver)
   properties: {
     principalId: receiverPrincipalId
     principalType: 'ServicePrincipal'
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataReceiver)
-    description: 'sbclaim processor: receive and settle messages'
+    description: 'sbclaim processor: receive and settle messages of this queue'
+  }
+}
+
+resource receiverOnSubscription 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!useQueue) {
+  scope: topicSubscription
+  name: guid(topicSubscription.id, receiverPrincipalId, serviceBusDataReceiver)
+  properties: {
+    principalId: receiverPrincipalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataReceiver)
+    description: 'sbclaim processor: receive and settle messages of this subscription'
   }
 }
 

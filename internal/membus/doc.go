@@ -26,11 +26,19 @@
 //     LockDuration from now and updates msg.LockedUntil.
 //   - Lock expiry: a delivery whose lock runs out is redelivered. Settling or
 //     renewing an expired, settled or superseded delivery fails with
-//     CodeLockLost. After MaxDeliveryCount deliveries, an abandon or expiry
-//     dead-letters the message with ReasonMaxDeliveryCountExceeded.
+//     CodeLockLost. (Through the SDK, a second settlement of a message on
+//     the link it came from returns nil instead: go-amqp does not send it.
+//     See brokertest.Features.SecondSettlementIsNoOp.) After
+//     MaxDeliveryCount deliveries, an abandon or expiry dead-letters the
+//     message with ReasonMaxDeliveryCountExceeded.
 //   - Closed receivers fail every call with CodeClosed; locks they handed
 //     out are kept until they run out, like a crashed replica's.
 //   - Topics fan each sent message out to every subscription, each a Queue.
+//
+// The broker contract suite (package brokertest) checks these behaviours,
+// the ones the processor relies on, on every test run (TestContract), and
+// against a real namespace or the emulator when
+// SBCLAIM_TEST_SERVICEBUS_CONNECTION_STRING is set.
 //
 // Switchable faults (FailReceives, FailSettlements, FailRenewals,
 // ExpireLock, ExpireAllLocks, DuplicateSends) reproduce what a consumer sees

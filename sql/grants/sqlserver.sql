@@ -61,25 +61,34 @@ GO
 --    Entra principal (the Entra admin or a member of its group): only Entra
 --    principals can create users FROM EXTERNAL PROVIDER.
 --
--- 2. Create one contained database user per identity. The name is the
---    managed identity's *resource name* as shown in Azure (for a
---    user-assigned identity: the identity resource's name; for a
---    system-assigned one: the Container App / job name):
+-- 2. Create one contained database user per identity and add it to its
+--    role. deploy/main.bicep prints exactly these statements, with the
+--    identities' names and object ids filled in, as its sqlStatements
+--    output (available after its first pass, before any app runs); every
+--    statement checks first, so running them again changes nothing:
 --
---      CREATE USER [id-sbclaim-processor] FROM EXTERNAL PROVIDER;
---      CREATE USER [id-sbclaim-reconciler] FROM EXTERNAL PROVIDER;
+--      IF DATABASE_PRINCIPAL_ID(N'id-sbclaim-processor') IS NULL
+--          CREATE USER [id-sbclaim-processor] FROM EXTERNAL PROVIDER
+--              WITH OBJECT_ID = '<object (principal) id of the identity>';
+--      IF NOT EXISTS (SELECT 1 FROM sys.database_role_members m
+--              JOIN sys.database_principals r ON r.principal_id = m.role_principal_id
+--              JOIN sys.database_principals u ON u.principal_id = m.member_principal_id
+--              WHERE r.name = N'sbclaim_processor' AND u.name = N'id-sbclaim-processor')
+--          ALTER ROLE sbclaim_processor ADD MEMBER [id-sbclaim-processor];
+--      -- and the same for id-sbclaim-reconciler / sbclaim_reconciler
 --
---    If two principals share a display name, or the server cannot read
---    Microsoft Graph, name the principal explicitly by the identity's
---    object (principal) id (Azure SQL Database / Managed Instance):
+--    The name is the managed identity's *resource name* as shown in Azure
+--    (for a system-assigned identity: the Container App / job name);
+--    WITH OBJECT_ID binds the user to that principal even if another one
+--    shares the display name, and works when the server cannot read
+--    Microsoft Graph (Azure SQL Database / Managed Instance). If you delete
+--    and recreate an identity under the same name, DROP USER the old one
+--    first: the guard above would otherwise keep the stale user.
 --
---      CREATE USER [id-sbclaim-processor] FROM EXTERNAL PROVIDER
---          WITH OBJECT_ID = '<object (principal) id of the identity>';
---
--- 3. Add the users to the roles:
---
---      ALTER ROLE sbclaim_processor ADD MEMBER [id-sbclaim-processor];
---      ALTER ROLE sbclaim_reconciler ADD MEMBER [id-sbclaim-reconciler];
+-- 3. Run the statements with go-sqlcmd (`sqlcmd --authentication-method
+--    ActiveDirectoryDefault`; the ODBC sqlcmd has no such option), signed
+--    in with `az login` as the Entra admin, from a machine the server's
+--    firewall admits.
 --
 -- 4. Connection URLs (no password; the token comes from the identity):
 --

@@ -1,0 +1,525 @@
+// Package brokertest is the broker contract suite: the Service Bus
+// behaviours the processor relies on, written once and run against every
+// broker sbclaim is tested with. internal/membus runs it on every test run
+// (membus's TestContract), so that the protocol tests and the chaos verdicts,
+// which all run on membus, rest on a broker that was checked against the
+// same list; TestServiceBusContract in this package runs it against a real
+// namespace or the emulator when SBCLAIM_TEST_SERVICEBUS_CONNECTION_STRING
+// is set.
+//
+// The behaviours, and what in the processor depends on them:
+//
+//   - peek-lock: a received message is locked to its receiver (another
+//     receiver does not get it) until it is settled or its lock runs out;
+//     DeliveryCount is 1 on the first delivery; LockedUntil is at least the
+//     entity's lock duration after EnqueuedTime. The processor's lock
+//     renewal interval comes from it.
+//   - DeliveryCount grows by one on each redelivery, after an abandon and
+//     after a lock ran out: the processor logs it and a take-over relies on
+//     the redelivery happening at all.
+//   - after MaxDeliveryCount deliveries the broker dead-letters the message
+//     with reason MaxDeliveryCountExceeded and a description, readable from
+//     the dead-letter queue; an explicit DeadLetterMessage keeps the
+//     processor's reason and description (operators read them there).
+//   - RenewMessageLock moves LockedUntil later (the processor renews while
+//     an effect runs); renewing a settled delivery fails with CodeLockLost.
+//   - settling or renewing a delivery whose lock ran out fails with
+//     CodeLockLost, and does not touch the redelivery that replaced it (the
+//     processor counts and logs a lost lock and lets the claim decide).
+//   - a second settlement of a delivery: see Features.SecondSettlementIsNoOp.
+//   - every subscription of a topic gets its own copy of each message, with
+//     the same MessageID (one consumer per subscription, claims per consumer).
+//
+// As in the claim-store suite (internal/claim/claimtest), what differs
+// between brokers is said per feature, in Features, and the suite checks
+// each broker against what its harness declares.
+package brokertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+)
+
+// Receiver is the part of *azservicebus.Receiver the processor uses (the
+// same method set as processor.Receiver); *membus.Receiver has it too.
+type Receiver interface {
+	ReceiveMessages(ctx context.Context, maxMessages int, options *azservicebus.ReceiveMessagesOptions) ([]*azservicebus.ReceivedMessage, error)
+	CompleteMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.CompleteMessageOptions) error
+	AbandonMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.AbandonMessageOptions) error
+	DeadLetterMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.DeadLetterOptions) error
+	RenewMessageLock(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.RenewMessageLockOptions) error
+	Close(ctx context.Context) error
+}
+
+var _ Receiver = (*azservicebus.Receiver)(nil)
+
+// Sender sends to a queue or a topic (*azservicebus.Sender, *membus.Queue,
+// *membus.Topic).
+type Sender interface {
+	SendMessage(ctx context.Context, message *azservicebus.Message, options *azservicebus.SendMessageOptions) error
+}
+
+var _ Sender = (*azservicebus.Sender)(nil)
+
+// Entity is a queue or a topic subscription under test.
+type Entity struct {
+	// Sender sends to the queue; nil for a subscription (send to the topic).
+	Sender Sender
+	// NewReceiver opens a peek-lock receiver (closed by t.Cleanup).
+	NewReceiver func(t *testing.T) Receiver
+	// DeadLetter returns the dead-lettered copy of messageID, waiting for
+	// it until ctx ends if the broker needs time, and fails the test if
+	// there is none.
+	DeadLetter func(ctx context.Context, t *testing.T, messageID string) *azservicebus.ReceivedMessage
+	// Holds reports whether the entity still holds messageID (active or
+	// locked, not dead-lettered). Nil: the suite does not check it.
+	Holds func(ctx context.Context, t *testing.T, messageID string) bool
+	// ExpireLock ends the lock of a delivery now, as if it had run out.
+	// Nil: the suite waits for the real lock to run out, when LockDuration
+	// is at most Harness.MaxLockWait, and skips the case otherwise.
+	ExpireLock func(t *testing.T, m *azservicebus.ReceivedMessage)
+	// LockDuration and MaxDeliveryCount are the entity's settings.
+	LockDuration     time.Duration
+	MaxDeliveryCount int
+}
+
+// Topic is a topic and at least two of its subscriptions.
+type Topic struct {
+	Sender        Sender
+	Subscriptions []Entity
+}
+
+// Harness tells the suite how to reach one broker.
+type Harness struct {
+	// NewQueue returns an empty queue for one case: a fresh one, or a
+	// shared one drained of earlier messages (then set Sequential).
+	NewQueue func(t *testing.T) Entity
+	// NewTopic returns a topic whose subscriptions are empty.
+	NewTopic func(t *testing.T) Topic
+	// Sequential runs the cases one at a time (entities are shared).
+	Sequential bool
+	// MaxLockWait is the longest lock the suite waits out when the entity
+	// has no ExpireLock (default 30s).
+	MaxLockWait time.Duration
+	Features    Features
+}
+
+// Features says what differs between brokers.
+type Features struct {
+	// SecondSettlementIsNoOp: settling a delivery a second time (complete
+	// after complete, or after an abandon or a dead-letter) returns nil and
+	// changes nothing. True of the Go SDK on the link the message came
+	// from: go-amqp marks the delivery settled once the broker answered
+	// its first disposition, and sends nothing for a later one (go-amqp
+	// v1.7 Receiver.messageDisposition). False of membus, which refuses it
+	// with CodeLockLost, like the broker itself does for a lock token
+	// settled through the management link. The processor settles each
+	// delivery once and treats both answers alike (logged, counted as a
+	// lost lock); the difference is recorded so that neither side changes
+	// unnoticed.
+	SecondSettlementIsNoOp bool
+	// MaxDeliveryDescription, when set, is the exact
+	// DeadLetterErrorDescription (a fmt format of the max delivery count)
+	// the broker gives a message it dead-letters after too many
+	// deliveries. Empty: only a non-empty description is required (the
+	// emulator's text is not documented).
+	MaxDeliveryDescription string
+}
+
+// ServiceBusMaxDeliveryDescription is the description Azure Service Bus
+// gives a message dead-lettered with ReasonMaxDeliveryCountExceeded.
+const ServiceBusMaxDeliveryDescription = "Message could not be consumed after %d delivery attempts."
+
+// ReasonMaxDeliveryCountExceeded is the DeadLetterReason Service Bus sets
+// when it dead-letters a message after too many deliveries.
+const ReasonMaxDeliveryCountExceeded = "MaxDeliveryCountExceeded"
+
+// Exercise runs the contract suite against h.
+func Exercise(t *testing.T, h Harness) {
+	if h.NewQueue == nil || h.NewTopic == nil {
+		t.Fatal("brokertest: Harness.NewQueue and Harness.NewTopic are required")
+	}
+	if h.MaxLockWait == 0 {
+		h.MaxLockWait = 30 * time.Second
+	}
+	s := &suite{h: h}
+	for _, tc := range []struct {
+		name string
+		fn   func(t *testing.T)
+	}{
+		{"PeekLock", s.peekLock},
+		{"AbandonRedeliversWithDeliveryCountPlusOne", s.abandon},
+		{"LockExpiryRedeliversWithDeliveryCountPlusOne", s.lockExpiry},
+		{"SettlingAfterLockExpiryFailsWithLockLost", s.settleAfterExpiry},
+		{"DeadLetteredAtMaxDeliveryCount", s.maxDeliveries},
+		{"DeadLetterKeepsReasonAndDescription", s.deadLetter},
+		{"RenewMessageLockMovesLockedUntil", s.renew},
+		{"SecondSettlement", s.secondSettlement},
+		{"EverySubscriptionGetsACopy", s.fanOut},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if !h.Sequential {
+				t.Parallel()
+			}
+			tc.fn(t)
+		})
+	}
+}
+
+type suite struct{ h Harness }
+
+// run makes message ids unique across runs against a shared entity.
+var (
+	run = time.Now().UnixNano()
+	seq atomic.Int64
+)
+
+func newID(t *testing.T) string {
+	return fmt.Sprintf("bt-%d-%d-%s", run, seq.Add(1), path.Base(t.Name()))
+}
+
+// ctxFor bounds a case: generous, since a real broker may be slow and the
+// lock-expiry cases wait for a real lock. It guards against a hang; no
+// assertion depends on it.
+func ctxFor(t *testing.T, e Entity) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute+2*e.LockDuration)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func send(ctx context.Context, t *testing.T, s Sender, id string) {
+	t.Helper()
+	subject := "brokertest"
+	err := s.SendMessage(ctx, &azservicebus.Message{
+		MessageID:             &id,
+		Subject:               &subject,
+		Body:                  []byte(`{"id":"` + id + `"}`),
+		ApplicationProperties: map[string]any{"case": "brokertest"},
+	}, nil)
+	if err != nil {
+		t.Fatalf("send %s: %v", id, err)
+	}
+}
+
+// receive returns the next delivery of id. Other messages (left by an
+// earlier run in a shared entity) are completed and logged.
+func receive(ctx context.Context, t *testing.T, r Receiver, id string) *azservicebus.ReceivedMessage {
+	t.Helper()
+	for {
+		msgs, err := r.ReceiveMessages(ctx, 1, nil)
+		if err != nil {
+			t.Fatalf("receiving %s: %v", id, err)
+		}
+		for _, m := range msgs {
+			if m.MessageID == id {
+				return m
+			}
+			t.Logf("completing a leftover message %s (DeliveryCount %d)", m.MessageID, m.DeliveryCount)
+			_ = r.CompleteMessage(ctx, m, nil)
+		}
+	}
+}
+
+// notDelivered checks that r does not get id within a short window (much
+// shorter than the lock, so a passing lock expiry cannot break it).
+func notDelivered(ctx context.Context, t *testing.T, r Receiver, id string, window time.Duration) {
+	t.Helper()
+	wctx, cancel := context.WithTimeout(ctx, window)
+	defer cancel()
+	msgs, err := r.ReceiveMessages(wctx, 1, nil)
+	for _, m := range msgs {
+		if m.MessageID == id {
+			t.Fatalf("a second receiver got %s (DeliveryCount %d) while the first held its lock", id, m.DeliveryCount)
+		}
+		_ = r.AbandonMessage(ctx, m, nil)
+	}
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		t.Fatalf("second receiver: %v", err)
+	}
+}
+
+func wantCode(t *testing.T, what string, err error, code azservicebus.Code) {
+	t.Helper()
+	var sbErr *azservicebus.Error
+	if !errors.As(err, &sbErr) || sbErr.Code != code {
+		t.Fatalf("%s: error = %v, want an *azservicebus.Error with code %q", what, err, code)
+	}
+}
+
+func ok(t *testing.T, what string, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+func gone(ctx context.Context, t *testing.T, e Entity, id string) {
+	t.Helper()
+	if e.Holds != nil && e.Holds(ctx, t, id) {
+		t.Fatalf("%s is still in the entity after it was settled", id)
+	}
+}
+
+// expire makes m's lock run out: at once with ExpireLock, else by waiting
+// for the broker (the caller's next receive blocks until the redelivery).
+func (s *suite) expire(t *testing.T, e Entity, m *azservicebus.ReceivedMessage) {
+	t.Helper()
+	if e.ExpireLock != nil {
+		e.ExpireLock(t, m)
+		return
+	}
+	t.Logf("waiting for the %v lock of %s to run out", e.LockDuration, m.MessageID)
+}
+
+func (s *suite) needExpiry(t *testing.T, e Entity) {
+	t.Helper()
+	if e.ExpireLock == nil && e.LockDuration > s.h.MaxLockWait {
+		t.Skipf("the entity's lock duration %v is longer than Harness.MaxLockWait %v and the broker cannot expire a lock on request; use an entity with a lock of at most %v (the emulator's brokertest queue has PT5S)",
+			e.LockDuration, s.h.MaxLockWait, s.h.MaxLockWait)
+	}
+}
+
+func (s *suite) peekLock(t *testing.T) {
+	e := s.h.NewQueue(t)
+	ctx := ctxFor(t, e)
+	id := newID(t)
+	send(ctx, t, e.Sender, id)
+	r := e.NewReceiver(t)
+	m := receive(ctx, t, r, id)
+
+	if string(m.Body) != `{"id":"`+id+`"}` || m.Subject == nil || *m.Subject != "brokertest" || m.ApplicationProperties["case"] != "brokertest" {
+		t.Errorf("body, subject or application properties not carried: body %q subject %v properties %v", m.Body, m.Subject, m.ApplicationProperties)
+	}
+	if m.DeliveryCount != 1 {
+		t.Errorf("first delivery has DeliveryCount %d, want 1", m.DeliveryCount)
+	}
+	if m.LockToken == ([16]byte{}) || m.SequenceNumber == nil || m.EnqueuedTime == nil || m.LockedUntil == nil {
+		t.Fatalf("broker properties missing: lock token %x, sequence number %v, enqueued %v, locked until %v", m.LockToken, m.SequenceNumber, m.EnqueuedTime, m.LockedUntil)
+	}
+	// Both times come from the broker's clock; one second of slack for
+	// brokers that round.
+	if min := m.EnqueuedTime.Add(e.LockDuration - time.Second); m.LockedUntil.Before(min) {
+		t.Errorf("LockedUntil %v is less than the lock duration %v after EnqueuedTime %v", m.LockedUntil, e.LockDuration, m.EnqueuedTime)
+	}
+
+	// While the lock is held, another receiver does not get the message.
+	notDelivered(ctx, t, e.NewReceiver(t), id, min(e.LockDuration/10, 500*time.Millisecond))
+
+	ok(t, "complete", r.CompleteMessage(ctx, m, nil))
+	gone(ctx, t, e, id)
+}
+
+func (s *suite) abandon(t *testing.T) {
+	e := s.h.NewQueue(t)
+	ctx := ctxFor(t, e)
+	id := newID(t)
+	send(ctx, t, e.Sender, id)
+	r := e.NewReceiver(t)
+	first := receive(ctx, t, r, id)
+	ok(t, "abandon", r.AbandonMessage(ctx, first, nil))
+	second := receive(ctx, t, r, id)
+	if second.DeliveryCount != first.DeliveryCount+1 {
+		t.Errorf("after an abandon DeliveryCount is %d, want %d", second.DeliveryCount, first.DeliveryCount+1)
+	}
+	if second.LockToken == first.LockToken {
+		t.Error("the redelivery has the abandoned delivery's lock token")
+	}
+	ok(t, "complete the redelivery", r.CompleteMessage(ctx, second, nil))
+	gone(ctx, t, e, id)
+}
+
+func (s *suite) lockExpiry(t *testing.T) {
+	e := s.h.NewQueue(t)
+	s.needExpiry(t, e)
+	ctx := ctxFor(t, e)
+	id := newID(t)
+	send(ctx, t, e.Sender, id)
+	r := e.NewReceiver(t)
+	first := receive(ctx, t, r, id)
+	s.expire(t, e, first)
+	second := receive(ctx, t, r, id)
+	if second.DeliveryCount != first.DeliveryCount+1 {
+		t.Errorf("after a lock expiry DeliveryCount is %d, want %d", second.DeliveryCount, first.DeliveryCount+1)
+	}
+	if second.LockToken == first.LockToken {
+		t.Error("the redelivery has the expired delivery's lock token")
+	}
+	ok(t, "complete the redelivery", r.CompleteMessage(ctx, second, nil))
+	gone(ctx, t, e, id)
+}
+
+func (s *suite) settleAfterExpiry(t *testing.T) {
+	e := s.h.NewQueue(t)
+	s.needExpiry(t, e)
+	ctx := ctxFor(t, e)
+	id := newID(t)
+	send(ctx, t, e.Sender, id)
+	r := e.NewReceiver(t)
+	stale := receive(ctx, t, r, id)
+	s.expire(t, e, stale)
+	// The redelivery proves the first lock is gone, whatever the clocks.
+	fresh := receive(ctx, t, r, id)
+
+	// Renewal goes through the management link; then the settlement on the
+	// delivery's own link (after which the SDK considers it settled, see
+	// Features.SecondSettlementIsNoOp, so nothing else is tried on it).
+	wantCode(t, "renewing an expired lock", r.RenewMessageLock(ctx, stale, nil), azservicebus.CodeLockLost)
+	wantCode(t, "completing after the lock expired", r.CompleteMessage(ctx, stale, nil), azservicebus.CodeLockLost)
+
+	// The stale settlement did not settle the redelivery.
+	ok(t, "complete the redelivery", r.CompleteMessage(ctx, fresh, nil))
+	gone(ctx, t, e, id)
+}
+
+func (s *suite) maxDeliveries(t *testing.T) {
+	e := s.h.NewQueue(t)
+	if e.MaxDeliveryCount < 1 || e.MaxDeliveryCount > 20 {
+		t.Skipf("the entity's MaxDeliveryCount is %d; this case abandons the message that often, use an entity with 1..20", e.MaxDeliveryCount)
+	}
+	ctx := ctxFor(t, e)
+	id := newID(t)
+	send(ctx, t, e.Sender, id)
+	r := e.NewReceiver(t)
+	for i := 1; i <= e.MaxDeliveryCount; i++ {
+		m := receive(ctx, t, r, id)
+		if int(m.DeliveryCount) != i {
+			t.Fatalf("delivery %d has DeliveryCount %d", i, m.DeliveryCount)
+		}
+		ok(t, fmt.Sprintf("abandon delivery %d", i), r.AbandonMessage(ctx, m, nil))
+	}
+	dl := e.DeadLetter(ctx, t, id)
+	if dl.DeadLetterReason == nil || *dl.DeadLetterReason != ReasonMaxDeliveryCountExceeded {
+		t.Errorf("DeadLetterReason = %v, want %s", deref(dl.DeadLetterReason), ReasonMaxDeliveryCountExceeded)
+	}
+	desc := deref(dl.DeadLetterErrorDescription)
+	if f := s.h.Features.MaxDeliveryDescription; f != "" {
+		if want := fmt.Sprintf(f, e.MaxDeliveryCount); desc != want {
+			t.Errorf("DeadLetterErrorDescription = %q, want %q", desc, want)
+		}
+	} else if desc == "" {
+		t.Error("DeadLetterErrorDescription is empty")
+	}
+	if string(dl.Body) != `{"id":"`+id+`"}` {
+		t.Errorf("the dead-lettered copy has body %q", dl.Body)
+	}
+	gone(ctx, t, e, id)
+}
+
+func (s *suite) deadLetter(t *testing.T) {
+	e := s.h.NewQueue(t)
+	ctx := ctxFor(t, e)
+	id := newID(t)
+	send(ctx, t, e.Sender, id)
+	r := e.NewReceiver(t)
+	m := receive(ctx, t, r, id)
+	reason, desc := "NoRoute", "no route matches subject brokertest"
+	ok(t, "dead-letter", r.DeadLetterMessage(ctx, m, &azservicebus.DeadLetterOptions{Reason: &reason, ErrorDescription: &desc}))
+	dl := e.DeadLetter(ctx, t, id)
+	if deref(dl.DeadLetterReason) != reason || deref(dl.DeadLetterErrorDescription) != desc {
+		t.Errorf("dead-lettered with reason %q description %q; read back reason %q description %q",
+			reason, desc, deref(dl.DeadLetterReason), deref(dl.DeadLetterErrorDescription))
+	}
+	// Service Bus adds the dead-letter properties to the copy's
+	// application properties; the message's own must survive.
+	if dl.ApplicationProperties["case"] != "brokertest" {
+		t.Errorf("the dead-lettered copy lost its application properties: %v", dl.ApplicationProperties)
+	}
+	gone(ctx, t, e, id)
+}
+
+func (s *suite) renew(t *testing.T) {
+	e := s.h.NewQueue(t)
+	ctx := ctxFor(t, e)
+	id := newID(t)
+	send(ctx, t, e.Sender, id)
+	r := e.NewReceiver(t)
+	m := receive(ctx, t, r, id)
+	before := *m.LockedUntil
+	// Let the broker's clock (millisecond precision) move on, so that a
+	// renewal has something to move; much shorter than any lock.
+	time.Sleep(min(e.LockDuration/5, time.Second))
+	ok(t, "renew", r.RenewMessageLock(ctx, m, nil))
+	if m.LockedUntil == nil || !m.LockedUntil.After(before) {
+		t.Fatalf("after RenewMessageLock LockedUntil is %v, was %v: it must move later", m.LockedUntil, before)
+	}
+	ok(t, "complete after renewing", r.CompleteMessage(ctx, m, nil))
+	wantCode(t, "renewing a completed delivery", r.RenewMessageLock(ctx, m, nil), azservicebus.CodeLockLost)
+	gone(ctx, t, e, id)
+}
+
+func (s *suite) secondSettlement(t *testing.T) {
+	e := s.h.NewQueue(t)
+	ctx := ctxFor(t, e)
+	r := e.NewReceiver(t)
+	for _, first := range []string{"complete", "abandon", "dead-letter"} {
+		id := newID(t) + "-" + first
+		send(ctx, t, e.Sender, id)
+		m := receive(ctx, t, r, id)
+		switch first {
+		case "complete":
+			ok(t, "complete", r.CompleteMessage(ctx, m, nil))
+		case "abandon":
+			ok(t, "abandon", r.AbandonMessage(ctx, m, nil))
+		case "dead-letter":
+			reason := "Test"
+			ok(t, "dead-letter", r.DeadLetterMessage(ctx, m, &azservicebus.DeadLetterOptions{Reason: &reason}))
+		}
+		err := r.CompleteMessage(ctx, m, nil)
+		if s.h.Features.SecondSettlementIsNoOp {
+			ok(t, "complete after "+first+" (a no-op on this broker)", err)
+		} else {
+			wantCode(t, "complete after "+first, err, azservicebus.CodeLockLost)
+		}
+		switch first {
+		case "complete":
+			gone(ctx, t, e, id)
+		case "abandon":
+			// The abandon stood: the message comes back, one delivery on.
+			again := receive(ctx, t, r, id)
+			if again.DeliveryCount != m.DeliveryCount+1 {
+				t.Errorf("after abandon + complete the redelivery has DeliveryCount %d, want %d", again.DeliveryCount, m.DeliveryCount+1)
+			}
+			ok(t, "complete the redelivery", r.CompleteMessage(ctx, again, nil))
+			gone(ctx, t, e, id)
+		case "dead-letter":
+			// The dead-letter stood.
+			if dl := e.DeadLetter(ctx, t, id); deref(dl.DeadLetterReason) != "Test" {
+				t.Errorf("dead-lettered copy has reason %q", deref(dl.DeadLetterReason))
+			}
+		}
+	}
+}
+
+func (s *suite) fanOut(t *testing.T) {
+	tp := s.h.NewTopic(t)
+	if len(tp.Subscriptions) < 2 {
+		t.Fatalf("the harness's topic has %d subscriptions, want at least 2", len(tp.Subscriptions))
+	}
+	ctx := ctxFor(t, tp.Subscriptions[0])
+	id := newID(t)
+	send(ctx, t, tp.Sender, id)
+	for i, sub := range tp.Subscriptions {
+		r := sub.NewReceiver(t)
+		m := receive(ctx, t, r, id)
+		if m.DeliveryCount != 1 || string(m.Body) != `{"id":"`+id+`"}` {
+			t.Errorf("subscription %d: copy has DeliveryCount %d and body %q", i, m.DeliveryCount, m.Body)
+		}
+		// Completing the earlier subscriptions' copies left this one.
+		ok(t, fmt.Sprintf("complete in subscription %d", i), r.CompleteMessage(ctx, m, nil))
+		gone(ctx, t, sub, id)
+	}
+}
+
+func deref(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}
