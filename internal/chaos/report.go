@@ -32,7 +32,7 @@ type Report struct {
 	Effects, Requests int // downstream totals
 	Queue             membus.Stats
 	ClaimStates       map[claim.State]int
-	Outcomes          map[processor.Outcome]int // processor outcomes, all replicas
+	Outcomes          map[processor.Result]int // processor outcomes, all replicas
 
 	Planned, Happened map[Fault]int
 	OutageRefused     int64 // store calls refused during outages
@@ -189,14 +189,14 @@ func (r *Report) Write(w io.Writer) {
 	fmt.Fprintln(w, r.Verdict())
 }
 
-var outcomes = []processor.Outcome{
-	processor.OutcomeProcessed, processor.OutcomeDuplicate, processor.OutcomeConflict,
-	processor.OutcomeReleased, processor.OutcomeDeadLettered, processor.OutcomeUnknown,
-	processor.OutcomeAbandoned, processor.OutcomeFlagged, processor.OutcomeCrashed,
+var outcomes = []processor.Result{
+	processor.ResultProcessed, processor.ResultDuplicate, processor.ResultConflict,
+	processor.ResultReleased, processor.ResultDeadLettered, processor.ResultUnknown,
+	processor.ResultAbandoned, processor.ResultFlagged, processor.ResultCrashed,
 }
 
-func outcomeCounts(m *processor.Metrics) map[processor.Outcome]int {
-	out := map[processor.Outcome]int{}
+func outcomeCounts(m *processor.Metrics) map[processor.Result]int {
+	out := map[processor.Result]int{}
 	for _, o := range outcomes {
 		out[o] = int(testutil.ToFloat64(m.Messages.WithLabelValues(string(o))))
 	}

@@ -346,7 +346,7 @@ func runTwoPhase(ctx context.Context, d *Database, cfg ScenarioConfig) (*Scenari
 	res := &ScenarioResult{Scenario: ScenarioTwoPhase, Database: d.String(), Expected: 1, Effects: down.Effects(id), Requests: down.Requests(id)}
 	res.Details = append(lines,
 		fmt.Sprintf("copies received: instance 1 %d, instance 2 %d (both held theirs before either claimed)", got[0].copies(), got[1].copies()),
-		fmt.Sprintf("processor outcomes: processed %d, duplicate %d (the loser completed its copy without calling the downstream)", oc[processor.OutcomeProcessed], oc[processor.OutcomeDuplicate]),
+		fmt.Sprintf("processor outcomes: processed %d, duplicate %d (the loser completed its copy without calling the downstream)", oc[processor.ResultProcessed], oc[processor.ResultDuplicate]),
 		fmt.Sprintf("queue: sent %d, completed %d, dead-lettered %d; downstream requests for the key %d, effects %d (the downstream deduplicates by key itself, so only the request count shows a second caller)",
 			st.Sent, st.Completed, st.DeadLettered, res.Requests, res.Effects))
 	var problems []string
@@ -356,8 +356,8 @@ func runTwoPhase(ctx context.Context, d *Database, cfg ScenarioConfig) (*Scenari
 	if res.Requests != 1 {
 		problems = append(problems, fmt.Sprintf("the downstream got %d requests for the key (want 1: the claim must stop the second instance before it calls)", res.Requests))
 	}
-	if oc[processor.OutcomeProcessed] != 1 || oc[processor.OutcomeDuplicate] != 1 {
-		problems = append(problems, fmt.Sprintf("outcomes processed %d, duplicate %d (want 1 and 1)", oc[processor.OutcomeProcessed], oc[processor.OutcomeDuplicate]))
+	if oc[processor.ResultProcessed] != 1 || oc[processor.ResultDuplicate] != 1 {
+		problems = append(problems, fmt.Sprintf("outcomes processed %d, duplicate %d (want 1 and 1)", oc[processor.ResultProcessed], oc[processor.ResultDuplicate]))
 	}
 	if st.Completed != 2 {
 		problems = append(problems, fmt.Sprintf("%d of 2 copies completed (both must be)", st.Completed))

@@ -2,7 +2,9 @@ package claim
 
 import (
 	"crypto/sha256"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 )
@@ -171,4 +173,30 @@ func (c *Claim) RouteDiffers(route, fingerprint string) bool {
 func HashPayload(body []byte) []byte {
 	sum := sha256.Sum256(body)
 	return sum[:]
+}
+
+// Storable makes producer-controlled text storable in every database:
+// PostgreSQL refuses NUL in text and JSON, and no column takes invalid
+// UTF-8. One such property would otherwise fail a whole claim batch.
+func Storable(s string) string {
+	if !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
+		return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+	}
+	return s
+}
+
+// MaxErrorText bounds an error stored on a claim (LastError), in bytes.
+const MaxErrorText = 2000
+
+// ErrorText is an error as stored on a claim: storable and at most
+// MaxErrorText bytes, cut on a UTF-8 boundary.
+func ErrorText(err error) string {
+	if err == nil {
+		return ""
+	}
+	s := Storable(err.Error())
+	if len(s) > MaxErrorText {
+		s = strings.ToValidUTF8(s[:MaxErrorText], "") + "…"
+	}
+	return s
 }

@@ -40,6 +40,12 @@ type effects struct {
 	// gate, when set, blocks each call until it is closed.
 	gate    chan struct{}
 	started chan string
+	// hang, when set and true for a call, blocks it until its context
+	// ends and returns the context's error.
+	hang func(call int) bool
+	// ignoreCtx makes a gated call wait for the gate even when its
+	// context ends (an effect that ignores cancellation).
+	ignoreCtx bool
 }
 
 func newEffects() *effects {
@@ -50,12 +56,18 @@ func (e *effects) Perform(ctx context.Context, msg *azservicebus.ReceivedMessage
 	e.mu.Lock()
 	e.calls[key]++
 	call := e.calls[key]
-	behave, delay, gate, started := e.behave, e.delay, e.gate, e.started
+	behave, delay, gate, started, hang, ignoreCtx := e.behave, e.delay, e.gate, e.started, e.hang, e.ignoreCtx
 	e.mu.Unlock()
 	if started != nil {
 		started <- key
 	}
-	if gate != nil {
+	if hang != nil && hang(call) {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	if gate != nil && ignoreCtx {
+		<-gate
+	} else if gate != nil {
 		select {
 		case <-gate:
 		case <-ctx.Done():
@@ -121,6 +133,16 @@ func subject(msg *azservicebus.ReceivedMessage) string {
 type router struct {
 	eff *effects
 	tx  sideeffects.TxEffect
+	// fp, when set, is the default route's fingerprint (a routes file
+	// changed under a claim); "fp-effect" otherwise.
+	fp atomic.Value
+}
+
+func (r *router) fingerprint() string {
+	if v, ok := r.fp.Load().(string); ok {
+		return v
+	}
+	return "fp-effect"
 }
 
 func (r *router) Route(msg *azservicebus.ReceivedMessage) (sideeffects.Handler, error) {
@@ -133,9 +155,11 @@ func (r *router) Route(msg *azservicebus.ReceivedMessage) (sideeffects.Handler, 
 		if !json.Valid(msg.Body) {
 			return sideeffects.Handler{}, &sideeffects.InputError{Reason: sideeffects.ReasonMalformedBody, Description: "body is not JSON"}
 		}
-		return sideeffects.Handler{Name: "json", Effect: r.eff}, nil
+		return sideeffects.Handler{Name: "json", Effect: r.eff, Fingerprint: "fp-json"}, nil
+	case "manual":
+		return sideeffects.Handler{Name: "manual", Effect: r.eff, Recovery: sideeffects.RecoveryManual, Fingerprint: "fp-manual"}, nil
 	default:
-		return sideeffects.Handler{Name: "effect", Effect: r.eff}, nil
+		return sideeffects.Handler{Name: "effect", Effect: r.eff, Fingerprint: r.fingerprint()}, nil
 	}
 }
 
@@ -306,7 +330,7 @@ func countCompleted(q *membus.Queue, id string) int {
 	return n
 }
 
-func outcomes(m *processor.Metrics, o processor.Outcome) int {
+func outcomes(m *processor.Metrics, o processor.Result) int {
 	return int(testutil.ToFloat64(m.Messages.WithLabelValues(string(o))))
 }
 

@@ -13,10 +13,10 @@ import (
 	"unicode/utf8"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
-	"github.com/cenkalti/backoff/v5"
 	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/held"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
 )
 
@@ -42,6 +42,41 @@ type delivery struct {
 	claimID  int64
 	owner    uuid.UUID // this delivery's owner token, made before it claims
 	log      *slog.Logger
+	// stopRenewal stops the message's lock renewal (set when renewal is
+	// on); settle calls it before settling.
+	stopRenewal func()
+}
+
+// settlement is what happens to a delivery's message at the end.
+type settlement int
+
+const (
+	settleNone       settlement = iota // a test hook "crashed" the replica: nothing
+	settleComplete                     // done, or a duplicate of finished work
+	settleAbandon                      // redeliver
+	settleDeadLetter                   // never processable
+)
+
+// verdict is how a protocol step ends a delivery: how to settle the message
+// and what to report. Every step returns one; settle carries it out, once.
+type verdict struct {
+	result      Result
+	settle      settlement
+	reason      string // dead-letter reason
+	description string // dead-letter description
+	attrs       []any  // extra attributes of the final log line
+}
+
+func completed(r Result, attrs ...any) verdict {
+	return verdict{result: r, settle: settleComplete, attrs: attrs}
+}
+
+func abandoned(r Result, attrs ...any) verdict {
+	return verdict{result: r, settle: settleAbandon, attrs: attrs}
+}
+
+func deadLettered(r Result, reason, description string) verdict {
+	return verdict{result: r, settle: settleDeadLetter, reason: reason, description: description, attrs: []any{"reason", reason}}
 }
 
 // handleBatch takes what one ReceiveMessages call returned: it validates
@@ -53,20 +88,21 @@ func (p *Processor) handleBatch(ctx, work context.Context, lr *liveReceiver, msg
 	for i, m := range msgs {
 		lr.pending.Add(1)
 		p.inflight.Add(1)
-		ds[i] = &delivery{msg: m, lr: lr, received: now, owner: uuid.New(), log: p.log.With(
+		d := &delivery{msg: m, lr: lr, received: now, owner: uuid.New(), log: p.log.With(
 			"message_id", m.MessageID, "delivery_count", m.DeliveryCount)}
+		d.stopRenewal = p.renewLock(work, d)
+		ds[i] = d
 	}
-	finish := func(d *delivery, o Outcome, args ...any) {
-		p.finish(d, o, args...)
-		<-slots
+	run := func(d *delivery, step func() verdict) {
+		go func() {
+			p.settle(d, step())
+			<-slots
+		}()
 	}
 	if ctx.Err() != nil {
 		// Received while shutting down: nothing was claimed, hand it back.
 		for _, d := range ds {
-			go func() {
-				p.abandon(d)
-				finish(d, OutcomeAbandoned, "reason", "shutting down")
-			}()
+			run(d, func() verdict { return abandoned(ResultAbandoned, "why", "shutting down") })
 		}
 		return
 	}
@@ -74,14 +110,11 @@ func (p *Processor) handleBatch(ctx, work context.Context, lr *liveReceiver, msg
 	var batch []*delivery
 	for _, d := range ds {
 		if reason, desc := p.validate(d); reason != "" {
-			go func() {
-				p.deadLetter(d, reason, desc)
-				finish(d, OutcomeDeadLettered, "reason", reason)
-			}()
+			run(d, func() verdict { return deadLettered(ResultDeadLettered, reason, desc) })
 			continue
 		}
 		if d.handler.TxEffect != nil {
-			go func() { finish(d, p.runTx(work, d)) }()
+			run(d, func() verdict { return p.runTx(work, d) })
 			continue
 		}
 		batch = append(batch, d)
@@ -104,33 +137,33 @@ func (p *Processor) handleBatch(ctx, work context.Context, lr *liveReceiver, msg
 	case err == nil:
 		for i, d := range batch {
 			res := results[i]
-			go func() { finish(d, p.afterClaim(work, d, res)) }()
+			run(d, func() verdict { return p.afterClaim(ctx, work, d, res) })
 		}
 	case errors.Is(err, claim.ErrUnavailable) || len(batch) == 1:
 		if errors.Is(err, claim.ErrUnavailable) {
 			p.storeDown.Store(true)
 		}
-		// Nothing was claimed by this call that we know of; hand every
-		// message back for redelivery.
+		// Whatever this call may have committed carries this delivery's
+		// owner tokens, so the redelivery's claim finds it (an orphan row
+		// whose holder shows no life is taken over after TakeoverAfter).
 		for _, d := range batch {
-			go func() {
-				p.abandon(d)
-				finish(d, OutcomeAbandoned, "reason", "claim failed", "error", err)
-			}()
+			run(d, func() verdict { return abandoned(ResultAbandoned, "why", "claim failed", "error", err) })
 		}
 	default:
 		// The store answered but refused the batch (one bad row fails a
-		// whole statement): claim one by one, so only the message that
-		// cannot be claimed goes back to the broker.
+		// whole statement; SQL Server may have committed some chunks):
+		// claim one by one with the same tokens, so a row this batch did
+		// commit is recognised as won and only the message that cannot be
+		// claimed goes back to the broker.
 		p.log.Warn("batch claim failed; claiming one by one", "error", err, "messages", len(batch))
 		for _, d := range batch {
-			go func() { finish(d, p.claimOne(work, d)) }()
+			run(d, func() verdict { return p.claimOne(ctx, work, d) })
 		}
 	}
 }
 
 // claimOne claims a single message (the fallback of a refused batch).
-func (p *Processor) claimOne(work context.Context, d *delivery) Outcome {
+func (p *Processor) claimOne(ctx, work context.Context, d *delivery) verdict {
 	sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
 	results, err := p.opts.Store.ClaimBatch(sctx, &claim.ClaimBatchParams{Host: p.opts.Host, Claims: []claim.ClaimParams{p.claimParams(d)}})
 	cancel()
@@ -141,11 +174,9 @@ func (p *Processor) claimOne(work context.Context, d *delivery) Outcome {
 		if errors.Is(err, claim.ErrUnavailable) {
 			p.storeDown.Store(true)
 		}
-		d.log.Warn("claim failed", "error", err)
-		p.abandon(d)
-		return OutcomeAbandoned
+		return abandoned(ResultAbandoned, "why", "claim failed", "error", err)
 	}
-	return p.afterClaim(work, d, results[0])
+	return p.afterClaim(ctx, work, d, results[0])
 }
 
 // validate resolves the dedup key and the handler. A non-empty reason means
@@ -207,10 +238,10 @@ func (p *Processor) claimParams(d *delivery) claim.ClaimParams {
 		DeliveryCount: int(d.msg.DeliveryCount),
 	}
 	if d.msg.Subject != nil {
-		cp.Subject = storable(*d.msg.Subject)
+		cp.Subject = claim.Storable(*d.msg.Subject)
 	}
 	if d.msg.ContentType != nil {
-		cp.ContentType = storable(*d.msg.ContentType)
+		cp.ContentType = claim.Storable(*d.msg.ContentType)
 	}
 	if p.opts.StorePayload {
 		cp.Payload = d.msg.Body
@@ -220,173 +251,338 @@ func (p *Processor) claimParams(d *delivery) claim.ClaimParams {
 		if len(d.msg.ApplicationProperties) > 0 {
 			cp.Properties = make(map[string]string, len(d.msg.ApplicationProperties))
 			for k, v := range d.msg.ApplicationProperties {
-				cp.Properties[storable(k)] = storable(fmt.Sprint(v))
+				cp.Properties[claim.Storable(k)] = claim.Storable(fmt.Sprint(v))
 			}
 		}
 	}
 	return cp
 }
 
-// storable makes producer-controlled text storable in every database:
-// PostgreSQL refuses NUL in text and JSON, so one such property would fail
-// the whole batch. These copies only serve redrive routing and operators.
-func storable(s string) string {
-	if !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
-		return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
-	}
-	return s
-}
-
-// afterClaim follows the claim's outcome (DESIGN.md §2).
-func (p *Processor) afterClaim(work context.Context, d *delivery, res claim.ClaimResult) Outcome {
-	c := res.Claim
-	if c != nil {
+func (d *delivery) at(c *claim.Claim) {
+	if c != nil && d.claimID != c.ID {
 		d.claimID = c.ID
 		d.log = d.log.With("claim_id", c.ID)
 	}
-	switch res.Outcome {
-	case claim.OutcomeWon:
-		return p.runClaimed(work, d, c)
-	case claim.OutcomeConflict:
-		p.deadLetter(d, ReasonIdempotencyKeyConflict, conflictDescription(d, c, p.opts.Consumer))
-		return OutcomeConflict
-	case claim.OutcomeDuplicate:
-		if c.State != claim.StateReleased {
-			// Someone owns it or finished it: never run the effect again,
-			// and complete so the duplicate does not bounce to the DLQ.
-			p.complete(d)
-			return OutcomeDuplicate
-		}
-		sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
-		taken, err := p.opts.Store.TakeOver(sctx, &claim.TakeOverParams{
-			ID: c.ID, PreviousOwner: c.Owner, Owner: uuid.New(), Path: claim.PathRedelivery, SilentFor: 24 * time.Hour,
-			By: p.opts.Host, Reason: "released", DeliveryCount: int(d.msg.DeliveryCount),
-			Route: d.handler.Name, Fingerprint: d.handler.Fingerprint})
-		cancel()
-		switch {
-		case err == nil:
-			d.log.Info("took over released claim")
-			return p.runClaimed(work, d, taken)
-		case errors.Is(err, claim.ErrStateChanged):
-			// Another delivery took it over first.
-			p.complete(d)
-			return OutcomeDuplicate
-		default:
-			if errors.Is(err, claim.ErrUnavailable) {
-				p.storeDown.Store(true)
-			}
-			d.log.Warn("take over failed", "error", err)
-			p.abandon(d)
-			return OutcomeAbandoned
-		}
-	}
-	d.log.Error("store returned an unknown claim outcome", "outcome", res.Outcome)
-	p.abandon(d)
-	return OutcomeAbandoned
 }
 
-// runClaimed runs the effect of a claim this attempt owns, records the
-// outcome and settles the message.
-func (p *Processor) runClaimed(work context.Context, d *delivery, c *claim.Claim) Outcome {
+// afterClaim follows the claim's outcome.
+func (p *Processor) afterClaim(ctx, work context.Context, d *delivery, res claim.ClaimResult) verdict {
+	d.at(res.Claim)
+	switch res.Outcome {
+	case claim.OutcomeWon:
+		return p.runHeld(work, d, res.Claim)
+	case claim.OutcomeConflict:
+		return deadLettered(ResultConflict, ReasonIdempotencyKeyConflict, conflictDescription(d, res.Claim, p.opts.Consumer))
+	case claim.OutcomeDuplicate:
+		return p.duplicate(ctx, work, d, res.Claim)
+	}
+	d.log.Error("store returned an unknown claim outcome", "claim_outcome", res.Outcome.String())
+	return abandoned(ResultAbandoned, "why", "unknown claim outcome")
+}
+
+// duplicate handles a delivery whose claim another attempt holds or
+// finished. Finished (processed, resolved) or in operators' hands
+// (flagged): complete, the effect never runs again. Released: take it
+// over (the effect was definitely not performed). Claimed: the holder's
+// fate is open, so the delivery keeps its message (the lock is renewed)
+// and watches the claim until the holder finishes (complete), releases it
+// (take over) or goes silent for TakeoverAfter by the database clock (take
+// over, and run the effect with the same key) — bounded by the message's
+// lock-renewal window.
+func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.Claim) verdict {
+	until := p.watchUntil(d)
+	poll := 25 * time.Millisecond
+	waited := false
+	for {
+		switch c.State {
+		case claim.StateProcessed, claim.StateResolved:
+			return completed(ResultDuplicate, "claim_state", string(c.State), "waited", waited)
+		case claim.StateFlagged:
+			return completed(ResultDuplicate, "claim_state", string(c.State), "why", "flagged for operators")
+		}
+		released := c.State == claim.StateReleased
+		routeChanged := c.RouteDiffers(d.handler.Name, d.handler.Fingerprint)
+		// Whether the holder is silent: a released claim has none; for a
+		// take-over the guarded UPDATE itself judges it; otherwise ask the
+		// database clock.
+		quiet := released
+		if !released && (d.handler.Manual() || routeChanged) {
+			q, err := p.holderSilent(work, c)
+			if err != nil {
+				return abandoned(ResultAbandoned, "why", "reading the claim failed", "error", err)
+			}
+			quiet = q
+		}
+		again := false // the claim changed under us: decide again at once
+		switch {
+		case routeChanged && quiet:
+			v, ok := p.flagRouteChanged(work, d, c)
+			if ok {
+				return v
+			}
+			again = true
+		case d.handler.Manual() && quiet && !released:
+			// A manual route's holder went silent: its outcome is unknown
+			// and the downstream does not honour the key, so nobody may
+			// repeat it. The reconciler flags the claim for an operator.
+			return completed(ResultDuplicate, "why", "holder silent on a manual route: left for the reconciler to flag")
+		case !routeChanged && (released || !d.handler.Manual()):
+			// Released, or (auto route) a holder that may have gone
+			// silent: the guarded take-over refuses a live holder by the
+			// database clock.
+			taken, err := p.takeOver(work, d, c)
+			switch {
+			case err == nil:
+				return p.runHeld(work, d, taken)
+			case errors.Is(err, claim.ErrStateChanged) && taken != nil:
+				again = taken.State != claim.StateClaimed || taken.Owner != c.Owner
+				c = taken
+			case errors.Is(err, claim.ErrRouteChanged) && taken != nil:
+				// Recorded since we read it (a claim from before routes
+				// were recorded, taken over meanwhile): decide again.
+				again, c = true, taken
+			default:
+				if errors.Is(err, claim.ErrUnavailable) {
+					p.storeDown.Store(true)
+				}
+				return abandoned(ResultAbandoned, "why", "take-over failed", "error", err)
+			}
+		}
+		if !again {
+			// The holder is alive: wait for its outcome.
+			if !waited {
+				waited = true
+				p.metrics.DuplicateWaits.Inc()
+				d.log.Debug("claim held by a live attempt; waiting for its outcome", "holder", c.ClaimedBy)
+			}
+			if time.Now().Add(poll).After(until) {
+				// The lock-renewal window is spent and the holder still
+				// shows life. Completing is safe: the claim is the trace,
+				// and if its holder dies the reconciler recovers it.
+				return completed(ResultDuplicate, "why", "holder still alive at the end of the lock-renewal window", "holder", c.ClaimedBy)
+			}
+			select {
+			case <-ctx.Done():
+				return abandoned(ResultAbandoned, "why", "shutting down while waiting for the claim's holder")
+			case <-time.After(poll):
+			}
+			poll = min(2*poll, p.opts.HeartbeatInterval)
+		}
+		now, err := p.get(work, c.ID)
+		if err != nil {
+			return abandoned(ResultAbandoned, "why", "reading the claim failed", "error", err)
+		}
+		c = now
+	}
+}
+
+// watchUntil is how long a duplicate delivery may hold its message while
+// it waits for a live holder: its lock-renewal window, or (renewal off)
+// until shortly before its lock expires.
+func (p *Processor) watchUntil(d *delivery) time.Time {
+	if p.opts.MaxLockRenewal > 0 {
+		return d.received.Add(p.opts.MaxLockRenewal)
+	}
+	if d.msg.LockedUntil != nil {
+		return d.msg.LockedUntil.Add(-p.opts.SettleTimeout)
+	}
+	return d.received
+}
+
+// takeOver asks for the claim: released, or held by an attempt silent for
+// TakeoverAfter.
+func (p *Processor) takeOver(work context.Context, d *delivery, c *claim.Claim) (*claim.Claim, error) {
+	reason := "released: the effect was not performed"
+	if c.State == claim.StateClaimed {
+		reason = fmt.Sprintf("holder %s silent for %s", c.ClaimedBy, p.opts.TakeoverAfter)
+	}
+	sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
+	defer cancel()
+	taken, err := p.opts.Store.TakeOver(sctx, &claim.TakeOverParams{
+		ID: c.ID, PreviousOwner: c.Owner, Owner: uuid.New(),
+		Path: claim.PathRedelivery, SilentFor: p.opts.TakeoverAfter,
+		By: p.opts.Host, Reason: reason, DeliveryCount: int(d.msg.DeliveryCount),
+		Route: d.handler.Name, Fingerprint: d.handler.Fingerprint,
+	})
+	if err == nil {
+		p.metrics.TakeOvers.WithLabelValues(string(claim.PathRedelivery)).Inc()
+		d.log.Info("took the claim over", "from", c.ClaimedBy, "claim_state", string(c.State), "why", reason)
+	}
+	return taken, err
+}
+
+// holderSilent reports whether c's holder showed no life for TakeoverAfter,
+// by the database clock.
+func (p *Processor) holderSilent(work context.Context, c *claim.Claim) (bool, error) {
+	sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
+	defer cancel()
+	now, err := p.opts.Store.Now(sctx)
+	if err != nil {
+		return false, err
+	}
+	return now.Sub(c.HeartbeatAt) > p.opts.TakeoverAfter, nil
+}
+
+// flagRouteChanged hands a claim whose holder is gone (released, or
+// silent) to operators because this delivery's route is not the one the
+// claim was taken for: repeating its key under another effect could
+// perform the wrong effect, or skip the right one. ok is false when the
+// guarded flag was refused (the claim changed, or its holder showed life).
+func (p *Processor) flagRouteChanged(work context.Context, d *delivery, c *claim.Claim) (v verdict, ok bool) {
+	reason := fmt.Sprintf("route changed: the claim was taken for route %q (fingerprint %s), this delivery routes to %q (fingerprint %s)",
+		c.Route, c.Fingerprint, d.handler.Name, d.handler.Fingerprint)
+	silent := time.Duration(0)
+	if c.State == claim.StateClaimed {
+		silent = p.opts.TakeoverAfter // never flag a live holder
+	}
+	sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
+	defer cancel()
+	_, err := p.opts.Store.Flag(sctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: c.State, SilentFor: silent, Reason: reason})
+	switch {
+	case err == nil:
+		d.log.Warn("claim flagged for operators: route changed", "claim_route", c.Route, "claim_fingerprint", c.Fingerprint,
+			"route_fingerprint", d.handler.Fingerprint)
+		return completed(ResultFlagged, "why", reason), true
+	case errors.Is(err, claim.ErrStateChanged):
+		return verdict{}, false
+	}
+	if errors.Is(err, claim.ErrUnavailable) {
+		p.storeDown.Store(true)
+	}
+	return abandoned(ResultAbandoned, "why", "flagging a route change failed", "error", err), true
+}
+
+// runHeld runs the effect of a claim this delivery holds, and records the
+// outcome.
+func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) verdict {
+	d.at(c)
 	p.metrics.ClaimsInFlight.Inc()
 	defer p.metrics.ClaimsInFlight.Dec()
-	stopKeepAlive := p.keepAlive(work, d, c)
-	defer stopKeepAlive()
-
 	if crashed(p.opts.Hooks.AfterClaim, work, d) {
-		return OutcomeCrashed
+		return verdict{result: ResultCrashed}
 	}
-
-	// With lock renewal on, the message is ours for MaxLockRenewal at most:
-	// an effect still running then is cut off (its outcome is unknown and
-	// the claim goes to the reconciler) instead of heartbeating forever.
-	effectCtx := work
+	retry := p.opts.Retry
+	retry.StopOnUnknown = retry.StopOnUnknown || d.handler.Manual()
+	hp := held.Params{
+		Store: p.opts.Store, Claim: c, Effect: d.handler.Effect, Message: d.msg, Key: d.key, Retry: retry,
+		HeartbeatInterval: p.opts.HeartbeatInterval, StoreTimeout: p.opts.StoreTimeout, Logger: d.log,
+		OnHeartbeat: p.countHeartbeat,
+	}
 	if p.opts.MaxLockRenewal > 0 {
-		var cancel context.CancelFunc
-		effectCtx, cancel = context.WithDeadline(work, d.received.Add(p.opts.MaxLockRenewal))
-		defer cancel()
+		// The message is ours for MaxLockRenewal at most: an effect still
+		// running then is cut off (its outcome is unknown) instead of
+		// keeping its claim fresh forever.
+		hp.Deadline = d.received.Add(p.opts.MaxLockRenewal)
 	}
-	start := time.Now()
-	err := p.opts.Retry.Do(effectCtx, func(ctx context.Context) error {
-		return d.handler.Effect.Perform(ctx, d.msg, d.key)
-	}, func(attempt int, err error) {
-		d.log.Warn("effect attempt failed", "attempt", attempt, "error", err)
-		p.storeCall(work, d, "record attempt", func(ctx context.Context) error {
-			return p.opts.Store.RecordAttempt(ctx, &claim.RecordAttemptParams{ID: c.ID, Owner: c.Owner, Error: errorText(err)})
-		})
-	})
-	eo := sideeffects.Classify(err)
-	p.metrics.EffectSeconds.WithLabelValues(d.handler.Name, eo.String()).Observe(time.Since(start).Seconds())
+	res := held.Run(work, hp)
+	p.metrics.EffectSeconds.WithLabelValues(d.handler.Name, res.Outcome.String()).Observe(res.Duration.Seconds())
+	if res.Lost != nil {
+		return p.lost(work, d, c, res.Outcome)
+	}
 
-	switch eo {
+	switch res.Outcome {
 	case sideeffects.OutcomeOK:
 		if crashed(p.opts.Hooks.AfterEffect, work, d) {
-			return OutcomeCrashed
+			return verdict{result: ResultCrashed}
 		}
 		err := p.markProcessed(work, c)
 		switch {
 		case errors.Is(err, claim.ErrStateChanged):
-			// The reconciler flagged the claim while the effect ran (no
-			// heartbeat got through). The flagged row is the trace: an
-			// operator resolves it, a redrive is deduplicated downstream.
-			stopKeepAlive()
-			p.reportLateEffect(work, d, c)
-			p.complete(d)
-			return OutcomeFlagged
+			return p.lost(work, d, c, res.Outcome)
 		case err != nil:
-			// The effect happened but could not be recorded. Keep the
-			// claim (it goes stale and is flagged) and let the broker
-			// redeliver: the redelivery takes the duplicate path.
-			stopKeepAlive()
+			// The effect happened but could not be recorded. The claim
+			// stays claimed and goes silent; the redelivery takes it over
+			// and repeats the effect with the same key (deduplicated
+			// downstream), or the reconciler recovers it.
 			d.log.Error("effect done but marking processed failed", "error", err)
-			p.abandon(d)
-			return OutcomeUnknown
+			return abandoned(ResultUnknown, "why", "marking processed failed", "error", err)
 		}
 		if crashed(p.opts.Hooks.AfterMarkProcessed, work, d) {
-			return OutcomeCrashed
+			return verdict{result: ResultCrashed}
 		}
-		stopKeepAlive()
-		p.complete(d)
-		return OutcomeProcessed
+		return completed(ResultProcessed)
 
 	case sideeffects.OutcomeRetryable, sideeffects.OutcomePermanent:
-		relErr := p.release(work, c, err)
-		stopKeepAlive()
-		if relErr != nil {
-			// The claim stays claimed and goes stale: the reconciler flags
-			// it, and a redrive (same key) performs the effect.
-			d.log.Warn("effect not performed but the release failed; claim kept for the reconciler", "error", relErr)
+		relErr := p.release(work, c, res.Err)
+		switch {
+		case errors.Is(relErr, claim.ErrStateChanged):
+			return p.lost(work, d, c, res.Outcome)
+		case relErr != nil:
+			// The claim stays claimed and goes silent; whoever takes it
+			// over repeats the effect (it was not performed).
+			d.log.Warn("effect not performed but the release failed", "error", relErr)
+			return abandoned(ResultUnknown, "why", "release failed", "error", relErr)
 		}
-		if eo == sideeffects.OutcomePermanent {
-			p.deadLetter(d, ReasonEffectFailed, err.Error())
-			return OutcomeDeadLettered
+		if res.Outcome == sideeffects.OutcomePermanent {
+			return deadLettered(ResultDeadLettered, ReasonEffectFailed, res.Err.Error())
 		}
-		p.abandon(d)
-		if relErr != nil {
-			return OutcomeUnknown
-		}
-		return OutcomeReleased
+		return abandoned(ResultReleased, "error", res.Err)
 
 	default: // unknown: keep the claim with its last error
-		stopKeepAlive()
-		d.log.Warn("effect outcome unknown after retries; claim kept for the reconciler", "error", err)
-		p.abandon(d)
-		return OutcomeUnknown
+		why := "effect outcome unknown after retries; the next delivery takes the claim over once it is silent"
+		if d.handler.Manual() {
+			why = "effect outcome unknown on a manual route; the reconciler flags the claim for an operator"
+		}
+		d.log.Warn(why, "error", res.Err)
+		return abandoned(ResultUnknown, "error", res.Err)
 	}
+}
+
+// lost ends a delivery whose claim was taken over, flagged or resolved by
+// someone else while its effect ran. Nothing more is written to the claim
+// but the note of a late success (operators see it: an effect they may
+// think did not happen did).
+func (p *Processor) lost(work context.Context, d *delivery, c *claim.Claim, eo sideeffects.Outcome) verdict {
+	if eo == sideeffects.OutcomeOK {
+		p.metrics.LateEffects.Inc()
+		err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
+			return p.opts.Store.RecordLateSuccess(ctx, &claim.LateSuccessParams{ID: c.ID, Owner: c.Owner, By: p.opts.Host})
+		})
+		if err != nil {
+			d.log.Warn("recording the late success failed", "error", err)
+		}
+	}
+	now, err := p.get(work, c.ID)
+	if err != nil {
+		d.log.Warn("claim lost while its effect ran; reading it failed", "effect_outcome", eo.String(), "error", err)
+		return abandoned(ResultLost, "error", err)
+	}
+	attrs := []any{"effect_outcome", eo.String(), "claim_state", string(now.State), "holder", now.ClaimedBy}
+	switch {
+	case eo == sideeffects.OutcomeOK && now.State == claim.StateResolved && now.Resolution == claim.ResolutionDiscarded:
+		d.log.Error("effect done AFTER an operator discarded its claim: the effect DID happen",
+			"resolved_by", now.ResolvedBy, "resolution_note", now.ResolutionNote)
+	case eo == sideeffects.OutcomeOK:
+		d.log.Warn("effect done after the claim was lost; recorded on the claim as a late success", attrs...)
+	default:
+		d.log.Info("claim lost while its effect ran; the effect was cancelled", attrs...)
+	}
+	if now.State == claim.StateReleased {
+		// Work remains and nobody holds it: keep the message.
+		return abandoned(ResultLost, attrs...)
+	}
+	// Processed, failed, flagged or resolved: decided; held by another
+	// attempt: that attempt finishes it, and the reconciler covers its
+	// crash. Either way the claim is the record.
+	return completed(ResultLost, attrs...)
 }
 
 // runTx is the one-phase path: the marker and the effect's writes commit in
 // one transaction.
-func (p *Processor) runTx(work context.Context, d *delivery) Outcome {
+func (p *Processor) runTx(work context.Context, d *delivery) verdict {
 	if work.Err() != nil {
-		p.abandon(d)
-		return OutcomeAbandoned
+		return abandoned(ResultAbandoned, "why", "shutting down")
 	}
 	ctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
 	defer cancel()
 	start := time.Now()
 	res, err := p.opts.Store.ClaimTx(ctx, &claim.ClaimTxParams{Host: p.opts.Host, Claim: p.claimParams(d)},
-		func(ctx context.Context, tx *sql.Tx) error {
+		func(ctx context.Context, tx *sql.Tx) (err error) {
+			defer func() {
+				if r := recover(); r != nil {
+					err = fmt.Errorf("transactional effect panicked: %v", r) // rolled back
+				}
+			}()
 			return d.handler.TxEffect.PerformTx(ctx, tx, d.msg, d.key)
 		})
 	if err != nil {
@@ -398,29 +594,18 @@ func (p *Processor) runTx(work context.Context, d *delivery) Outcome {
 		p.metrics.EffectSeconds.WithLabelValues(d.handler.Name, eo.String()).Observe(time.Since(start).Seconds())
 		d.log.Warn("transactional effect rolled back", "error", err, "effect_outcome", eo.String())
 		if eo == sideeffects.OutcomePermanent {
-			p.deadLetter(d, ReasonEffectFailed, err.Error())
-			return OutcomeDeadLettered
+			return deadLettered(ResultDeadLettered, ReasonEffectFailed, err.Error())
 		}
 		// Nothing was committed: safe to redeliver whatever the error.
-		p.abandon(d)
-		return OutcomeAbandoned
+		return abandoned(ResultAbandoned, "why", "transactional effect rolled back")
 	}
-	if res.Outcome == claim.OutcomeWon {
+	d.at(res.Claim)
+	switch res.Outcome {
+	case claim.OutcomeWon:
 		p.metrics.EffectSeconds.WithLabelValues(d.handler.Name, sideeffects.OutcomeOK.String()).Observe(time.Since(start).Seconds())
-		if res.Claim != nil {
-			d.claimID = res.Claim.ID
-			d.log = d.log.With("claim_id", res.Claim.ID)
-		}
-		p.complete(d)
-		return OutcomeProcessed
-	}
-	if res.Claim != nil {
-		d.claimID = res.Claim.ID
-		d.log = d.log.With("claim_id", res.Claim.ID)
-	}
-	if res.Outcome == claim.OutcomeConflict {
-		p.deadLetter(d, ReasonIdempotencyKeyConflict, conflictDescription(d, res.Claim, p.opts.Consumer))
-		return OutcomeConflict
+		return completed(ResultProcessed)
+	case claim.OutcomeConflict:
+		return deadLettered(ResultConflict, ReasonIdempotencyKeyConflict, conflictDescription(d, res.Claim, p.opts.Consumer))
 	}
 	// A duplicate: the one-phase effect committed with its marker. (A
 	// released claim can only come from a two-phase route that has since
@@ -429,8 +614,7 @@ func (p *Processor) runTx(work context.Context, d *delivery) Outcome {
 	if res.Claim != nil && res.Claim.State == claim.StateReleased {
 		d.log.Warn("duplicate of a released two-phase claim on a transactional route; left to the reconciler")
 	}
-	p.complete(d)
-	return OutcomeDuplicate
+	return completed(ResultDuplicate)
 }
 
 func conflictDescription(d *delivery, existing *claim.Claim, consumer string) string {
@@ -450,164 +634,95 @@ func crashed(hook func(context.Context, *azservicebus.ReceivedMessage) error, ct
 }
 
 // markProcessed records the effect's success. A store outage is retried
-// for a while (recordOutcome): the effect already happened, and recording
-// it now saves a flag and an operator's time.
+// for a while (held.Write): the effect already happened, and recording it
+// now saves a take-over and a repeat.
 func (p *Processor) markProcessed(work context.Context, c *claim.Claim) error {
-	err := p.recordOutcome(work, func(ctx context.Context) error {
+	err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
 		return p.opts.Store.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: c.ID, Owner: c.Owner})
 	})
-	if errors.Is(err, claim.ErrStateChanged) && p.ownProcessed(work, c) {
-		// An earlier try committed but its answer was lost.
-		return nil
+	if errors.Is(err, claim.ErrStateChanged) && p.ownState(work, c, claim.StateProcessed) {
+		return nil // an earlier try committed but its answer was lost
 	}
 	return err
-}
-
-// ownProcessed reports whether claim c is processed under c's owner.
-func (p *Processor) ownProcessed(work context.Context, c *claim.Claim) bool {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(work), p.opts.StoreTimeout)
-	defer cancel()
-	now, err := p.opts.Store.Get(ctx, c.ID)
-	return err == nil && now.State == claim.StateProcessed && now.Owner == c.Owner
 }
 
 // release marks the claim released: the effect was definitely not
 // performed, and the next delivery may take the claim over.
 func (p *Processor) release(work context.Context, c *claim.Claim, cause error) error {
-	return p.recordOutcome(work, func(ctx context.Context) error {
-		return p.opts.Store.Release(ctx, &claim.ReleaseParams{ID: c.ID, Owner: c.Owner, Error: errorText(cause)})
+	err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
+		return p.opts.Store.Release(ctx, &claim.ReleaseParams{ID: c.ID, Owner: c.Owner, Error: claim.ErrorText(cause)})
 	})
-}
-
-// recordOutcome runs a store write that records an outcome already known.
-// Each try runs on its own short context, so a shutdown does not cut it
-// off; a store outage is retried for up to RecordRetryWindow (the
-// message's lock is still being renewed meanwhile), but no new try starts once the
-// shutdown timeout has passed (the platform's SIGKILL is near).
-func (p *Processor) recordOutcome(work context.Context, write func(ctx context.Context) error) error {
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval = 100 * time.Millisecond
-	b.MaxInterval = 2 * time.Second
-	detached := context.WithoutCancel(work)
-	var last error
-	_, err := backoff.Retry(work, func() (struct{}, error) {
-		ctx, cancel := context.WithTimeout(detached, p.opts.StoreTimeout)
-		defer cancel()
-		last = write(ctx)
-		if last != nil && !errors.Is(last, claim.ErrUnavailable) {
-			return struct{}{}, backoff.Permanent(last)
-		}
-		return struct{}{}, last
-	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(p.opts.RecordRetryWindow))
-	if err != nil && last != nil {
-		return last // not the shutdown's context error: what the store said
+	if errors.Is(err, claim.ErrStateChanged) && p.ownState(work, c, claim.StateReleased) {
+		return nil // an earlier try committed but its answer was lost
 	}
 	return err
 }
 
-// errorText is an error as stored on a claim: storable in every database
-// and bounded.
-func errorText(err error) string {
-	s := storable(err.Error())
-	const max = 2000
-	if len(s) > max {
-		s = strings.ToValidUTF8(s[:max], "") + "…"
-	}
-	return s
+// ownState reports whether claim c is in state under c's own owner.
+func (p *Processor) ownState(work context.Context, c *claim.Claim, state claim.State) bool {
+	now, err := p.get(work, c.ID)
+	return err == nil && now.State == state && now.Owner == c.Owner
 }
 
-// reportLateEffect tells operators about an effect that completed after
-// its claim was flagged — loudly if one of them has already resolved it
-// as if it had not happened.
-func (p *Processor) reportLateEffect(work context.Context, d *delivery, c *claim.Claim) {
+// get reads a claim on its own short context.
+func (p *Processor) get(work context.Context, id int64) (*claim.Claim, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(work), p.opts.StoreTimeout)
 	defer cancel()
-	now, err := p.opts.Store.Get(ctx, c.ID)
-	switch {
-	case err != nil:
-		d.log.Warn("effect done but the claim was flagged meanwhile; leaving it to operators", "error", err)
-	case now.State == claim.StateResolved && now.Resolution == claim.ResolutionDiscarded:
-		d.log.Error("effect done AFTER an operator discarded its claim: the effect DID happen",
-			"resolved_by", now.ResolvedBy, "resolution_note", now.ResolutionNote)
-	case now.State == claim.StateResolved:
-		d.log.Info("effect done after its claim was resolved", "resolution", string(now.Resolution))
-	default:
-		d.log.Warn("effect done but the claim was flagged meanwhile; leaving it to operators (resolve it as done)",
-			"state", string(now.State))
+	return p.opts.Store.Get(ctx, id)
+}
+
+func (p *Processor) countHeartbeat(err error) {
+	if err == nil {
+		p.metrics.Heartbeats.Inc()
+	} else {
+		p.metrics.HeartbeatFailures.Inc()
 	}
 }
 
-// storeCall runs a best-effort store write and logs its failure. Like
-// settlement, it runs on its own short context: recording an outcome that
-// is already known must not fail because the shutdown timeout ran out.
-func (p *Processor) storeCall(work context.Context, d *delivery, what string, fn func(ctx context.Context) error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(work), p.opts.StoreTimeout)
-	defer cancel()
-	if err := fn(ctx); err != nil {
-		d.log.Warn(what+" failed", "error", err)
+// renewLock renews the message's lock on its own goroutine, from receipt
+// until the returned stop is called (by settle), for at most
+// MaxLockRenewal: every half of the lock's remaining time, so a renewal
+// that fails can be tried again before the lock expires. It runs
+// independently of the claim's heartbeat, so a slow store never starves
+// the renewal of a short lock. nil when renewal is off.
+func (p *Processor) renewLock(work context.Context, d *delivery) (stop func()) {
+	if p.opts.MaxLockRenewal <= 0 || d.msg.LockedUntil == nil {
+		return func() {}
 	}
-}
-
-// keepAlive renews the message lock and writes the claim heartbeat on one
-// ticker until the returned stop is called (idempotent; it waits for the
-// ticker goroutine, so nothing is renewed after settlement).
-func (p *Processor) keepAlive(work context.Context, d *delivery, c *claim.Claim) (stop func()) {
-	interval := p.opts.HeartbeatInterval
-	renew := p.opts.MaxLockRenewal > 0 && d.msg.LockedUntil != nil
-	if renew {
-		if half := d.msg.LockedUntil.Sub(d.received) / 2; half < interval {
-			interval = max(half, 10*time.Millisecond)
-		}
-	}
-	renewUntil := d.received.Add(p.opts.MaxLockRenewal)
-	ctx, cancel := context.WithCancel(work)
-	if p.opts.MaxLockRenewal > 0 {
-		// Heartbeats end with the effect's deadline too: an effect that
-		// ignores its context must not keep its claim fresh forever.
-		cancel()
-		ctx, cancel = context.WithDeadline(work, renewUntil.Add(p.opts.HeartbeatInterval))
-	}
+	ctx, cancel := context.WithDeadline(work, d.received.Add(p.opts.MaxLockRenewal))
+	lockedUntil := *d.msg.LockedUntil
+	log := d.log // the worker adds attributes to d.log meanwhile
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(interval)
+		t := time.NewTimer(max(time.Until(lockedUntil)/2, 10*time.Millisecond))
 		defer t.Stop()
-		heartbeat := true
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
 			}
-			if renew && time.Now().Before(renewUntil) {
-				rctx, rcancel := context.WithTimeout(ctx, p.opts.SettleTimeout)
-				err := d.lr.r.RenewMessageLock(rctx, d.msg, nil)
-				rcancel()
-				switch {
-				case err == nil:
-					p.metrics.LockRenewals.Inc()
-				case isLockLost(err):
-					p.metrics.LockLosses.Inc()
-					d.log.Warn("message lock lost; the claim still decides the outcome")
-					renew = false
-				case ctx.Err() == nil:
-					d.log.Warn("lock renewal failed", "error", err)
+			rctx, rcancel := context.WithTimeout(ctx, p.opts.SettleTimeout)
+			err := d.lr.r.RenewMessageLock(rctx, d.msg, nil)
+			rcancel()
+			switch {
+			case err == nil:
+				p.metrics.LockRenewals.Inc()
+				if d.msg.LockedUntil != nil {
+					lockedUntil = *d.msg.LockedUntil
 				}
+			case isLockLost(err):
+				p.metrics.LockLosses.Inc()
+				log.Warn("message lock lost; the claim still decides the outcome")
+				return
+			case ctx.Err() != nil:
+				return
+			default:
+				p.metrics.LockRenewalFailures.Inc()
+				log.Warn("lock renewal failed; trying again", "error", err)
 			}
-			if heartbeat {
-				hctx, hcancel := context.WithTimeout(ctx, p.opts.StoreTimeout)
-				err := p.opts.Store.Heartbeat(hctx, &claim.HeartbeatParams{ID: c.ID, Owner: c.Owner})
-				hcancel()
-				switch {
-				case err == nil:
-					p.metrics.Heartbeats.Inc()
-				case errors.Is(err, claim.ErrStateChanged):
-					d.log.Warn("claim no longer ours (flagged?); heartbeats stop")
-					heartbeat = false
-				case ctx.Err() == nil:
-					d.log.Warn("heartbeat failed", "error", err)
-				}
-			}
+			t.Reset(max(time.Until(lockedUntil)/2, 10*time.Millisecond))
 		}
 	}()
 	return func() {
@@ -616,13 +731,30 @@ func (p *Processor) keepAlive(work context.Context, d *delivery, c *claim.Claim)
 	}
 }
 
-// Settlement runs on its own short context: a shutdown must not strand
-// work whose outcome is already committed.
-func (p *Processor) settleCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), p.opts.SettleTimeout)
-}
-
-func (p *Processor) settled(d *delivery, what string, err error) {
+// settle carries out a delivery's verdict: it stops the lock renewal,
+// settles the message (on its own short context: a shutdown must not
+// strand work whose outcome is already committed), and writes the final
+// log line and metrics. It is the only place a message is settled.
+func (p *Processor) settle(d *delivery, v verdict) {
+	d.stopRenewal()
+	ctx, cancel := context.WithTimeout(context.Background(), p.opts.SettleTimeout)
+	defer cancel()
+	var err error
+	what := ""
+	switch v.settle {
+	case settleComplete:
+		what, err = "complete", d.lr.r.CompleteMessage(ctx, d.msg, nil)
+	case settleAbandon:
+		what, err = "abandon", d.lr.r.AbandonMessage(ctx, d.msg, nil)
+	case settleDeadLetter:
+		p.metrics.DeadLetters.WithLabelValues(v.reason).Inc()
+		desc := v.description
+		if len(desc) > 1024 {
+			desc = strings.ToValidUTF8(desc[:1024], "")
+		}
+		what, err = "dead-letter", d.lr.r.DeadLetterMessage(ctx, d.msg, &azservicebus.DeadLetterOptions{
+			Reason: &v.reason, ErrorDescription: &desc})
+	}
 	switch {
 	case err == nil:
 	case isLockLost(err):
@@ -631,41 +763,14 @@ func (p *Processor) settled(d *delivery, what string, err error) {
 	default:
 		d.log.Warn(what+" failed; the lock will expire and the broker redeliver", "error", err)
 	}
-}
 
-func (p *Processor) complete(d *delivery) {
-	ctx, cancel := p.settleCtx()
-	defer cancel()
-	p.settled(d, "complete", d.lr.r.CompleteMessage(ctx, d.msg, nil))
-}
-
-func (p *Processor) abandon(d *delivery) {
-	ctx, cancel := p.settleCtx()
-	defer cancel()
-	p.settled(d, "abandon", d.lr.r.AbandonMessage(ctx, d.msg, nil))
-}
-
-func (p *Processor) deadLetter(d *delivery, reason, description string) {
-	ctx, cancel := p.settleCtx()
-	defer cancel()
-	p.metrics.DeadLetters.WithLabelValues(reason).Inc()
-	if len(description) > 1024 {
-		description = description[:1024]
-	}
-	p.settled(d, "dead-letter", d.lr.r.DeadLetterMessage(ctx, d.msg, &azservicebus.DeadLetterOptions{
-		Reason: &reason, ErrorDescription: &description}))
-}
-
-// finish writes the message's final log line and metrics and frees its
-// slot in the receiver.
-func (p *Processor) finish(d *delivery, o Outcome, args ...any) {
-	p.metrics.Messages.WithLabelValues(string(o)).Inc()
+	p.metrics.Messages.WithLabelValues(string(v.result)).Inc()
 	level := slog.LevelInfo
-	switch o {
-	case OutcomeUnknown, OutcomeConflict, OutcomeDeadLettered, OutcomeFlagged, OutcomeAbandoned:
+	switch v.result {
+	case ResultUnknown, ResultConflict, ResultDeadLettered, ResultFlagged, ResultAbandoned, ResultLost:
 		level = slog.LevelWarn
 	}
-	args = append(args, "outcome", string(o), "duration_ms", time.Since(d.received).Milliseconds())
+	args := append(v.attrs, "outcome", string(v.result), "duration_ms", time.Since(d.received).Milliseconds())
 	if d.claimID == 0 {
 		args = append(args, "claim_id", nil)
 	}

@@ -4,50 +4,60 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Outcome is how the processor finished with one delivery of a message. It
+// Result is how the processor finished with one delivery of a message. It
 // is the "outcome" label of sbclaim_messages_total and of each message's
 // final log line.
-type Outcome string
+type Result string
 
 const (
-	// OutcomeProcessed: claim won (or taken over), effect ok, claim marked
+	// ResultProcessed: claim won (or taken over), effect ok, claim marked
 	// processed, message completed.
-	OutcomeProcessed Outcome = "processed"
-	// OutcomeDuplicate: another attempt holds or finished the claim; the
-	// message was completed without running the effect.
-	OutcomeDuplicate Outcome = "duplicate"
-	// OutcomeConflict: same key, different payload; dead-lettered with
+	ResultProcessed Result = "processed"
+	// ResultDuplicate: another attempt finished the claim (or an operator
+	// has it); the message was completed without running the effect.
+	ResultDuplicate Result = "duplicate"
+	// ResultConflict: same key, different payload; dead-lettered with
 	// IdempotencyKeyConflict.
-	OutcomeConflict Outcome = "conflict"
-	// OutcomeReleased: the effect was definitely not performed and may
+	ResultConflict Result = "conflict"
+	// ResultReleased: the effect was definitely not performed and may
 	// succeed later; claim released, message abandoned.
-	OutcomeReleased Outcome = "released"
-	// OutcomeDeadLettered: bad input, or an effect that can never succeed.
-	OutcomeDeadLettered Outcome = "dead_lettered"
-	// OutcomeUnknown: the effect's outcome is unknown after retries; the
-	// claim is kept with its last error and the message abandoned. The
-	// reconciler flags the claim.
-	OutcomeUnknown Outcome = "unknown"
-	// OutcomeAbandoned: nothing was claimed (store unavailable, shutdown);
+	ResultReleased Result = "released"
+	// ResultDeadLettered: bad input, or an effect that can never succeed.
+	ResultDeadLettered Result = "dead_lettered"
+	// ResultUnknown: the effect's outcome is unknown after retries (or
+	// known but not recordable); the claim is kept with its last error and
+	// the message abandoned. Its redelivery takes the claim over once the
+	// claim is silent (auto routes), or the reconciler flags it (manual).
+	ResultUnknown Result = "unknown"
+	// ResultAbandoned: nothing was claimed (store unavailable, shutdown);
 	// the message was abandoned for redelivery.
-	OutcomeAbandoned Outcome = "abandoned"
-	// OutcomeFlagged: the effect ran but the reconciler had flagged the
-	// claim in between; the claim stays flagged for an operator.
-	OutcomeFlagged Outcome = "flagged"
-	// OutcomeCrashed: a test hook stopped the attempt (chaos harness).
-	OutcomeCrashed Outcome = "crashed"
+	ResultAbandoned Result = "abandoned"
+	// ResultLost: the claim was taken over, flagged or resolved by someone
+	// else while this delivery's effect ran; the effect was cancelled (a
+	// success that still arrived is noted on the claim).
+	ResultLost Result = "lost"
+	// ResultFlagged: this delivery flagged the claim for operators (its
+	// route is not the one the claim was taken for).
+	ResultFlagged Result = "flagged"
+	// ResultCrashed: a test hook stopped the attempt (chaos harness).
+	ResultCrashed Result = "crashed"
 )
 
 // Metrics are the processor's Prometheus collectors.
 type Metrics struct {
-	Messages       *prometheus.CounterVec // outcome
-	DeadLetters    *prometheus.CounterVec // reason
-	EffectSeconds  *prometheus.HistogramVec
-	LockRenewals   prometheus.Counter
-	LockLosses     prometheus.Counter
-	Heartbeats     prometheus.Counter
-	ClaimsInFlight prometheus.Gauge
-	Receivers      prometheus.Counter
+	Messages            *prometheus.CounterVec // outcome
+	DeadLetters         *prometheus.CounterVec // reason
+	EffectSeconds       *prometheus.HistogramVec
+	TakeOvers           *prometheus.CounterVec // path
+	LockRenewals        prometheus.Counter
+	LockRenewalFailures prometheus.Counter
+	LockLosses          prometheus.Counter
+	Heartbeats          prometheus.Counter
+	HeartbeatFailures   prometheus.Counter
+	DuplicateWaits      prometheus.Counter
+	LateEffects         prometheus.Counter
+	ClaimsInFlight      prometheus.Gauge
+	Receivers           prometheus.Counter
 }
 
 // NewMetrics creates the collectors and registers them with reg (nil: not
@@ -56,7 +66,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		Messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sbclaim_messages_total",
-			Help: "Messages finished, by outcome (processed, duplicate, conflict, released, dead_lettered, unknown, abandoned, flagged).",
+			Help: "Messages finished, by outcome (processed, duplicate, conflict, released, dead_lettered, unknown, abandoned, lost, flagged).",
 		}, []string{"outcome"}),
 		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sbclaim_dead_letters_total",
@@ -67,9 +77,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time spent in an effect including retries, by route and effect outcome.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 		}, []string{"route", "outcome"}),
+		TakeOvers: NewTakeOversCounter(),
 		LockRenewals: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sbclaim_lock_renewals_total",
 			Help: "Message locks renewed.",
+		}),
+		LockRenewalFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sbclaim_lock_renewal_failures_total",
+			Help: "Message lock renewals that failed for another reason than a lost lock (retried before the lock expires).",
 		}),
 		LockLosses: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sbclaim_lock_losses_total",
@@ -78,6 +93,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Heartbeats: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sbclaim_claim_heartbeats_total",
 			Help: "Claim heartbeats written.",
+		}),
+		HeartbeatFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sbclaim_claim_heartbeat_failures_total",
+			Help: "Claim heartbeats that could not be written (the claim lost, or the store failing).",
+		}),
+		DuplicateWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sbclaim_duplicate_waits_total",
+			Help: "Deliveries that found their claim held by a live attempt and waited for its outcome.",
+		}),
+		LateEffects: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sbclaim_late_effects_total",
+			Help: "Effects that succeeded after their claim was lost (taken over, flagged or resolved meanwhile); noted on the claim.",
 		}),
 		ClaimsInFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sbclaim_claims_in_flight",
@@ -89,8 +116,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Messages, m.DeadLetters, m.EffectSeconds, m.LockRenewals,
-			m.LockLosses, m.Heartbeats, m.ClaimsInFlight, m.Receivers)
+		reg.MustRegister(m.Messages, m.DeadLetters, m.EffectSeconds, m.TakeOvers, m.LockRenewals, m.LockRenewalFailures,
+			m.LockLosses, m.Heartbeats, m.HeartbeatFailures, m.DuplicateWaits, m.LateEffects, m.ClaimsInFlight, m.Receivers)
 	}
 	return m
+}
+
+// NewTakeOversCounter is sbclaim_takeovers_total, by path (redelivery,
+// reconciler, operator): the processor counts redeliveries, the reconciler
+// its recoveries and operators' redrives.
+func NewTakeOversCounter() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sbclaim_takeovers_total",
+		Help: "Claims taken over from their previous holder, by path (redelivery, reconciler, operator).",
+	}, []string{"path"})
 }

@@ -37,10 +37,21 @@ type Options struct {
 	// was received (like the .NET processor's MaxAutoLockRenewalDuration).
 	// Zero or negative switches lock renewal off.
 	MaxLockRenewal time.Duration
-	// HeartbeatInterval is how often an in-flight claim's heartbeat is
-	// written (and its lock renewed, if sooner than half the lock
-	// duration). Default 30s.
+	// HeartbeatInterval is how often a held claim's heartbeat is written.
+	// Default 30s. (Message locks are renewed on their own schedule, at
+	// half of the lock's remaining time.)
 	HeartbeatInterval time.Duration
+	// TakeoverAfter is how long a claim's holder must show no heartbeat,
+	// by the database clock, before a redelivery of its message takes the
+	// claim over and repeats the effect with the same key. At least three
+	// heartbeat intervals (a live holder that missed two heartbeats is not
+	// taken over). Default 3 × HeartbeatInterval.
+	TakeoverAfter time.Duration
+	// StaleAfter is the reconciler's window (SBCLAIM_STALE_AFTER), when
+	// known: TakeoverAfter must not exceed it, so that redeliveries, which
+	// hold the message, get the first chance at a silent holder's claim.
+	// Zero: not checked.
+	StaleAfter time.Duration
 	// Retry bounds effect retries. Its Budget should stay inside the lock
 	// renewal window.
 	Retry sideeffects.RetryPolicy
@@ -113,7 +124,7 @@ func New(opts Options) (*Processor, error) {
 	for name, d := range map[string]time.Duration{
 		"MaxLockRenewal": opts.MaxLockRenewal, "HeartbeatInterval": opts.HeartbeatInterval,
 		"SettleTimeout": opts.SettleTimeout, "StoreTimeout": opts.StoreTimeout, "ShutdownTimeout": opts.ShutdownTimeout,
-		"RecordRetryWindow": opts.RecordRetryWindow,
+		"RecordRetryWindow": opts.RecordRetryWindow, "TakeoverAfter": opts.TakeoverAfter, "StaleAfter": opts.StaleAfter,
 	} {
 		if d < 0 {
 			return nil, fmt.Errorf("processor: %s cannot be negative (got %s)", name, d)
@@ -130,6 +141,15 @@ func New(opts Options) (*Processor, error) {
 	}
 	opts.MaxConcurrentCalls = cmp.Or(opts.MaxConcurrentCalls, 16)
 	opts.HeartbeatInterval = cmp.Or(opts.HeartbeatInterval, 30*time.Second)
+	opts.TakeoverAfter = cmp.Or(opts.TakeoverAfter, 3*opts.HeartbeatInterval)
+	if opts.TakeoverAfter < 3*opts.HeartbeatInterval {
+		return nil, fmt.Errorf("processor: TakeoverAfter (%s) must be at least 3 × HeartbeatInterval (%s): a live holder that missed two heartbeats would be taken over",
+			opts.TakeoverAfter, 3*opts.HeartbeatInterval)
+	}
+	if opts.StaleAfter > 0 && opts.TakeoverAfter > opts.StaleAfter {
+		return nil, fmt.Errorf("processor: TakeoverAfter (%s) must not exceed the reconciler's StaleAfter (%s): redeliveries, which hold the message, take a silent holder's claim over first",
+			opts.TakeoverAfter, opts.StaleAfter)
+	}
 	opts.MaxPayloadBytes = cmp.Or(opts.MaxPayloadBytes, 256*1024)
 	opts.SettleTimeout = cmp.Or(opts.SettleTimeout, 5*time.Second)
 	opts.StoreTimeout = cmp.Or(opts.StoreTimeout, 10*time.Second)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/membus"
@@ -57,7 +58,7 @@ func TestSuccessPath(t *testing.T) {
 		}
 		// The final log line and metric follow the settlement.
 		b.eventually("the final log line and metric", func() bool {
-			return outcomes(opts.Metrics, processor.OutcomeProcessed) == 1 &&
+			return outcomes(opts.Metrics, processor.ResultProcessed) == 1 &&
 				strings.Contains(b.logs.String(), `"outcome":"processed"`)
 		})
 	})
@@ -83,7 +84,7 @@ func TestDuplicatePathCompletes(t *testing.T) {
 		if len(b.claims()) != 1 {
 			t.Errorf("want one claim row")
 		}
-		b.eventually("one duplicate outcome", func() bool { return outcomes(opts.Metrics, processor.OutcomeDuplicate) == 1 })
+		b.eventually("one duplicate outcome", func() bool { return outcomes(opts.Metrics, processor.ResultDuplicate) == 1 })
 		if s := b.q.Stats(); s.DeadLettered != 0 {
 			t.Errorf("dead-lettered %d, want 0", s.DeadLettered)
 		}
@@ -150,7 +151,7 @@ func TestRetryableReleasesAndRedeliveryTakesOver(t *testing.T) {
 			t.Errorf("abandoned %d, want 1", s.Abandoned)
 		}
 		b.eventually("one released and one processed outcome", func() bool {
-			return outcomes(opts.Metrics, processor.OutcomeReleased) == 1 && outcomes(opts.Metrics, processor.OutcomeProcessed) == 1
+			return outcomes(opts.Metrics, processor.ResultReleased) == 1 && outcomes(opts.Metrics, processor.ResultProcessed) == 1
 		})
 	})
 }
@@ -178,10 +179,20 @@ func TestPermanentReleasesAndDeadLetters(t *testing.T) {
 	})
 }
 
-func TestUnknownKeepsClaimAndRedeliveryIsDuplicate(t *testing.T) {
+// TestUnknownOutcomeIsRepeatedAfterTheHolderGoesSilent: an attempt whose
+// outcome stays unknown keeps its claim and abandons the message; the
+// redelivery finds the claim held, waits until its holder has shown no
+// life for TakeoverAfter (by the database clock), takes it over and
+// repeats the effect with the same key.
+func TestUnknownOutcomeIsRepeatedAfterTheHolderGoesSilent(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, be string) {
 		b := setup(t, be, membus.QueueOptions{})
-		b.eff.behave = func(_, _ string, _ int) error { return errPerformedThenLost }
+		b.eff.behave = func(_, _ string, call int) error {
+			if call <= 3 {
+				return errPerformedThenLost
+			}
+			return nil
+		}
 		opts := b.options()
 		opts.Retry = sideeffects.RetryPolicy{MaxAttempts: 3, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond, Budget: 5 * time.Second}
 		opts.Metrics = processor.NewMetrics(nil)
@@ -189,25 +200,64 @@ func TestUnknownKeepsClaimAndRedeliveryIsDuplicate(t *testing.T) {
 		b.send("m1", "pay", `{}`, nil)
 		b.waitIdle()
 
-		if got := b.eff.Calls("m1"); got != 3 {
-			t.Errorf("effect called %d times, want 3 (one delivery, three attempts)", got)
+		if got := b.eff.Calls("m1"); got != 4 {
+			t.Errorf("effect called %d times, want 4 (three unknown attempts, then the take-over's)", got)
 		}
 		c := b.claimOf("m1")
-		if c.State != claim.StateClaimed {
-			t.Errorf("claim state %s, want claimed (kept for the reconciler)", c.State)
+		if c.State != claim.StateProcessed || c.TakeOvers != 1 || c.TakeOverPath != claim.PathRedelivery {
+			t.Fatalf("claim %s, take-overs %d by %q; want processed after one redelivery take-over", c.State, c.TakeOvers, c.TakeOverPath)
 		}
 		if c.Attempts != 3 || !strings.Contains(c.LastError, "response lost") {
-			t.Errorf("attempts %d last error %q, want 3 and the error", c.Attempts, c.LastError)
+			t.Errorf("attempts %d last error %q, want the first delivery's 3 unknown attempts", c.Attempts, c.LastError)
 		}
-		if c.Payload == nil {
-			t.Errorf("payload not kept for redrive")
+		// The redelivery really waited for the holder's silence: it took
+		// over no earlier than TakeoverAfter after the claim's last sign
+		// of life (the claim was taken at ClaimedAt and its attempts ran
+		// within milliseconds).
+		if d := c.TakenOverAt.Sub(c.ClaimedAt); d < 3*opts.HeartbeatInterval {
+			t.Errorf("taken over %s after the claim, before TakeoverAfter (%s)", d, 3*opts.HeartbeatInterval)
 		}
 		if got := countCompleted(b.q, "m1"); got != 1 {
-			t.Errorf("completed %d, want 1 (the redelivery, on the duplicate path)", got)
+			t.Errorf("completed %d, want 1", got)
 		}
-		b.eventually("one unknown and one duplicate outcome", func() bool {
-			return outcomes(opts.Metrics, processor.OutcomeUnknown) == 1 && outcomes(opts.Metrics, processor.OutcomeDuplicate) == 1
+		b.eventually("one unknown and one processed outcome", func() bool {
+			return outcomes(opts.Metrics, processor.ResultUnknown) == 1 && outcomes(opts.Metrics, processor.ResultProcessed) == 1
 		})
+		if got := testutil.ToFloat64(opts.Metrics.TakeOvers.WithLabelValues("redelivery")); got != 1 {
+			t.Errorf("sbclaim_takeovers_total{path=redelivery} = %v, want 1", got)
+		}
+		if got := testutil.ToFloat64(opts.Metrics.DuplicateWaits); got != 1 {
+			t.Errorf("sbclaim_duplicate_waits_total = %v, want 1", got)
+		}
+	})
+}
+
+// TestUnknownOutcomeOnAManualRouteIsNeverRepeated: a manual route's
+// downstream does not honour the key: the first unknown attempt ends the
+// retries, and the redelivery does not take the silent holder's claim
+// over; it completes its copy and leaves the claim for the reconciler to
+// flag.
+func TestUnknownOutcomeOnAManualRouteIsNeverRepeated(t *testing.T) {
+	b := setup(t, "sqlite", membus.QueueOptions{})
+	b.eff.behave = func(_, _ string, _ int) error { return errPerformedThenLost }
+	opts := b.options()
+	opts.Retry = sideeffects.RetryPolicy{MaxAttempts: 5, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond, Budget: 5 * time.Second}
+	opts.Metrics = processor.NewMetrics(nil)
+	b.start(opts)
+	b.send("m1", "manual", `{}`, nil)
+	b.waitIdle()
+	if got := b.eff.Calls("m1"); got != 1 {
+		t.Errorf("effect called %d times on a manual route, want 1 (never repeated after an unknown outcome)", got)
+	}
+	c := b.claimOf("m1")
+	if c.State != claim.StateClaimed || c.TakeOvers != 0 || c.Payload == nil {
+		t.Errorf("claim %s, take-overs %d, payload kept %v; want claimed, never taken over, payload kept for the operator", c.State, c.TakeOvers, c.Payload != nil)
+	}
+	if got := countCompleted(b.q, "m1"); got != 1 {
+		t.Errorf("completed %d, want 1 (the redelivery, once the holder was silent)", got)
+	}
+	b.eventually("one unknown and one duplicate outcome", func() bool {
+		return outcomes(opts.Metrics, processor.ResultUnknown) == 1 && outcomes(opts.Metrics, processor.ResultDuplicate) == 1
 	})
 }
 
@@ -300,7 +350,7 @@ func TestStoreOutageAbandonsThenRecovers(t *testing.T) {
 				t.Errorf("%s: performed %d completed %d, want 1 and 1", key, b.eff.Performed(key), countCompleted(b.q, key))
 			}
 		}
-		if outcomes(opts.Metrics, processor.OutcomeAbandoned) < 1 {
+		if outcomes(opts.Metrics, processor.ResultAbandoned) < 1 {
 			t.Errorf("no abandoned outcome recorded")
 		}
 		if s := b.q.Stats(); s.DeadLettered != 0 {
@@ -456,7 +506,7 @@ func TestLockRenewal(t *testing.T) {
 				if s.Redeliveries != 0 || s.Renewals == 0 {
 					t.Errorf("with renewal: redeliveries %d renewals %d, want 0 and >0", s.Redeliveries, s.Renewals)
 				}
-				if outcomes(opts.Metrics, processor.OutcomeDuplicate) != 0 {
+				if outcomes(opts.Metrics, processor.ResultDuplicate) != 0 {
 					t.Errorf("with renewal a duplicate path was taken")
 				}
 			} else {
@@ -464,7 +514,7 @@ func TestLockRenewal(t *testing.T) {
 					t.Errorf("without renewal: no redelivery, the test proves nothing")
 				}
 				b.eventually("the redelivery on the duplicate path", func() bool {
-					return outcomes(opts.Metrics, processor.OutcomeDuplicate) > 0
+					return outcomes(opts.Metrics, processor.ResultDuplicate) > 0
 				})
 			}
 		})
@@ -691,12 +741,14 @@ func TestRefusedBatchFallsBackToOneByOne(t *testing.T) {
 	}
 }
 
-// TestEffectCutOffAtMaxLockRenewal: an effect still running when lock
-// renewal ends is cancelled; its outcome is unknown, its claim is kept for
-// the reconciler, and the redelivery is a duplicate.
+// TestEffectCutOffAtMaxLockRenewal: an effect still running when its
+// message's lock-renewal window ends is cut off (unknown outcome), its
+// heartbeats stop, and the redelivery takes the silent claim over.
 func TestEffectCutOffAtMaxLockRenewal(t *testing.T) {
 	b := setup(t, "sqlite", membus.QueueOptions{LockDuration: 200 * time.Millisecond})
-	b.eff.gate = make(chan struct{}) // never opens: only the deadline ends the effect
+	b.eff.behave = func(_, _ string, call int) error { return nil }
+	var hung atomic.Bool
+	b.eff.hang = func(call int) bool { return call == 1 && hung.CompareAndSwap(false, true) }
 	opts := b.options()
 	opts.MaxLockRenewal = 300 * time.Millisecond
 	opts.HeartbeatInterval = 50 * time.Millisecond
@@ -704,14 +756,11 @@ func TestEffectCutOffAtMaxLockRenewal(t *testing.T) {
 	b.send("hang", "pay", `{}`, nil)
 	b.waitIdle()
 	c := b.claimOf("hang")
-	if c.State != claim.StateClaimed || !strings.Contains(c.LastError, "deadline") {
-		t.Errorf("claim %s last error %q, want claimed with the deadline error", c.State, c.LastError)
+	if c.State != claim.StateProcessed || c.TakeOvers != 1 || !strings.Contains(c.LastError, "deadline") {
+		t.Errorf("claim %s, take-overs %d, last error %q; want processed after a take-over, the first attempt's deadline recorded", c.State, c.TakeOvers, c.LastError)
 	}
-	if got := countCompleted(b.q, "hang"); got != 1 {
-		t.Errorf("completed %d, want 1 (the redelivery, on the duplicate path)", got)
-	}
-	if got := b.eff.Calls("hang"); got != 1 {
-		t.Errorf("effect called %d times, want 1", got)
+	if got := b.eff.Calls("hang"); got != 2 {
+		t.Errorf("effect called %d times, want 2 (the cut-off one, the take-over's)", got)
 	}
 }
 
@@ -771,32 +820,41 @@ func TestMarkProcessedAnswerLost(t *testing.T) {
 	if c := b.claimOf("m1"); c.State != claim.StateProcessed {
 		t.Errorf("claim %s, want processed", c.State)
 	}
-	b.eventually("a processed outcome", func() bool { return outcomes(opts.Metrics, processor.OutcomeProcessed) == 1 })
-	if got := outcomes(opts.Metrics, processor.OutcomeFlagged); got != 0 {
+	b.eventually("a processed outcome", func() bool { return outcomes(opts.Metrics, processor.ResultProcessed) == 1 })
+	if got := outcomes(opts.Metrics, processor.ResultFlagged); got != 0 {
 		t.Errorf("%d flagged outcomes for our own lost answer", got)
 	}
 }
 
 // TestReleaseFailureKeepsClaim: when the release cannot be written, the
-// claim stays claimed (for the reconciler) and the outcome is unknown, not
-// released.
+// claim stays claimed and the outcome is unknown, not released; the
+// redelivery takes the silent claim over and runs the effect.
 func TestReleaseFailureKeepsClaim(t *testing.T) {
 	b := setup(t, "sqlite", membus.QueueOptions{})
 	ls := &lossyStore{Store: b.store}
 	ls.refuseRelease.Store(true)
-	b.eff.behave = func(_, _ string, _ int) error { return sideeffects.Retryable(errors.New("503")) }
+	b.eff.behave = func(_, _ string, call int) error {
+		if call == 1 {
+			return sideeffects.Retryable(errors.New("503"))
+		}
+		return nil
+	}
 	opts := b.options()
 	opts.Store = ls
 	opts.Metrics = processor.NewMetrics(nil)
 	b.start(opts)
 	b.send("m1", "pay", `{}`, nil)
-	b.waitIdle()
-	if c := b.claimOf("m1"); c.State != claim.StateClaimed {
-		t.Errorf("claim %s, want claimed (the release never got through)", c.State)
+	b.eventually("an unknown outcome", func() bool { return outcomes(opts.Metrics, processor.ResultUnknown) == 1 })
+	if c := b.claimOf("m1"); c.State != claim.StateClaimed || c.Attempts != 1 {
+		t.Errorf("claim %s attempts %d, want claimed (the release never got through)", c.State, c.Attempts)
 	}
-	b.eventually("an unknown outcome", func() bool { return outcomes(opts.Metrics, processor.OutcomeUnknown) == 1 })
-	if got := outcomes(opts.Metrics, processor.OutcomeReleased); got != 0 {
+	ls.refuseRelease.Store(false)
+	b.waitIdle()
+	if got := outcomes(opts.Metrics, processor.ResultReleased); got != 0 {
 		t.Errorf("%d released outcomes, want 0", got)
+	}
+	if c := b.claimOf("m1"); c.State != claim.StateProcessed || c.TakeOvers != 1 {
+		t.Errorf("claim %s take-overs %d, want processed after a take-over", c.State, c.TakeOvers)
 	}
 }
 
@@ -845,52 +903,75 @@ func TestReceivesOnlyForFreeSlots(t *testing.T) {
 	}
 }
 
-// TestEffectFinishingAfterFlag: the reconciler flags the claim while the
-// effect runs (its heartbeats did not get through); the effect's success
-// cannot mark it processed, so the claim stays flagged for an operator,
-// the message is completed, and a discarded resolution is reported loudly.
-func TestEffectFinishingAfterFlag(t *testing.T) {
-	for _, discard := range []bool{false, true} {
-		t.Run(fmt.Sprintf("discarded=%v", discard), func(t *testing.T) {
+// TestLostClaimStopsItsEffect: the claim is flagged (or taken over)
+// while its effect runs. The next heartbeat finds it lost and cancels the
+// effect's context; nothing more is written for the old holder (no
+// attempt, no release), the outcome is "lost", and the message, whose
+// claim is now in operators' hands, is completed. An effect that ignores
+// its context and succeeds anyway is recorded on the claim as a late
+// success — loudly when an operator had discarded the claim.
+func TestLostClaimStopsItsEffect(t *testing.T) {
+	for _, tc := range []struct {
+		name               string
+		ignoreCtx, discard bool
+	}{{"cooperative effect", false, false}, {"effect ignores its context", true, false}, {"late success after discard", true, true}} {
+		t.Run(tc.name, func(t *testing.T) {
 			b := setup(t, "sqlite", membus.QueueOptions{})
 			b.eff.gate = make(chan struct{})
+			b.eff.ignoreCtx = tc.ignoreCtx
 			b.eff.started = make(chan string, 1)
+			b.eff.behave = func(_, _ string, _ int) error { return sideeffects.Retryable(errors.New("must not be recorded")) }
+			if tc.ignoreCtx {
+				b.eff.behave = nil // succeeds
+			}
 			opts := b.options()
+			opts.HeartbeatInterval = 50 * time.Millisecond
 			opts.Metrics = processor.NewMetrics(nil)
 			b.start(opts)
 			b.send("late", "pay", `{}`, nil)
 			<-b.eff.started
 			ctx := context.Background()
-			// Flag the held claim with the guarded primitive (owner and
-			// state, no staleness test): deterministic, unlike a FlagStale
-			// with a tiny window, which a heartbeat written in the same
-			// millisecond (SQLite's time resolution) could dodge.
 			held := b.claimOf("late")
-			flagged, err := b.store.Flag(ctx, &claim.FlagParams{ID: held.ID, Owner: held.Owner, State: claim.StateClaimed, Reason: "test: no heartbeat"})
+			flagged, err := b.store.Flag(ctx, &claim.FlagParams{ID: held.ID, Owner: held.Owner, State: claim.StateClaimed, Reason: "test: looked stuck"})
 			if err != nil {
 				t.Fatalf("flag: %v", err)
 			}
-			if discard {
+			if tc.discard {
 				if _, err := b.store.Resolve(ctx, &claim.ResolveParams{ID: flagged.ID, Resolution: claim.ResolutionDiscarded, By: "op", Note: "looked stuck"}); err != nil {
 					t.Fatal(err)
 				}
 			}
+			b.eventually("the heartbeat to find the claim lost", func() bool {
+				return strings.Contains(b.logs.String(), "claim lost while its effect ran")
+			})
 			close(b.eff.gate)
 			b.waitIdle()
-			b.eventually("a flagged outcome", func() bool { return outcomes(opts.Metrics, processor.OutcomeFlagged) == 1 })
+			b.eventually("a lost outcome", func() bool { return outcomes(opts.Metrics, processor.ResultLost) == 1 })
 			if got := countCompleted(b.q, "late"); got != 1 {
 				t.Errorf("completed %d, want 1", got)
 			}
+			c := b.claimOf("late")
 			want := claim.StateFlagged
-			if discard {
+			if tc.discard {
 				want = claim.StateResolved
 			}
-			if c := b.claimOf("late"); c.State != want || c.ProcessedAt != nil {
-				t.Errorf("claim %s processed_at %v, want %s and not processed", c.State, c.ProcessedAt, want)
+			if c.State != want || c.ProcessedAt != nil || c.Attempts != 0 || c.LastError != "" {
+				t.Errorf("claim %s processed_at %v attempts %d last error %q; want %s, untouched by the lost holder", c.State, c.ProcessedAt, c.Attempts, c.LastError, want)
+			}
+			if got := b.eff.Calls("late"); got != 1 {
+				t.Errorf("effect called %d times, want 1 (no retry after the claim was lost)", got)
+			}
+			late := testutil.ToFloat64(opts.Metrics.LateEffects)
+			if tc.ignoreCtx {
+				if c.LateSuccessAt == nil || !strings.Contains(c.LateSuccessBy, held.Owner.String()) || late != 1 {
+					t.Errorf("late success at %v by %q, metric %v; want recorded with the lost owner's token and counted", c.LateSuccessAt, c.LateSuccessBy, late)
+				}
+			} else if c.LateSuccessAt != nil || late != 0 || b.eff.Performed("late") != 0 {
+				t.Errorf("a cancelled effect: late success %v, metric %v, performed %d; want none", c.LateSuccessAt, late, b.eff.Performed("late"))
 			}
 			loud := strings.Contains(b.logs.String(), "AFTER an operator discarded")
-			if loud != discard {
-				t.Errorf("error about a discarded claim logged: %v, want %v", loud, discard)
+			if loud != tc.discard {
+				t.Errorf("error about a discarded claim logged: %v, want %v", loud, tc.discard)
 			}
 		})
 	}

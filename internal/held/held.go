@@ -1,0 +1,219 @@
+// Package held runs an effect while its claim is held. The processor, the
+// reconciler's recovery pass and an operator's redrive all run effects
+// through Run, so they keep a claim alive, notice they lost it and classify
+// the result the same way:
+//
+//   - the claim's heartbeat is written on its own goroutine every
+//     HeartbeatInterval (independently of anything else the caller does,
+//     such as renewing a message lock);
+//   - a heartbeat or attempt write answered claim.ErrStateChanged means the
+//     claim was taken over, flagged or resolved by someone else: the
+//     effect's context is cancelled at once and nothing more is written
+//     (no attempt, no release); Result.Lost says so;
+//   - failed attempts are retried by the RetryPolicy with the same
+//     idempotency key, each recorded on the claim (RecordAttempt);
+//   - a panic in the effect is recovered and becomes an unknown outcome
+//     (the effect may have done something before it panicked).
+//
+// Run does not record the outcome: callers do (mark processed, release,
+// resolve, flag), each with its own guarded write, usually through Write.
+package held
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"github.com/cenkalti/backoff/v5"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/sideeffects"
+)
+
+// Params is the input of Run.
+type Params struct {
+	Store claim.Store
+	// Claim is the held claim: its ID and Owner guard every write.
+	Claim   *claim.Claim
+	Effect  sideeffects.Effect
+	Message *azservicebus.ReceivedMessage
+	Key     string // the idempotency key
+	Retry   sideeffects.RetryPolicy
+
+	HeartbeatInterval time.Duration // required
+	StoreTimeout      time.Duration // bounds each heartbeat and attempt write; required
+	// Deadline cuts the effect off (its context ends); zero: none.
+	// Heartbeats stop one HeartbeatInterval after it, even if the effect
+	// ignores its context, so a hung effect cannot keep its claim fresh
+	// forever and block its take-over.
+	Deadline time.Time
+
+	Logger *slog.Logger // nil discards
+	// OnHeartbeat, when set, is called after every heartbeat write with
+	// its error (nil when written), for metrics.
+	OnHeartbeat func(err error)
+}
+
+// Result is what Run saw.
+type Result struct {
+	// Err is the effect's final error, nil when it succeeded.
+	Err error
+	// Outcome is sideeffects.Classify(Err).
+	Outcome sideeffects.Outcome
+	// Attempts is how many times the effect was called.
+	Attempts int
+	// Lost is set (wrapping claim.ErrStateChanged) when the claim stopped
+	// being this holder's while the effect ran; the effect's context was
+	// cancelled, and the caller must not write the claim again.
+	Lost error
+	// Duration is the time spent in Run.
+	Duration time.Duration
+}
+
+// Run runs the effect of a held claim; see the package documentation.
+func Run(ctx context.Context, p Params) Result {
+	log := p.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	start := time.Now()
+	effectCtx, cancelEffect := context.WithCancelCause(ctx)
+	defer cancelEffect(nil)
+	if !p.Deadline.IsZero() {
+		var cancel context.CancelFunc
+		effectCtx, cancel = context.WithDeadline(effectCtx, p.Deadline)
+		defer cancel()
+	}
+
+	var (
+		mu   sync.Mutex
+		lost error
+	)
+	loseClaim := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if lost == nil {
+			lost = err
+			cancelEffect(fmt.Errorf("claim %d lost: %w", p.Claim.ID, err))
+		}
+	}
+	isLost := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return lost != nil
+	}
+
+	stopHeartbeats := heartbeat(ctx, p, log, loseClaim)
+	attempts := 0
+	err := p.Retry.Do(effectCtx, func(ctx context.Context) error {
+		attempts++
+		return perform(ctx, p, log)
+	}, func(attempt int, err error) {
+		if isLost() {
+			return // the claim is someone else's now: write nothing
+		}
+		log.Warn("effect attempt failed", "attempt", attempt, "effect_outcome", sideeffects.Classify(err).String(), "error", err)
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.StoreTimeout)
+		defer cancel()
+		werr := p.Store.RecordAttempt(wctx, &claim.RecordAttemptParams{ID: p.Claim.ID, Owner: p.Claim.Owner, Error: claim.ErrorText(err)})
+		switch {
+		case errors.Is(werr, claim.ErrStateChanged):
+			loseClaim(werr)
+		case werr != nil:
+			log.Warn("record attempt failed", "error", werr)
+		}
+	})
+	stopHeartbeats()
+
+	res := Result{Err: err, Outcome: sideeffects.Classify(err), Attempts: attempts, Duration: time.Since(start)}
+	mu.Lock()
+	res.Lost = lost
+	mu.Unlock()
+	return res
+}
+
+// perform calls the effect once, turning a panic into an unknown outcome.
+func perform(ctx context.Context, p Params, log *slog.Logger) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			log.Error("effect panicked; its outcome is unknown", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			err = sideeffects.Unknown(fmt.Errorf("effect panicked: %v", r))
+		}
+	}()
+	return p.Effect.Perform(ctx, p.Message, p.Key)
+}
+
+// heartbeat writes the claim's heartbeat every HeartbeatInterval until the
+// returned stop is called (it waits for the goroutine, so no heartbeat is
+// written after it returns) or the claim is lost.
+func heartbeat(ctx context.Context, p Params, log *slog.Logger, lose func(error)) (stop func()) {
+	hctx, cancel := context.WithCancel(ctx)
+	if !p.Deadline.IsZero() {
+		cancel()
+		hctx, cancel = context.WithDeadline(ctx, p.Deadline.Add(p.HeartbeatInterval))
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(p.HeartbeatInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-hctx.Done():
+				return
+			case <-t.C:
+			}
+			wctx, wcancel := context.WithTimeout(hctx, p.StoreTimeout)
+			err := p.Store.Heartbeat(wctx, &claim.HeartbeatParams{ID: p.Claim.ID, Owner: p.Claim.Owner})
+			wcancel()
+			if p.OnHeartbeat != nil && hctx.Err() == nil {
+				p.OnHeartbeat(err)
+			}
+			switch {
+			case err == nil:
+			case errors.Is(err, claim.ErrStateChanged):
+				log.Warn("claim lost while its effect ran (taken over, flagged or resolved): cancelling the effect")
+				lose(err)
+				return
+			case hctx.Err() == nil:
+				log.Warn("heartbeat failed", "error", err)
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// Write runs a store write that records an outcome already known (mark
+// processed, release, resolve). Each try runs on its own StoreTimeout
+// context, detached from ctx, so a shutdown does not cut a write off; a
+// store outage (claim.ErrUnavailable) is retried with backoff for up to
+// window, but no new try starts once ctx has ended. Any other error ends
+// it at once. It returns what the store last said.
+func Write(ctx context.Context, storeTimeout, window time.Duration, write func(ctx context.Context) error) error {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = 100 * time.Millisecond
+	b.MaxInterval = 2 * time.Second
+	detached := context.WithoutCancel(ctx)
+	var last error
+	_, err := backoff.Retry(ctx, func() (struct{}, error) {
+		wctx, cancel := context.WithTimeout(detached, storeTimeout)
+		defer cancel()
+		last = write(wctx)
+		if last != nil && !errors.Is(last, claim.ErrUnavailable) {
+			return struct{}{}, backoff.Permanent(last)
+		}
+		return struct{}{}, last
+	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(window))
+	if err != nil && last != nil {
+		return last // not the context's error: what the store said
+	}
+	return err
+}
