@@ -75,6 +75,9 @@ func (s *Store) ClaimBatch(ctx context.Context, params *claim.ClaimBatchParams) 
 	for chunk := range slices.Chunk(rows, maxRowsPerStatement) {
 		got, err := s.insertSet(ctx, host, chunk)
 		if err != nil && (isClaimsDuplicate(err) || isDeadlock(err)) {
+			if isClaimsDuplicate(err) {
+				s.races.Add(1)
+			}
 			got, err = s.insertEach(ctx, host, chunk)
 		}
 		if err != nil {

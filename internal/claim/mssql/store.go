@@ -8,6 +8,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf16"
 
@@ -22,8 +23,20 @@ var _ claim.Store = (*Store)(nil)
 
 // Store is the SQL Server claims table (dbo.Claims).
 type Store struct {
-	db *sql.DB
+	db    *sql.DB
+	races atomic.Int64
 }
+
+// ClaimRaces returns how many of ClaimBatch's set-based INSERTs failed with
+// a violation of the claims unique index (2601/2627) and fell back to one
+// INSERT per key: NOT EXISTS had filtered the keys already there, so the
+// violation means another transaction's claim of one of the keys was in
+// flight (uncommitted and, under READ_COMMITTED_SNAPSHOT, invisible to
+// NOT EXISTS) and committed while the INSERT waited for it. It only grows;
+// the conformance suite's race tests check that it moved. With
+// READ_COMMITTED_SNAPSHOT off, NOT EXISTS itself waits for the in-flight
+// claim and sees it, so a race shows as a wait, not as a violation.
+func (s *Store) ClaimRaces() int64 { return s.races.Load() }
 
 // New wraps an open database whose driver is go-mssqldb ("sqlserver" or
 // "azuresql"). The caller owns the pool settings.

@@ -11,6 +11,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -32,8 +33,18 @@ const ClaimsUniqueIndex = "ux_claims_message_consumer"
 
 // Store is the PostgreSQL claims table.
 type Store struct {
-	db *sql.DB
+	db    *sql.DB
+	races atomic.Int64
 }
+
+// ClaimRaces returns how many claimed keys met another transaction's
+// in-flight claim of the same key: the insert waited on the claims unique
+// index for that transaction, which then committed, so ON CONFLICT skipped
+// the row while the statement's snapshot could not see it, and a second
+// statement read it (see the package doc). It only grows; the conformance
+// suite's race tests check that it moved, which no run without a real race
+// can make it do.
+func (s *Store) ClaimRaces() int64 { return s.races.Load() }
 
 // Option configures a Store. There are none yet; the parameter keeps New's
 // signature the same across dialects.
@@ -188,7 +199,7 @@ func (s *Store) ClaimBatch(ctx context.Context, params *claim.ClaimBatchParams) 
 	if len(plan.First) == 0 {
 		return nil, nil
 	}
-	won, existing, err := insertClaims(ctx, s.db, params.Host, plan, claim.StateClaimed)
+	won, existing, err := s.insertClaims(ctx, s.db, params.Host, plan, claim.StateClaimed)
 	if err != nil {
 		return nil, err
 	}
@@ -200,7 +211,7 @@ func (s *Store) ClaimBatch(ctx context.Context, params *claim.ClaimBatchParams) 
 // statement's snapshot (in practice at most one more).
 const maxClaimAttempts = 3
 
-func insertClaims(ctx context.Context, q sqlstore.Querier, host string, plan *sqlstore.Plan, state claim.State) (won, existing map[sqlstore.Key]*claim.Claim, err error) {
+func (s *Store) insertClaims(ctx context.Context, q sqlstore.Querier, host string, plan *sqlstore.Plan, state claim.State) (won, existing map[sqlstore.Key]*claim.Claim, err error) {
 	won = make(map[sqlstore.Key]*claim.Claim, len(plan.First))
 	existing = make(map[sqlstore.Key]*claim.Claim)
 	pending := plan.First
@@ -258,6 +269,7 @@ func insertClaims(ctx context.Context, q sqlstore.Querier, host string, plan *sq
 				next = append(next, i)
 			}
 		}
+		s.races.Add(int64(len(next)))
 		pending = next
 	}
 	return won, existing, nil
@@ -281,7 +293,7 @@ func (s *Store) ClaimTx(ctx context.Context, params *claim.ClaimTxParams, fn fun
 	}
 	defer tx.Rollback()
 
-	won, existing, err := insertClaims(ctx, tx, params.Host, plan, claim.StateProcessed)
+	won, existing, err := s.insertClaims(ctx, tx, params.Host, plan, claim.StateProcessed)
 	if err != nil {
 		return claim.ClaimResult{}, err
 	}
