@@ -12,6 +12,16 @@
 // ClaimBatch). It is correct with READ_COMMITTED_SNAPSHOT on (Azure SQL's
 // default) and off (SQL Server's default).
 //
+// # Parameters
+//
+// Every parameterised statement is sent as an explicit call of
+// sp_executesql whose parameter declarations the store writes from the
+// column each parameter feeds (MessageId nvarchar(128), Consumer
+// nvarchar(200), PayloadHash varbinary(32), Payload varbinary(max), ...),
+// not from the values' lengths as go-mssqldb would: SQL Server caches a
+// plan per statement text and declaration list, so one statement keeps
+// one plan whatever its values (see call).
+//
 // # Clock
 //
 // Every time is written by SYSUTCDATETIME() and every age ("older than

@@ -136,10 +136,8 @@ func nullTime(t sql.NullTime) *time.Time {
 // sends the bytes in SQL Server's mixed-endian order.
 func guid(u uuid.UUID) mssqldb.UniqueIdentifier { return mssqldb.UniqueIdentifier(u) }
 
-// text sends free text as nvarchar(max). go-mssqldb declares a plain Go
-// string as nvarchar(<its length>), and every distinct declaration is a
-// separate plan in SQL Server's plan cache; nvarchar(max) keeps the
-// declaration, and so the cached plan, the same for every value.
+// text sends free text as an nvarchar(max) value (the declared type of
+// its parameter is call's business: see args).
 func text(s string) mssqldb.NVarCharMax { return mssqldb.NVarCharMax(s) }
 
 // truncate shortens s to at most n UTF-16 code units (the unit of an
@@ -162,14 +160,74 @@ func truncate(s string, n int) string {
 // utf16Len is the nvarchar length of s.
 func utf16Len(s string) int { return len(utf16.Encode([]rune(s))) }
 
-// args collects positional parameters; add returns the placeholder
-// (@p1, @p2, ...) go-mssqldb gives the parameter.
-type args []any
+// SQL Server declared types of the parameters, one per column or value
+// kind. Every parameter of every statement is declared with one of these,
+// never with a length taken from its value (see call).
+const (
+	declID          = "bigint"
+	declInt         = "int"
+	declGUID        = "uniqueidentifier"
+	declMessageID   = "nvarchar(128)" // MessageId; claim.MaxMessageIDLength
+	declConsumer    = "nvarchar(200)" // Consumer; sqlstore.MaxConsumerLength
+	declEntity      = "nvarchar(400)" // Entity; maxEntity
+	declText        = "nvarchar(max)" // Subject, ContentType, Properties
+	declHost        = "nvarchar(256)" // ClaimedBy, ResolvedBy
+	declLongText    = "nvarchar(4000)"
+	declFlagReason  = "nvarchar(400)"
+	declResolution  = "varchar(16)"
+	declPayloadHash = "varbinary(32)"
+	declPayload     = "varbinary(max)"
+	declLockName    = "nvarchar(255)" // sp_getapplock's @Resource
+)
 
-func (a *args) add(v any) string {
-	*a = append(*a, v)
+// param is one statement parameter: its value, and the SQL type the
+// statement declares it with.
+type param struct {
+	v    any
+	decl string
+}
+
+// args collects positional parameters; add returns the placeholder
+// (@p1, @p2, ...) of the parameter.
+type args []param
+
+func (a *args) add(v any, decl string) string {
+	*a = append(*a, param{v, decl})
 	return "@p" + strconv.Itoa(len(*a))
 }
+
+// call returns what to hand database/sql for statement q with parameters
+// a: the name of the procedure sp_executesql, then the statement, its
+// parameter declarations ("@p1 bigint, @p2 nvarchar(128), ...") and the
+// values. go-mssqldb sends a query name alone on its line as an RPC call
+// of that procedure with the arguments as positional parameters, which is
+// the call it would make itself for q, except that it would write the
+// declarations from the values: nvarchar(<its length>) for a string,
+// varbinary(<its length>) for a []byte. SQL Server caches a plan per
+// statement text AND declaration list, so those would make a new plan per
+// combination of lengths (a compile per ClaimBatch, a bloated plan cache);
+// these declarations depend on the statement only. A value longer than
+// its declared type would be cut to it: every caller checks or truncates
+// values to their column's width first. A statement without parameters is
+// sent as a plain batch.
+func call(q string, a args) (string, []any) {
+	if len(a) == 0 {
+		return q, nil
+	}
+	decls := make([]string, len(a))
+	vals := make([]any, 0, len(a)+2)
+	vals = append(vals, mssqldb.NVarCharMax(q), nil)
+	for i, p := range a {
+		decls[i] = "@p" + strconv.Itoa(i+1) + " " + p.decl
+		vals = append(vals, p.v)
+	}
+	vals[1] = mssqldb.NVarCharMax(strings.Join(decls, ", "))
+	return spExecuteSQL, vals
+}
+
+// spExecuteSQL is the procedure every parameterised statement is sent
+// through (see call).
+const spExecuteSQL = "sp_executesql"
 
 // agoSQL returns the SQL for "the database clock minus d", adding its
 // parameters to a. DATEADD takes an int, so d is split into seconds
@@ -180,7 +238,7 @@ func agoSQL(a *args, d time.Duration) string {
 	}
 	sec := min(int64(d/time.Second), math.MaxInt32)
 	us := int32((d % time.Second) / time.Microsecond)
-	return "DATEADD(microsecond, -" + a.add(us) + ", DATEADD(second, -" + a.add(int32(sec)) + ", SYSUTCDATETIME()))"
+	return "DATEADD(microsecond, -" + a.add(us, declInt) + ", DATEADD(second, -" + a.add(int32(sec), declInt) + ", SYSUTCDATETIME()))"
 }
 
 // querier is *sql.DB, *sql.Tx or *sql.Conn.
@@ -194,8 +252,9 @@ type querier interface {
 // closing rows early cancels the request (it sends an attention), so a
 // caller that stopped after the first row could miss an error or cancel a
 // statement that had not finished. Never use QueryRow for writes here.
-func query(ctx context.Context, q querier, query string, a []any, each func(*sql.Rows) error) error {
-	rows, err := q.QueryContext(ctx, query, a...)
+func query(ctx context.Context, q querier, query string, a args, each func(*sql.Rows) error) error {
+	text, vals := call(query, a)
+	rows, err := q.QueryContext(ctx, text, vals...)
 	if err != nil {
 		return err
 	}
@@ -217,7 +276,7 @@ func query(ctx context.Context, q querier, query string, a []any, each func(*sql
 }
 
 // queryClaims runs q and scans every row as a claim.
-func queryClaims(ctx context.Context, q querier, sqlText string, a []any) ([]*claim.Claim, error) {
+func queryClaims(ctx context.Context, q querier, sqlText string, a args) ([]*claim.Claim, error) {
 	var out []*claim.Claim
 	err := query(ctx, q, sqlText, a, func(r *sql.Rows) error {
 		c, err := scanClaim(r)
@@ -235,7 +294,7 @@ func queryClaims(ctx context.Context, q querier, sqlText string, a []any) ([]*cl
 
 // execGuarded runs an UPDATE ... OUTPUT INSERTED.Id guarded on Id, Owner
 // and State, and reports ErrStateChanged when it matched no row.
-func (s *Store) execGuarded(ctx context.Context, op string, id int64, sqlText string, a ...any) error {
+func (s *Store) execGuarded(ctx context.Context, op string, id int64, sqlText string, a ...param) error {
 	n := 0
 	err := query(ctx, s.db, sqlText, a, func(*sql.Rows) error { n++; return nil })
 	if err != nil {
@@ -254,7 +313,8 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 SET State = 'claimed', Owner = @p1, ClaimedBy = @p2, DeliveryCount = @p3, HeartbeatUtc = SYSUTCDATETIME()
 OUTPUT `+insertedColumns+`
 WHERE Id = @p4 AND State = 'released';`,
-		[]any{guid(uuid.New()), truncate(params.Host, maxClaimedBy), int32(min(params.DeliveryCount, math.MaxInt32)), params.ID})
+		args{{guid(uuid.New()), declGUID}, {text(truncate(params.Host, maxClaimedBy)), declHost},
+			{int32(min(params.DeliveryCount, math.MaxInt32)), declInt}, {params.ID, declID}})
 	if err != nil {
 		return nil, fmt.Errorf("take over claim %d: %w", params.ID, err)
 	}
@@ -270,7 +330,7 @@ func (s *Store) Heartbeat(ctx context.Context, params *claim.HeartbeatParams) er
 SET HeartbeatUtc = SYSUTCDATETIME()
 OUTPUT INSERTED.Id
 WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`,
-		params.ID, guid(params.Owner))
+		param{params.ID, declID}, param{guid(params.Owner), declGUID})
 }
 
 // MarkProcessed moves a claimed claim held by Owner to processed and
@@ -280,7 +340,7 @@ func (s *Store) MarkProcessed(ctx context.Context, params *claim.MarkProcessedPa
 SET State = 'processed', ProcessedUtc = SYSUTCDATETIME(), Payload = NULL
 OUTPUT INSERTED.Id
 WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`,
-		params.ID, guid(params.Owner))
+		param{params.ID, declID}, param{guid(params.Owner), declGUID})
 }
 
 // Release moves a claimed claim held by Owner to released. HeartbeatUtc is
@@ -291,7 +351,7 @@ func (s *Store) Release(ctx context.Context, params *claim.ReleaseParams) error 
 SET State = 'released', ReleasedUtc = @now, HeartbeatUtc = @now, LastError = @p3
 OUTPUT INSERTED.Id
 WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`,
-		params.ID, guid(params.Owner), text(truncate(params.Error, maxLastError)))
+		param{params.ID, declID}, param{guid(params.Owner), declGUID}, param{text(truncate(params.Error, maxLastError)), declLongText})
 }
 
 // RecordAttempt counts an effect attempt on a claimed claim held by Owner.
@@ -300,7 +360,7 @@ func (s *Store) RecordAttempt(ctx context.Context, params *claim.RecordAttemptPa
 SET Attempts = Attempts + 1, LastError = @p3
 OUTPUT INSERTED.Id
 WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`,
-		params.ID, guid(params.Owner), text(truncate(params.Error, maxLastError)))
+		param{params.ID, declID}, param{guid(params.Owner), declGUID}, param{text(truncate(params.Error, maxLastError)), declLongText})
 }
 
 // FlagStale flags at most Limit stale claims, oldest heartbeat first, in
@@ -322,10 +382,10 @@ func (s *Store) FlagStale(ctx context.Context, params *claim.FlagStaleParams) ([
 		return nil, err
 	}
 	var a args
-	top := a.add(int64(limit))
+	top := a.add(int64(limit), declID)
 	cutoff := agoSQL(&a, staleAfter)
-	released := a.add(sqlstore.ReasonReleased)
-	noHeartbeat := a.add(sqlstore.ReasonNoHeartbeat)
+	released := a.add(text(sqlstore.ReasonReleased), declFlagReason)
+	noHeartbeat := a.add(text(sqlstore.ReasonNoHeartbeat), declFlagReason)
 	q := `WITH stale AS (
     SELECT TOP (` + top + `) *
     FROM dbo.Claims WITH (ROWLOCK, UPDLOCK, READPAST, READCOMMITTEDLOCK)
@@ -353,8 +413,8 @@ func (s *Store) List(ctx context.Context, params *claim.ListParams) ([]*claim.Cl
 		return nil, err
 	}
 	var a args
-	top := a.add(int64(sqlstore.Limit(params.Limit, sqlstore.DefaultListLimit)))
-	where := []string{"Id > " + a.add(params.AfterID)}
+	top := a.add(int64(sqlstore.Limit(params.Limit, sqlstore.DefaultListLimit)), declID)
+	where := []string{"Id > " + a.add(params.AfterID, declID)}
 	if len(params.States) > 0 {
 		// States are literals, not parameters: they come from a fixed set
 		// (ValidateList checked each), and a literal State = 'flagged'
@@ -370,7 +430,10 @@ func (s *Store) List(ctx context.Context, params *claim.ListParams) ([]*claim.Cl
 		where = append(where, "State IN ("+strings.Join(lits, ", ")+")")
 	}
 	if params.Consumer != "" {
-		where = append(where, "Consumer = "+a.add(params.Consumer))
+		if n := utf16Len(params.Consumer); n > sqlstore.MaxConsumerLength {
+			return nil, fmt.Errorf("list: Consumer is %d UTF-16 code units, at most %d", n, sqlstore.MaxConsumerLength)
+		}
+		where = append(where, "Consumer = "+a.add(params.Consumer, declConsumer))
 	}
 	if params.OlderThan > 0 {
 		where = append(where, "ClaimedUtc < "+agoSQL(&a, params.OlderThan))
@@ -385,7 +448,7 @@ func (s *Store) List(ctx context.Context, params *claim.ListParams) ([]*claim.Cl
 
 // Get returns one claim by ID.
 func (s *Store) Get(ctx context.Context, id int64) (*claim.Claim, error) {
-	out, err := queryClaims(ctx, s.db, "SELECT "+columns+" FROM dbo.Claims WHERE Id = @p1;", []any{id})
+	out, err := queryClaims(ctx, s.db, "SELECT "+columns+" FROM dbo.Claims WHERE Id = @p1;", args{{id, declID}})
 	if err != nil {
 		return nil, fmt.Errorf("get claim %d: %w", id, err)
 	}
@@ -415,7 +478,7 @@ func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*clai
 SET State = 'resolved', ResolvedUtc = @now, ResolvedBy = @p1, Resolution = @p2, ResolutionNote = @p3`+redrive+`
 OUTPUT `+insertedColumns+`
 WHERE Id = @p4 AND State = 'flagged';`,
-		[]any{text(params.By), mssqldb.VarChar(params.Resolution), text(params.Note), params.ID})
+		args{{text(params.By), declHost}, {mssqldb.VarChar(params.Resolution), declResolution}, {text(params.Note), declLongText}, {params.ID, declID}})
 	if err != nil {
 		return nil, fmt.Errorf("resolve claim %d: %w", params.ID, err)
 	}
@@ -438,7 +501,7 @@ func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (
 		return 0, err
 	}
 	var a args
-	top := a.add(int64(limit))
+	top := a.add(int64(limit), declID)
 	cutoff := agoSQL(&a, olderThan)
 	q := `DECLARE @processed bigint = 0, @resolved bigint = 0;
 DELETE TOP (` + top + `) FROM dbo.Claims
