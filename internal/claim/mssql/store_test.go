@@ -13,6 +13,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
+	"github.com/sbclaim/sbclaim/internal/claim/sqlstore"
 )
 
 // URLEnv holds the SQL Server URL of the integration tests, e.g.
@@ -104,6 +105,12 @@ func readOnlyDatabase(t *testing.T, st claim.Store) claim.Store {
 		defer cancel()
 		_, _ = admin.DB().ExecContext(ctx, "ALTER DATABASE "+quoted+" SET READ_WRITE WITH ROLLBACK IMMEDIATE;")
 	})
+	// The ALTER ended the pooled sessions: close them, so the writes under
+	// test run on new sessions and meet the read-only database, not a
+	// broken connection.
+	db := st.(*Store).DB()
+	db.SetMaxIdleConns(0)
+	db.SetMaxIdleConns(sqlstore.MaxOpenConns)
 	return st
 }
 
