@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/sideeffects/fakedownstream"
 	"github.com/sbclaim/sbclaim/internal/store"
@@ -92,7 +94,7 @@ func openStore(t *testing.T, url string) claim.Store {
 // is older than staleAfter; a tick then flags it.
 func claimMessage(t *testing.T, st claim.Store, id, subject string, payload []byte, store bool) *claim.Claim {
 	t.Helper()
-	p := claim.ClaimParams{MessageID: id, Consumer: "billing", Entity: "payments", Subject: subject,
+	p := claim.ClaimParams{Owner: uuid.New(), MessageID: id, Consumer: "billing", Entity: "payments", Subject: subject,
 		ContentType: "application/json", Properties: map[string]string{"tenant": "t1"},
 		PayloadHash: claim.HashPayload(payload), DeliveryCount: 1}
 	if store {

@@ -60,6 +60,27 @@ func (s *gateStore) TakeOver(ctx context.Context, p *claim.TakeOverParams) (*cla
 	return s.inner.TakeOver(ctx, p)
 }
 
+func (s *gateStore) Flag(ctx context.Context, p *claim.FlagParams) (*claim.Claim, error) {
+	if err := s.pass(ctx, "Flag", p.ID); err != nil {
+		return nil, err
+	}
+	return s.inner.Flag(ctx, p)
+}
+
+func (s *gateStore) FindStale(ctx context.Context, p *claim.FindStaleParams) ([]*claim.Claim, error) {
+	if err := s.pass(ctx, "FindStale", 0); err != nil {
+		return nil, err
+	}
+	return s.inner.FindStale(ctx, p)
+}
+
+func (s *gateStore) RecordLateSuccess(ctx context.Context, p *claim.LateSuccessParams) error {
+	if err := s.pass(ctx, "RecordLateSuccess", p.ID); err != nil {
+		return err
+	}
+	return s.inner.RecordLateSuccess(ctx, p)
+}
+
 func (s *gateStore) Heartbeat(ctx context.Context, p *claim.HeartbeatParams) error {
 	if err := s.pass(ctx, "Heartbeat", p.ID); err != nil {
 		return err

@@ -7,11 +7,16 @@ import (
 	"github.com/google/uuid"
 )
 
-// State is where a claim is in its life. See DESIGN.md §5:
+// State is where a claim is in its life:
 //
 //	claimed ──► processed
-//	   ├──► released ──► claimed again (taken over by the next delivery)
-//	   └──► flagged ──► resolved (redriven | done | discarded)
+//	   ├──► released ──► claimed again (taken over by the next delivery,
+//	   │                 or by the reconciler's recovery)
+//	   ├──► claimed under a new owner (taken over: the holder went silent)
+//	   └──► flagged (recovery cannot settle it: a human must decide)
+//	          ├──► claimed by an operator's redrive ──► resolved (redriven)
+//	          │                                     └─► flagged again
+//	          └──► resolved (done | discarded)
 type State string
 
 const (
@@ -22,8 +27,9 @@ const (
 	// StateReleased: the effect was definitely not performed; the next
 	// delivery may take the claim over.
 	StateReleased State = "released"
-	// StateFlagged: the reconciler found the claim stale (no heartbeat, or
-	// released and not taken over) and handed it to operators.
+	// StateFlagged: a human must decide: the reconciler could not recover
+	// the claim (no routes, no stored payload, a manual or changed route,
+	// recovery ended permanent or still unknown), or a redrive failed.
 	StateFlagged State = "flagged"
 	// StateResolved: an operator (or a redrive) closed a flagged claim.
 	StateResolved State = "resolved"
@@ -45,6 +51,24 @@ func (s State) Valid() bool {
 // Unfinished reports whether the claim still needs an outcome (claimed or
 // released). Unfinished claims are what the reconciler scans.
 func (s State) Unfinished() bool { return s == StateClaimed || s == StateReleased }
+
+// TakeOverPath is who took a claim over from its previous holder.
+type TakeOverPath string
+
+const (
+	// PathRedelivery: a delivery of the message found the claim released,
+	// or held by an attempt whose heartbeat went silent.
+	PathRedelivery TakeOverPath = "redelivery"
+	// PathReconciler: the reconciler's recovery pass found the claim stale.
+	PathReconciler TakeOverPath = "reconciler"
+	// PathOperator: an operator's redrive took a flagged claim.
+	PathOperator TakeOverPath = "operator"
+)
+
+// Valid reports whether p is one of the known paths.
+func (p TakeOverPath) Valid() bool {
+	return p == PathRedelivery || p == PathReconciler || p == PathOperator
+}
 
 // Resolution is how an operator closed a flagged claim.
 type Resolution string
@@ -89,22 +113,56 @@ type Claim struct {
 	PayloadHash   []byte            // SHA-256 of the body
 	Payload       []byte            // the body, when stored; nil once processed
 	DeliveryCount int               // the delivery that won (or last took over) the claim
-	ClaimedBy     string            // host of the owning replica
+	ClaimedBy     string            // who holds it: a replica's host, the reconciler, or "operator:<name>"
+
+	// Route and Fingerprint are the route the claim was taken for and the
+	// fingerprint of its effect (sideeffects.Handler). A take-over,
+	// recovery or redrive under another route or fingerprint is refused.
+	Route       string
+	Fingerprint string
 
 	ClaimedAt   time.Time
 	HeartbeatAt time.Time // last heartbeat; set on claim, take-over and release
 	ProcessedAt *time.Time
 	ReleasedAt  *time.Time
-	Attempts    int    // effect attempts recorded so far
-	LastError   string // the last attempt's error, if any
+	Attempts    int    // failed effect attempts recorded so far
+	LastError   string // the last failed attempt's error, if any
 
-	FlaggedAt  *time.Time
+	// The last take-over (TakeOvers counts them all): when, by which path
+	// and why, and who held the claim before (ClaimedBy is the new holder).
+	TakeOvers      int
+	TakenOverAt    *time.Time
+	TakeOverPath   TakeOverPath
+	TakeOverReason string
+	PreviousOwner  uuid.UUID // uuid.Nil until the first take-over
+	PreviousHolder string
+
+	// Recoveries counts the reconciler's recovery take-overs; NextAttemptAt
+	// is when the next recovery may start (its backoff), nil for "now".
+	Recoveries    int
+	NextAttemptAt *time.Time
+
+	// LateSuccessAt is set when an attempt that had lost the claim (it was
+	// taken over, flagged or resolved meanwhile) saw its effect succeed
+	// anyway; LateSuccessBy names that attempt's holder.
+	LateSuccessAt *time.Time
+	LateSuccessBy string
+
+	FlaggedAt  *time.Time // the last time the claim was flagged (kept after a redrive)
 	FlagReason string
 
 	ResolvedAt     *time.Time
 	ResolvedBy     string
 	Resolution     Resolution
 	ResolutionNote string
+}
+
+// RouteDiffers reports whether the claim was taken for another route or
+// effect fingerprint than route and fingerprint: then its key must not be
+// sent to that effect. A claim that recorded no route (taken before routes
+// were recorded) differs from none.
+func (c *Claim) RouteDiffers(route, fingerprint string) bool {
+	return c.Route != "" && (c.Route != route || c.Fingerprint != fingerprint)
 }
 
 // HashPayload returns the SHA-256 of a message body: the payload hash that

@@ -36,6 +36,11 @@ var (
 	// no longer in the expected state or is held by another owner.
 	ErrStateChanged = errors.New("claim state changed or owned by another attempt")
 
+	// ErrRouteChanged: a take-over, recovery or redrive was asked to run
+	// another route (or another version of the route's effect) than the
+	// one the claim was taken for. The claim is left as it was.
+	ErrRouteChanged = errors.New("claim was taken for another route or effect fingerprint")
+
 	// ErrNotFound: no claim has that ID.
 	ErrNotFound = errors.New("claim not found")
 

@@ -17,12 +17,18 @@ import (
 // the message for redelivery), ErrStateChanged when a guarded update found
 // the claim no longer in the expected state or owned by another attempt,
 // ErrNotFound when no claim has the given ID.
+//
+// Every change of a claim's owner or state is one guarded UPDATE whose
+// precondition (owner, state, staleness by the database clock) is in its
+// own WHERE, so a caller that lost a race changes nothing.
 type Store interface {
 	// ClaimBatch inserts one marker per message in one round trip (a batch
 	// of one is the single-message path) and reports, per message and in
 	// the same order, whether this call won it, found a duplicate, or found
 	// a conflict (same key, other payload hash). The claims unique index on
-	// (MessageID, Consumer) is the only arbiter.
+	// (MessageID, Consumer) is the only arbiter. Each message carries the
+	// owner token its row gets: an existing row with that token is this
+	// attempt's own (a retried or partly committed batch) and is Won.
 	ClaimBatch(ctx context.Context, params *ClaimBatchParams) ([]ClaimResult, error)
 
 	// ClaimTx is the one-phase path for a database-only effect: in one
@@ -31,10 +37,39 @@ type Store interface {
 	// all. A duplicate or conflict rolls back without calling fn.
 	ClaimTx(ctx context.Context, params *ClaimTxParams, fn func(ctx context.Context, tx *sql.Tx) error) (ClaimResult, error)
 
-	// TakeOver moves a released claim back to claimed under a new owner
-	// token (a conditional update: exactly one concurrent caller wins; the
-	// others get ErrStateChanged).
+	// TakeOver gives a claim to a new owner: the one primitive behind a
+	// redelivery that finds its claim released or its holder silent, the
+	// reconciler's recovery and an operator's redrive. It is one guarded
+	// UPDATE: the row must still have PreviousOwner and qualify for
+	// params.Path (see TakeOverParams), judged by the database clock, and
+	// its recorded route and fingerprint must be the caller's. Exactly one
+	// of concurrent callers wins. The take-over is audited on the row
+	// (TakenOverAt, TakeOverPath, TakeOverReason, PreviousOwner,
+	// PreviousHolder, TakeOvers).
+	//
+	// When it refuses, it returns the claim as it is now (when it could
+	// read it) together with ErrStateChanged (another owner, another state,
+	// a holder that is not silent) or ErrRouteChanged; ErrNotFound when the
+	// claim is gone.
 	TakeOver(ctx context.Context, params *TakeOverParams) (*Claim, error)
+
+	// Flag hands a claim to operators with a reason. It is guarded on the
+	// claim's owner and state and, when SilentFor is set, on its heartbeat
+	// being older than SilentFor by the database clock (so a holder that
+	// just showed life is not flagged). ErrStateChanged when the guard
+	// fails.
+	Flag(ctx context.Context, params *FlagParams) (*Claim, error)
+
+	// FindStale returns, oldest heartbeat first, claims that are claimed or
+	// released with no heartbeat (or release) for StaleAfter and whose
+	// next attempt is due: the candidates of the reconciler's recovery. It
+	// changes nothing; every action on a candidate is guarded again.
+	FindStale(ctx context.Context, params *FindStaleParams) ([]*Claim, error)
+
+	// RecordLateSuccess notes on the claim that an attempt which had lost
+	// it (By names that attempt's holder) saw its effect succeed anyway.
+	// It changes no owner or state.
+	RecordLateSuccess(ctx context.Context, params *LateSuccessParams) error
 
 	// Heartbeat refreshes HeartbeatAt of a claimed claim held by Owner.
 	Heartbeat(ctx context.Context, params *HeartbeatParams) error
@@ -65,9 +100,12 @@ type Store interface {
 	// Get returns one claim by ID, or ErrNotFound.
 	Get(ctx context.Context, id int64) (*Claim, error)
 
-	// Resolve closes a flagged claim with an audited resolution. It is
-	// guarded on the claim still being flagged (ErrStateChanged otherwise).
-	// ResolutionRedriven also marks the claim processed.
+	// Resolve closes a claim with an audited resolution. Without Owner it
+	// is guarded on the claim being flagged (an operator's "done" or
+	// "discarded"); with Owner — only for ResolutionRedriven — on the claim
+	// being claimed by that owner (the redrive that took it over). Either
+	// way ErrStateChanged otherwise. ResolutionRedriven also marks the
+	// claim processed.
 	Resolve(ctx context.Context, params *ResolveParams) (*Claim, error)
 
 	// PurgeProcessed deletes at most Limit finished claims (processed, or
@@ -98,8 +136,15 @@ type Store interface {
 
 // ClaimParams describes one received message to claim.
 type ClaimParams struct {
-	MessageID     string // dedup key, 1..MaxMessageIDLength characters
-	Consumer      string
+	MessageID string // dedup key, 1..MaxMessageIDLength characters
+	Consumer  string
+	// Owner is the token the row gets if this attempt wins (required). The
+	// caller generates it before claiming, so a retry of the same attempt
+	// recognises its own row.
+	Owner uuid.UUID
+	// Route and Fingerprint name the effect the claim is taken for.
+	Route         string
+	Fingerprint   string
 	Entity        string
 	Subject       string
 	ContentType   string
@@ -156,9 +201,58 @@ type ClaimResult struct {
 
 // TakeOverParams is the input of TakeOver.
 type TakeOverParams struct {
-	ID            int64
-	Host          string
+	ID int64
+	// PreviousOwner is the owner the caller saw on the claim; the row must
+	// still have it.
+	PreviousOwner uuid.UUID
+	// Owner is the new owner token (the caller generates it).
+	Owner uuid.UUID
+	// Path decides which claims qualify, by the database clock:
+	//   - PathRedelivery: released, or claimed with a heartbeat older than
+	//     SilentFor (a holder that went silent; SilentFor > 0);
+	//   - PathReconciler: claimed or released with a heartbeat (or release)
+	//     older than SilentFor, and its next attempt due;
+	//   - PathOperator: flagged.
+	Path      TakeOverPath
+	SilentFor time.Duration
+	// By is the new holder, recorded as ClaimedBy: a replica's host, the
+	// reconciler's, or "operator:<name>".
+	By string
+	// Reason is recorded as TakeOverReason.
+	Reason string
+	// DeliveryCount, when positive, is recorded (the delivery that took
+	// the claim over).
 	DeliveryCount int
+	// Route and Fingerprint are the effect the caller is about to run. A
+	// claim that recorded another route or fingerprint is refused with
+	// ErrRouteChanged; one that recorded none (taken before routes were
+	// recorded) gets these.
+	Route       string
+	Fingerprint string
+}
+
+// FlagParams is the input of Flag.
+type FlagParams struct {
+	ID    int64
+	Owner uuid.UUID // the row must still have this owner
+	State State     // ... and this state (claimed or released)
+	// SilentFor, when positive, also requires the heartbeat (or release)
+	// to be older than this by the database clock.
+	SilentFor time.Duration
+	Reason    string
+}
+
+// FindStaleParams is the input of FindStale.
+type FindStaleParams struct {
+	StaleAfter time.Duration
+	Limit      int // 0 means a default of 100
+}
+
+// LateSuccessParams is the input of RecordLateSuccess.
+type LateSuccessParams struct {
+	ID    int64
+	Owner uuid.UUID // the token of the attempt that lost the claim (logged in the note)
+	By    string    // that attempt's holder
 }
 
 // HeartbeatParams is the input of Heartbeat.
@@ -178,6 +272,9 @@ type ReleaseParams struct {
 	ID    int64
 	Owner uuid.UUID
 	Error string // why the effect was not performed
+	// NextAttemptIn, when positive, sets NextAttemptAt to the database
+	// clock plus this (the reconciler's backoff); otherwise it is cleared.
+	NextAttemptIn time.Duration
 }
 
 // RecordAttemptParams is the input of RecordAttempt.
@@ -185,6 +282,9 @@ type RecordAttemptParams struct {
 	ID    int64
 	Owner uuid.UUID
 	Error string // empty for an attempt without error
+	// NextAttemptIn, when positive, sets NextAttemptAt to the database
+	// clock plus this (the reconciler's backoff after an unknown outcome).
+	NextAttemptIn time.Duration
 }
 
 // FlagStaleParams is the input of FlagStale.
@@ -208,6 +308,9 @@ type ResolveParams struct {
 	Resolution Resolution
 	By         string
 	Note       string
+	// Owner, for ResolutionRedriven only, is the token of the redrive that
+	// holds the claim; uuid.Nil resolves a flagged claim.
+	Owner uuid.UUID
 }
 
 // PurgeParams is the input of PurgeProcessed.

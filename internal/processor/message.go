@@ -14,6 +14,7 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/cenkalti/backoff/v5"
+	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
@@ -39,6 +40,7 @@ type delivery struct {
 	hash     []byte
 	handler  sideeffects.Handler
 	claimID  int64
+	owner    uuid.UUID // this delivery's owner token, made before it claims
 	log      *slog.Logger
 }
 
@@ -51,7 +53,7 @@ func (p *Processor) handleBatch(ctx, work context.Context, lr *liveReceiver, msg
 	for i, m := range msgs {
 		lr.pending.Add(1)
 		p.inflight.Add(1)
-		ds[i] = &delivery{msg: m, lr: lr, received: now, log: p.log.With(
+		ds[i] = &delivery{msg: m, lr: lr, received: now, owner: uuid.New(), log: p.log.With(
 			"message_id", m.MessageID, "delivery_count", m.DeliveryCount)}
 	}
 	finish := func(d *delivery, o Outcome, args ...any) {
@@ -197,6 +199,9 @@ func (p *Processor) claimParams(d *delivery) claim.ClaimParams {
 	cp := claim.ClaimParams{
 		MessageID:     d.key,
 		Consumer:      p.opts.Consumer,
+		Owner:         d.owner,
+		Route:         d.handler.Name,
+		Fingerprint:   d.handler.Fingerprint,
 		Entity:        p.opts.Entity,
 		PayloadHash:   d.hash,
 		DeliveryCount: int(d.msg.DeliveryCount),
@@ -254,7 +259,9 @@ func (p *Processor) afterClaim(work context.Context, d *delivery, res claim.Clai
 		}
 		sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
 		taken, err := p.opts.Store.TakeOver(sctx, &claim.TakeOverParams{
-			ID: c.ID, Host: p.opts.Host, DeliveryCount: int(d.msg.DeliveryCount)})
+			ID: c.ID, PreviousOwner: c.Owner, Owner: uuid.New(), Path: claim.PathRedelivery, SilentFor: 24 * time.Hour,
+			By: p.opts.Host, Reason: "released", DeliveryCount: int(d.msg.DeliveryCount),
+			Route: d.handler.Name, Fingerprint: d.handler.Fingerprint})
 		cancel()
 		switch {
 		case err == nil:

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/membus"
@@ -629,6 +630,7 @@ func TestTransactionalRouteMeetsReleasedClaim(t *testing.T) {
 	b.router.tx = ledgerEffect(t, db, "sqlite")
 	ctx := context.Background()
 	res, err := b.store.ClaimBatch(ctx, &claim.ClaimBatchParams{Claims: []claim.ClaimParams{{
+		Owner:     uuid.New(),
 		MessageID: "rel", Consumer: "billing", PayloadHash: claim.HashPayload([]byte("credit"))}}})
 	if err != nil {
 		t.Fatal(err)
@@ -859,12 +861,17 @@ func TestEffectFinishingAfterFlag(t *testing.T) {
 			b.send("late", "pay", `{}`, nil)
 			<-b.eff.started
 			ctx := context.Background()
-			flagged, err := b.store.FlagStale(ctx, &claim.FlagStaleParams{StaleAfter: time.Nanosecond, Limit: 10})
-			if err != nil || len(flagged) != 1 {
-				t.Fatalf("flag: %v, %d claims", err, len(flagged))
+			// Flag the held claim with the guarded primitive (owner and
+			// state, no staleness test): deterministic, unlike a FlagStale
+			// with a tiny window, which a heartbeat written in the same
+			// millisecond (SQLite's time resolution) could dodge.
+			held := b.claimOf("late")
+			flagged, err := b.store.Flag(ctx, &claim.FlagParams{ID: held.ID, Owner: held.Owner, State: claim.StateClaimed, Reason: "test: no heartbeat"})
+			if err != nil {
+				t.Fatalf("flag: %v", err)
 			}
 			if discard {
-				if _, err := b.store.Resolve(ctx, &claim.ResolveParams{ID: flagged[0].ID, Resolution: claim.ResolutionDiscarded, By: "op", Note: "looked stuck"}); err != nil {
+				if _, err := b.store.Resolve(ctx, &claim.ResolveParams{ID: flagged.ID, Resolution: claim.ResolutionDiscarded, By: "op", Note: "looked stuck"}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -903,6 +910,7 @@ func TestTakeOverUnavailableAbandons(t *testing.T) {
 	b := setup(t, "sqlite", membus.QueueOptions{MaxDeliveryCount: 2})
 	ctx := context.Background()
 	res, err := b.store.ClaimBatch(ctx, &claim.ClaimBatchParams{Claims: []claim.ClaimParams{{
+		Owner:     uuid.New(),
 		MessageID: "rel", Consumer: "billing", PayloadHash: claim.HashPayload([]byte("{}"))}}})
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/sqlite"
 )
@@ -133,6 +135,7 @@ func claimN(t *testing.T, st claim.Store, prefix string, n int, payload []byte) 
 				body = fmt.Appendf(nil, `{"n":%d}`, i)
 			}
 			params = append(params, claim.ClaimParams{
+				Owner:         uuid.New(),
 				MessageID:     fmt.Sprintf("%s-%05d", prefix, i),
 				Consumer:      "billing",
 				Entity:        "payments",

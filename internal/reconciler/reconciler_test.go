@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -216,7 +217,8 @@ func TestReleasedClaims(t *testing.T) {
 			}
 		}
 		tdb.backdateHeartbeat(t, time.Hour, orphan.ID, takenOver.ID)
-		if _, err := tdb.store.TakeOver(ctx, &claim.TakeOverParams{ID: takenOver.ID, Host: "host-b", DeliveryCount: 2}); err != nil {
+		if _, err := tdb.store.TakeOver(ctx, &claim.TakeOverParams{ID: takenOver.ID, PreviousOwner: takenOver.Owner, Owner: uuid.New(),
+			Path: claim.PathRedelivery, SilentFor: time.Minute, By: "host-b", DeliveryCount: 2}); err != nil {
 			t.Fatalf("take over: %v", err)
 		}
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
@@ -117,6 +118,7 @@ func TestRedriveRefusals(t *testing.T) {
 		t.Run("no payload", func(t *testing.T) {
 			body := []byte(`{"x":1}`)
 			res, err := tdb.store.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "h", Claims: []claim.ClaimParams{{
+				Owner:     uuid.New(),
 				MessageID: "nopayload-1", Consumer: "billing", Subject: "payment", PayloadHash: claim.HashPayload(body), DeliveryCount: 1,
 			}}})
 			if err != nil {

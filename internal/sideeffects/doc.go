@@ -52,6 +52,23 @@
 // Idempotency-Key as replayable. That is safe for the same reason, and is
 // why the downstream may count more requests than attempts were logged.)
 //
+// # Recovery: may sbclaim repeat an effect on its own?
+//
+// A route's recovery is auto (the default) or manual. auto says the
+// downstream deduplicates on Idempotency-Key, so repeating an attempt whose
+// outcome is unknown with the same key is safe: retries repeat it, a
+// redelivery takes over a claim whose holder went silent, and the
+// reconciler's recovery pass re-runs it. manual says the downstream does
+// not honour the key: an unknown outcome is never repeated without an
+// operator (RetryPolicy.StopOnUnknown, no take-over of a silent holder,
+// the reconciler flags the claim).
+//
+// Each Handler carries its route's name and Fingerprint (for an HTTP
+// route, each step's name, method and URL; not its headers, so rotating a
+// secret changes nothing). Claims record both, and a claim is never taken
+// over or redriven under another route or fingerprint: the same key must
+// reach the same effect, and a renamed step would send new step keys.
+//
 // # Response classification
 //
 // One table in code (statusTable in classify.go) decides; the first row

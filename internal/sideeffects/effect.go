@@ -2,7 +2,9 @@ package sideeffects
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -51,9 +53,56 @@ func (f TxEffectFunc) PerformTx(ctx context.Context, tx *sql.Tx, msg *azserviceb
 // Handler is what a Router resolves a message to: exactly one of Effect or
 // TxEffect is set.
 type Handler struct {
-	Name     string // route name, for logs and metrics
+	Name     string // route name, for logs, metrics and the claim
 	Effect   Effect
 	TxEffect TxEffect
+	// Recovery says whether an attempt whose outcome is unknown may be
+	// repeated without an operator ("" is RecoveryAuto).
+	Recovery Recovery
+	// Fingerprint identifies what the effect does (for an HTTP route: each
+	// step's name, method and URL). A claim records its route's name and
+	// fingerprint; a take-over, recovery or redrive under another name or
+	// fingerprint is refused, so a key is never sent to another effect.
+	Fingerprint string
+}
+
+// Manual reports whether the handler's route is RecoveryManual.
+func (h Handler) Manual() bool { return h.Recovery == RecoveryManual }
+
+// Recovery is a route's answer to "may sbclaim repeat this effect with the
+// same idempotency key on its own?".
+type Recovery string
+
+const (
+	// RecoveryAuto: the downstream deduplicates on Idempotency-Key, so an
+	// attempt whose outcome is unknown may be repeated with the same key —
+	// by the processor's retries, by a redelivery that takes over a claim
+	// whose holder went silent, and by the reconciler's recovery pass. The
+	// default.
+	RecoveryAuto Recovery = "auto"
+	// RecoveryManual: the downstream does not honour the key. An attempt
+	// whose outcome is unknown is never repeated without an operator: the
+	// processor stops retrying at the first unknown outcome, redeliveries
+	// do not take over a silent holder, and the reconciler flags the claim
+	// instead of recovering it. (A claim whose effect was definitely not
+	// performed — released — is still taken over.)
+	RecoveryManual Recovery = "manual"
+)
+
+// Valid reports whether r is "", auto or manual.
+func (r Recovery) Valid() bool { return r == "" || r == RecoveryAuto || r == RecoveryManual }
+
+// Fingerprint returns the fingerprint of an effect made of parts (for an
+// HTTP route: each step's name, method and URL): the first 16 bytes of the
+// SHA-256 of the parts, NUL-separated, in hex. Secrets (headers) are not
+// part of it, so rotating a key does not change it.
+func Fingerprint(parts ...string) string {
+	h := sha256.New()
+	for _, p := range parts {
+		h.Write([]byte(p))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 
 // Router picks the handler for a message. It returns an *InputError when the

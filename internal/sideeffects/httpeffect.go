@@ -44,7 +44,7 @@ func (r *HTTPRouter) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 				return Handler{}, err
 			}
 		}
-		return Handler{Name: rt.name, Effect: rt}, nil
+		return Handler{Name: rt.name, Effect: rt, Recovery: rt.recovery, Fingerprint: rt.fingerprint}, nil
 	}
 	return Handler{}, noRoute(msg)
 }
@@ -74,6 +74,8 @@ type httpRoute struct {
 	match       Match
 	jsonBody    bool
 	contentType string
+	recovery    Recovery
+	fingerprint string // Fingerprint of the steps' names, methods and URLs
 	steps       []*httpStep
 	client      *http.Client
 	logger      *slog.Logger

@@ -43,6 +43,11 @@ type RetryPolicy struct {
 	MaxInterval     time.Duration
 	// Budget bounds the whole loop (see above).
 	Budget time.Duration
+	// StopOnUnknown ends the loop at the first attempt whose outcome is
+	// unknown, for a downstream that does not honour the idempotency key
+	// (a RecoveryManual route): only attempts that definitely did nothing
+	// are retried.
+	StopOnUnknown bool
 }
 
 // Validate reports a field with a negative or inconsistent value.
@@ -134,7 +139,15 @@ func (p RetryPolicy) do(ctx context.Context, fn func(ctx context.Context) error,
 		if onAttempt != nil {
 			onAttempt(attempt, err)
 		}
-		if Classify(err) == OutcomePermanent || attempt >= p.MaxAttempts {
+		switch Classify(err) {
+		case OutcomePermanent:
+			return err
+		case OutcomeUnknown:
+			if p.StopOnUnknown {
+				return err
+			}
+		}
+		if attempt >= p.MaxAttempts {
 			return err
 		}
 		if cause := context.Cause(ctx); cause != nil {

@@ -198,3 +198,31 @@ func TestRetryUnknownThenNotPerformedStaysUnknown(t *testing.T) {
 		t.Errorf("unknown then ok: %v, want nil", err)
 	}
 }
+
+func TestRetryPolicyStopOnUnknown(t *testing.T) {
+	t.Parallel()
+	p := RetryPolicy{MaxAttempts: 10, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond, Budget: time.Minute, StopOnUnknown: true}
+	calls := 0
+	err := p.Do(context.Background(), func(context.Context) error {
+		calls++
+		if calls < 3 {
+			return Retryable(errors.New("not performed"))
+		}
+		return Unknown(errors.New("no answer"))
+	}, nil)
+	if calls != 3 || Classify(err) != OutcomeUnknown {
+		t.Errorf("retryable twice then unknown: calls=%d err=%v, want 3 calls and unknown", calls, err)
+	}
+	p.StopOnUnknown = false
+	calls = 0
+	_ = p.Do(context.Background(), func(context.Context) error {
+		calls++
+		if calls < 3 {
+			return Unknown(errors.New("no answer"))
+		}
+		return nil
+	}, nil)
+	if calls != 3 {
+		t.Errorf("without StopOnUnknown: calls=%d, want unknown retried until ok (3)", calls)
+	}
+}

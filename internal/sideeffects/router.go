@@ -1,6 +1,7 @@
 package sideeffects
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 
@@ -74,6 +75,12 @@ type Route struct {
 	// JSONBody, when set, dead-letters messages whose body is not valid JSON
 	// (ReasonMalformedBody) before any claim is taken.
 	JSONBody bool
+	// Recovery is RecoveryAuto ("" too) or RecoveryManual.
+	Recovery Recovery
+	// Version is part of the route's fingerprint (with its name): change it
+	// when the effect changes in a way that must not meet claims taken
+	// under the old one.
+	Version string
 }
 
 // Routes is an in-code Router: the first route whose Match selects the
@@ -102,6 +109,9 @@ func NewRouter(routes ...Route) (Routes, error) {
 		if (r.Effect == nil) == (r.TxEffect == nil) {
 			errs = append(errs, fmt.Errorf("route %q: exactly one of Effect and TxEffect must be set", r.Name))
 		}
+		if !r.Recovery.Valid() {
+			errs = append(errs, fmt.Errorf("route %q: Recovery must be %q or %q, got %q", r.Name, RecoveryAuto, RecoveryManual, r.Recovery))
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -120,7 +130,8 @@ func (rs Routes) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 				return Handler{}, err
 			}
 		}
-		return Handler{Name: r.Name, Effect: r.Effect, TxEffect: r.TxEffect}, nil
+		return Handler{Name: r.Name, Effect: r.Effect, TxEffect: r.TxEffect,
+			Recovery: cmp.Or(r.Recovery, RecoveryAuto), Fingerprint: Fingerprint("go", r.Name, r.Version)}, nil
 	}
 	return Handler{}, noRoute(msg)
 }

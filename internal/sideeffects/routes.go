@@ -71,6 +71,7 @@ type routeSpec struct {
 	Name        string                `yaml:"name"`
 	Match       matchSpec             `yaml:"match"`
 	Body        string                `yaml:"body"`
+	Recovery    string                `yaml:"recovery"`
 	ContentType string                `yaml:"contentType"`
 	Timeout     string                `yaml:"timeout"`
 	Method      string                `yaml:"method"`
@@ -319,6 +320,7 @@ func buildRouter(file *routesFile, getenv func(string) string, client *http.Clie
 			match:       Match{Subject: rs.Match.Subject, Property: rs.Match.Property},
 			jsonBody:    rs.Body == "json",
 			contentType: rs.ContentType,
+			recovery:    cmp.Or(Recovery(rs.Recovery), RecoveryAuto),
 			client:      &c,
 			logger:      logger,
 		}
@@ -407,6 +409,11 @@ func buildRouter(file *routesFile, getenv func(string) string, client *http.Clie
 			}
 			r.steps = append(r.steps, st)
 		}
+		var parts []string
+		for _, st := range r.steps {
+			parts = append(parts, st.name, st.method, st.url)
+		}
+		r.fingerprint = Fingerprint(parts...)
 		router.routes = append(router.routes, r)
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -392,3 +392,95 @@ func newEchoServer(t *testing.T) string {
 	t.Cleanup(srv.Close)
 	return srv.URL
 }
+
+func TestRoutesRecoveryAndFingerprint(t *testing.T) {
+	t.Parallel()
+	parse := func(yml string) *HTTPRouter {
+		t.Helper()
+		r, err := ParseRoutes([]byte(yml), mapEnv(nil), nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	route := func(r *HTTPRouter, subject string) Handler {
+		t.Helper()
+		h, err := r.Route(&azservicebus.ReceivedMessage{Subject: &subject})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	base := parse(`
+routes:
+  - {name: pay, match: {subject: p}, url: "https://example.com/charges"}
+  - {name: mail, match: {subject: m}, recovery: manual, url: "https://example.com/mail"}
+`)
+	pay, mail := route(base, "p"), route(base, "m")
+	if pay.Recovery != RecoveryAuto || pay.Manual() {
+		t.Errorf("pay: recovery %q, want auto by default", pay.Recovery)
+	}
+	if mail.Recovery != RecoveryManual || !mail.Manual() {
+		t.Errorf("mail: recovery %q, want manual", mail.Recovery)
+	}
+	if pay.Fingerprint == "" || pay.Fingerprint == mail.Fingerprint {
+		t.Errorf("fingerprints %q and %q: want non-empty and different", pay.Fingerprint, mail.Fingerprint)
+	}
+	// Same method and URL, another timeout or header: same fingerprint.
+	same := parse(`
+routes:
+  - name: pay
+    match: {subject: p}
+    url: "https://example.com/charges"
+    timeout: 3s
+    headers: {X-Team: {value: a}}
+`)
+	if got := route(same, "p").Fingerprint; got != pay.Fingerprint {
+		t.Errorf("timeout/header change altered the fingerprint: %q vs %q", got, pay.Fingerprint)
+	}
+	for name, yml := range map[string]string{
+		"other URL":    `{name: pay, match: {subject: p}, url: "https://example.com/charges/v2"}`,
+		"other method": `{name: pay, match: {subject: p}, method: PUT, url: "https://example.com/charges"}`,
+		"steps":        `{name: pay, match: {subject: p}, steps: [{name: a, url: "https://example.com/charges"}]}`,
+	} {
+		if got := route(parse("routes:\n  - "+yml+"\n"), "p").Fingerprint; got == pay.Fingerprint {
+			t.Errorf("%s: fingerprint unchanged (%q)", name, got)
+		}
+	}
+	renamed := parse(`
+routes:
+  - {name: pay, match: {subject: p}, steps: [{name: a, url: "https://example.com/x"}, {name: b, url: "https://example.com/y"}]}
+`)
+	renamedStep := parse(`
+routes:
+  - {name: pay, match: {subject: p}, steps: [{name: a, url: "https://example.com/x"}, {name: c, url: "https://example.com/y"}]}
+`)
+	if route(renamed, "p").Fingerprint == route(renamedStep, "p").Fingerprint {
+		t.Error("renaming a step did not change the fingerprint (the step keys change with it)")
+	}
+	msg := parseErr(t, `
+routes:
+  - {name: pay, match: {subject: p}, recovery: sometimes, url: "https://example.com/charges"}
+`, nil)
+	if !strings.Contains(msg, `route "pay"`) || !strings.Contains(msg, `field "recovery"`) {
+		t.Errorf("bad recovery: error %q does not name the route and field", msg)
+	}
+}
+
+func TestInCodeRoutesRecoveryAndFingerprint(t *testing.T) {
+	t.Parallel()
+	eff := EffectFunc(func(context.Context, *azservicebus.ReceivedMessage, string) error { return nil })
+	if _, err := NewRouter(Route{Name: "a", Match: Match{Subject: AnySubject}, Effect: eff, Recovery: "maybe"}); err == nil {
+		t.Error("NewRouter accepted Recovery \"maybe\"")
+	}
+	r1, _ := NewRouter(Route{Name: "a", Match: Match{Subject: AnySubject}, Effect: eff})
+	r2, _ := NewRouter(Route{Name: "a", Match: Match{Subject: AnySubject}, Effect: eff, Version: "2", Recovery: RecoveryManual})
+	h1, _ := r1.Route(&azservicebus.ReceivedMessage{})
+	h2, _ := r2.Route(&azservicebus.ReceivedMessage{})
+	if h1.Recovery != RecoveryAuto || h2.Recovery != RecoveryManual {
+		t.Errorf("recovery %q, %q; want auto, manual", h1.Recovery, h2.Recovery)
+	}
+	if h1.Fingerprint == "" || h1.Fingerprint == h2.Fingerprint {
+		t.Errorf("fingerprints %q, %q: want non-empty, changed by Version", h1.Fingerprint, h2.Fingerprint)
+	}
+}

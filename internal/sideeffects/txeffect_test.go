@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
@@ -100,6 +101,7 @@ func testTxEffect(t *testing.T, d txDialect) {
 			return claim.ClaimResult{}, err
 		}
 		return s.ClaimTx(ctx, &claim.ClaimTxParams{Host: "test", Claim: claim.ClaimParams{
+			Owner:       uuid.New(),
 			MessageID:   msg.MessageID,
 			Consumer:    consumer,
 			Subject:     *msg.Subject,

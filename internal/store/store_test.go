@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/postgres"
 	"github.com/sbclaim/sbclaim/internal/claim/sqlite"
@@ -19,6 +21,7 @@ import (
 func claimOne(t *testing.T, s claim.Store) {
 	t.Helper()
 	res, err := s.ClaimBatch(t.Context(), &claim.ClaimBatchParams{Host: "h", Claims: []claim.ClaimParams{{
+		Owner:     uuid.New(),
 		MessageID: "m-1", Consumer: "billing", PayloadHash: claim.HashPayload([]byte("b")),
 	}}})
 	if err != nil || len(res) != 1 || res[0].Outcome != claim.OutcomeWon {

@@ -53,7 +53,8 @@ type Features struct {
 	InsertClaimSQL string
 
 	// BackdateSQL moves every time column of one claim (claimed,
-	// heartbeat, processed, released, flagged, resolved; NULLs stay NULL)
+	// heartbeat, processed, released, flagged, resolved, taken over, next
+	// attempt, late success; NULLs stay NULL)
 	// back by a number of seconds, so staleness tests do not sleep.
 	// Arguments: seconds (int64), claim id (int64).
 	BackdateSQL string
@@ -145,6 +146,7 @@ func Exercise(t *testing.T, h Harness) {
 		{"ReadOnlyDatabaseRefusesEveryWrite", s.readOnly},
 		{"MissingGrantRefusesEveryWrite", s.noGrants},
 	}
+	tests = append(tests, s.takeOverTests()...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -171,6 +173,9 @@ func msg(id, consumer, body string) claim.ClaimParams {
 	return claim.ClaimParams{
 		MessageID:     id,
 		Consumer:      consumer,
+		Owner:         uuid.New(),
+		Route:         "route-" + consumer,
+		Fingerprint:   "fp-1",
 		Entity:        "orders/billing",
 		Subject:       "subject-" + id,
 		ContentType:   "application/json",
@@ -181,8 +186,10 @@ func msg(id, consumer, body string) claim.ClaimParams {
 	}
 }
 
+// claimOne claims p as a new delivery would: with a fresh owner token.
 func claimOne(t *testing.T, s claim.Store, p claim.ClaimParams) claim.ClaimResult {
 	t.Helper()
+	p.Owner = uuid.New()
 	res, err := s.ClaimBatch(ctxT(t), &claim.ClaimBatchParams{Host: "host-a", Claims: []claim.ClaimParams{p}})
 	if err != nil {
 		t.Fatalf("ClaimBatch(%s/%s): %v", p.MessageID, p.Consumer, err)
@@ -338,6 +345,8 @@ func (s *suite) claimRace(t *testing.T, st claim.Store, n int, consumer string) 
 	ctx := ctxT(t)
 	ready.Add(n)
 	for i := range n {
+		p := p
+		p.Owner = uuid.New() // each goroutine is another delivery
 		wg.Go(func() {
 			params := &claim.ClaimBatchParams{Host: fmt.Sprintf("host-%d", i), Claims: []claim.ClaimParams{p}}
 			ready.Done()
@@ -640,6 +649,7 @@ func (s *suite) claimTx(t *testing.T) {
 		want claim.Outcome
 	}{{p.PayloadHash, claim.OutcomeDuplicate}, {claim.HashPayload([]byte("other")), claim.OutcomeConflict}} {
 		q := p
+		q.Owner = uuid.New() // another delivery
 		q.PayloadHash = tc.hash
 		called := false
 		res, err := st.ClaimTx(ctx, &claim.ClaimTxParams{Claim: q}, func(context.Context, *sql.Tx) error { called = true; return nil })
@@ -687,7 +697,7 @@ func (s *suite) lifecycle(t *testing.T) {
 		t.Fatalf("released: %+v", got)
 	}
 
-	taken, err := st.TakeOver(ctx, &claim.TakeOverParams{ID: c.ID, Host: "host-b", DeliveryCount: 2})
+	taken, err := st.TakeOver(ctx, redelivery(got, "host-b", 2))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -730,8 +740,8 @@ func (s *suite) guardedOps(t *testing.T) {
 	if got := mustGet(t, st, c.ID); got.State != claim.StateClaimed || got.Attempts != 0 || got.LastError != "" {
 		t.Fatalf("refused ops changed the claim: %+v", got)
 	}
-	_, err := st.TakeOver(ctx, &claim.TakeOverParams{ID: c.ID, Host: "x"})
-	wantErr(t, "TakeOver of a claimed claim", err, claim.ErrStateChanged)
+	_, err := st.TakeOver(ctx, redelivery(c, "x", 0))
+	wantErr(t, "TakeOver of a claimed claim with a fresh heartbeat", err, claim.ErrStateChanged)
 	_, err = st.Resolve(ctx, &claim.ResolveParams{ID: c.ID, Resolution: claim.ResolutionDone, By: "op"})
 	wantErr(t, "Resolve of a claimed claim", err, claim.ErrStateChanged)
 
@@ -750,7 +760,7 @@ func (s *suite) guardedOps(t *testing.T) {
 	for op, err := range ops(p.ID, p.Owner) {
 		wantErr(t, op+" on a processed claim", err, claim.ErrStateChanged)
 	}
-	_, err = st.TakeOver(ctx, &claim.TakeOverParams{ID: p.ID, Host: "x"})
+	_, err = st.TakeOver(ctx, redelivery(p, "x", 0))
 	wantErr(t, "TakeOver of a processed claim", err, claim.ErrStateChanged)
 }
 
@@ -774,7 +784,7 @@ func (s *suite) takeOverOnce(t *testing.T) {
 	ready.Add(n)
 	for i := range n {
 		wg.Go(func() {
-			params := &claim.TakeOverParams{ID: c.ID, Host: fmt.Sprintf("host-%d", i), DeliveryCount: 2}
+			params := redelivery(c, fmt.Sprintf("host-%d", i), 2)
 			ready.Done()
 			<-start
 			got, err := st.TakeOver(ctx, params)
@@ -879,7 +889,7 @@ func (s *suite) flagReleased(t *testing.T) {
 	if len(flagged) != 1 || flagged[0].ID != c.ID || !strings.HasPrefix(flagged[0].FlagReason, "released and not taken over since ") {
 		t.Fatalf("flagged %+v, want claim %d with the released reason", flagged, c.ID)
 	}
-	_, err = st.TakeOver(ctx, &claim.TakeOverParams{ID: c.ID, Host: "x"})
+	_, err = st.TakeOver(ctx, redelivery(flagged[0], "x", 0))
 	wantErr(t, "TakeOver of a flagged claim", err, claim.ErrStateChanged)
 }
 

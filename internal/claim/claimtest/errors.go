@@ -201,7 +201,7 @@ func (s *suite) refusal(t *testing.T, want claim.Class, prepare func(t *testing.
 	if called {
 		t.Error("ClaimTx called fn on a store that refuses writes")
 	}
-	_, err = ro.TakeOver(ctx, &claim.TakeOverParams{ID: released.ID, Host: "h", DeliveryCount: 2})
+	_, err = ro.TakeOver(ctx, redelivery(released, "h", 2))
 	wantClass(t, "TakeOver", err, want)
 	wantClass(t, "Heartbeat", ro.Heartbeat(ctx, &claim.HeartbeatParams{ID: claimed.ID, Owner: claimed.Owner}), want)
 	wantClass(t, "Heartbeat of a missing claim (the write probe)", ro.Heartbeat(ctx, &claim.HeartbeatParams{ID: missing, Owner: claimed.Owner}), want)

@@ -9,12 +9,13 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
+	mssqldb "github.com/microsoft/go-mssqldb"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/sqlstore"
 )
 
-// maxRowsPerStatement bounds one ClaimBatch statement. Each row takes 10
+// maxRowsPerStatement bounds one ClaimBatch statement. Each row takes 12
 // parameters and SQL Server accepts at most 2,100 per request; larger
 // batches are sent as several statements.
 const maxRowsPerStatement = 100
@@ -128,7 +129,10 @@ func prepare(plan *sqlstore.Plan) ([]newClaim, error) {
 		if err != nil {
 			return nil, fmt.Errorf("claim %s/%s: %w", c.MessageID, c.Consumer, err)
 		}
-		rows = append(rows, newClaim{p: c, owner: uuid.New(), props: props})
+		if n := utf16Len(c.Route); n > sqlstore.MaxRouteLength {
+			return nil, fmt.Errorf("claim %s/%s: Route is %d UTF-16 code units, at most %d", c.MessageID, c.Consumer, n, sqlstore.MaxRouteLength)
+		}
+		rows = append(rows, newClaim{p: c, owner: c.Owner, props: props})
 	}
 	slices.SortFunc(rows, func(a, b newClaim) int {
 		return cmp.Or(strings.Compare(a.p.MessageID, b.p.MessageID), strings.Compare(a.p.Consumer, b.p.Consumer))
@@ -139,7 +143,7 @@ func prepare(plan *sqlstore.Plan) ([]newClaim, error) {
 // insertColumns are the columns a claim insert writes; the rest take their
 // defaults.
 const insertColumns = `MessageId, Consumer, Owner, State, Entity, Subject, ContentType, Properties,
-    PayloadHash, Payload, DeliveryCount, ClaimedBy, ClaimedUtc, HeartbeatUtc, ProcessedUtc`
+    PayloadHash, Payload, DeliveryCount, Route, Fingerprint, ClaimedBy, ClaimedUtc, HeartbeatUtc, ProcessedUtc`
 
 // values adds one row's parameters to a and returns its value list, in
 // the order of insertColumns minus State, ClaimedBy and the times.
@@ -161,6 +165,8 @@ func (r *newClaim) values(a *args, payload []byte) string {
 		// payload is NULL.
 		"CAST(" + a.add(payload, declPayload) + " AS varbinary(max))",
 		a.add(int32(min(r.p.DeliveryCount, 1<<31-1)), declInt),
+		a.add(text(r.p.Route), declRoute),
+		a.add(mssqldb.VarChar(r.p.Fingerprint), declFingerprint),
 	}, ", ") + ")"
 }
 
@@ -211,9 +217,9 @@ func insertSQL(hostP, state, processed string, vals []string, tail, output strin
 	}
 	return declareNow + `INSERT INTO dbo.Claims (` + insertColumns + `)
 ` + out + `SELECT v.MessageId, v.Consumer, v.Owner, ` + state + `, v.Entity, v.Subject, v.ContentType, v.Properties,
-    v.PayloadHash, v.Payload, v.DeliveryCount, ` + hostP + `, @now, @now, ` + processed + `
+    v.PayloadHash, v.Payload, v.DeliveryCount, v.Route, v.Fingerprint, ` + hostP + `, @now, @now, ` + processed + `
 FROM (VALUES ` + strings.Join(vals, ",\n    ") + `)
-    AS v (MessageId, Consumer, Owner, Entity, Subject, ContentType, Properties, PayloadHash, Payload, DeliveryCount)
+    AS v (MessageId, Consumer, Owner, Entity, Subject, ContentType, Properties, PayloadHash, Payload, DeliveryCount, Route, Fingerprint)
 ` + tail
 }
 

@@ -42,6 +42,7 @@ func (ft *fakeTable) put(mid, cons string, owner mssqldb.UniqueIdentifier, hash 
 	ft.rows[[2]string{mid, cons}] = []driver.Value{
 		ft.nextID, mid, cons, wire, state, "orders", "subj", "application/json", `{"k":"v"}`,
 		hash, []byte("payload"), int64(1), "host", dbNow, dbNow, nil, nil, int64(0), "", nil, "", nil, "", "", "",
+		"route", "fp", int64(0), nil, "", "", nil, "", int64(0), nil, nil, "",
 	}
 	ft.nextID++
 }
@@ -53,11 +54,11 @@ func (ft *fakeTable) existing(t *testing.T, mid, cons string, hash []byte) {
 	ft.put(mid, cons, mssqldb.UniqueIdentifier(uuid.New()), hash, "claimed")
 }
 
-// groups splits a claim INSERT's arguments (host, then 10 per row).
+// groups splits a claim INSERT's arguments (host, then 12 per row).
 func groups(a []any) [][]any {
 	var out [][]any
-	for i := 1; i+10 <= len(a); i += 10 {
-		out = append(out, a[i:i+10])
+	for i := 1; i+12 <= len(a); i += 12 {
+		out = append(out, a[i:i+12])
 	}
 	return out
 }
@@ -123,6 +124,7 @@ func (ft *fakeTable) handle(req fakeRequest) fakeResult {
 
 func params(id, cons, body string) claim.ClaimParams {
 	return claim.ClaimParams{
+		Owner:     uuid.New(),
 		MessageID: id, Consumer: cons, Entity: "orders", Subject: "s",
 		PayloadHash: claim.HashPayload([]byte(body)), Payload: []byte(body), DeliveryCount: 1,
 	}
@@ -169,9 +171,9 @@ func TestClaimBatchHappyPathIsOneRoundTrip(t *testing.T) {
 			t.Errorf("request uses %s:\n%s", banned, q)
 		}
 	}
-	// 4 distinct keys: host + 4 × 10 parameters.
-	if n := len(reqs[0].Args); n != 41 {
-		t.Errorf("%d parameters, want 41", n)
+	// 4 distinct keys: host + 4 × 12 parameters.
+	if n := len(reqs[0].Args); n != 49 {
+		t.Errorf("%d parameters, want 49", n)
 	}
 	// The won claims carry the owner token the store generated: the
 	// uniqueidentifier survived SQL Server's mixed-endian byte order.

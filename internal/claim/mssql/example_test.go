@@ -6,6 +6,8 @@ import (
 	"log"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/mssql"
 )
@@ -32,6 +34,7 @@ func ExampleOpen() {
 	res, err := st.ClaimBatch(ctx, &claim.ClaimBatchParams{
 		Host: "replica-1",
 		Claims: []claim.ClaimParams{{
+			Owner:     uuid.New(),
 			MessageID: "order-1001", Consumer: "billing", Entity: "orders",
 			PayloadHash: claim.HashPayload(body), Payload: body, DeliveryCount: 1,
 		}},

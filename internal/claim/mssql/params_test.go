@@ -27,7 +27,7 @@ import (
 func TestDeclaredParameterTypesAreStable(t *testing.T) {
 	short := declarationsOfEveryMethod(t, false)
 	long := declarationsOfEveryMethod(t, true)
-	if len(short) < 18 { // every parameterised statement the store has
+	if len(short) < 26 { // every parameterised statement the store has
 		t.Fatalf("only %d distinct parameterised statements recorded", len(short))
 	}
 	for q, d := range short {
@@ -116,6 +116,7 @@ func declarationsOfEveryMethod(t *testing.T, long bool) map[string]string {
 			ContentType: str("t", 1, 300),
 			Properties:  map[string]string{"k": str("v", 1, 3000)},
 			PayloadHash: hash, Payload: body, DeliveryCount: size(1, 1<<20),
+			Owner: uuid.New(), Route: str("r", 1, 64), Fingerprint: str("f", 1, 64),
 		}
 	}
 	host := str("h", 1, maxClaimedBy)
@@ -139,12 +140,24 @@ func declarationsOfEveryMethod(t *testing.T, long bool) map[string]string {
 	owner := uuid.New()
 	id := int64(size(1, 1<<40))
 	errText := str("e", 1, maxLastError)
-	_, err = st.TakeOver(ctx, &claim.TakeOverParams{ID: id, Host: host, DeliveryCount: size(2, 1<<20)})
-	check("TakeOver", err)
+	route, print := str("r", 1, 64), str("f", 1, 64)
+	silent := time.Duration(size(1, 1<<20)) * time.Second
+	for _, path := range []claim.TakeOverPath{claim.PathRedelivery, claim.PathReconciler, claim.PathOperator} {
+		_, err = st.TakeOver(ctx, &claim.TakeOverParams{ID: id, PreviousOwner: owner, Owner: uuid.New(), Path: path, SilentFor: silent,
+			By: host, Reason: str("why", 1, maxFlagReason), DeliveryCount: size(2, 1<<20), Route: route, Fingerprint: print})
+		check("TakeOver "+string(path), err)
+	}
+	_, err = st.Flag(ctx, &claim.FlagParams{ID: id, Owner: owner, State: claim.StateClaimed, SilentFor: silent, Reason: str("why", 1, maxFlagReason)})
+	check("Flag", err)
+	_, err = st.FindStale(ctx, &claim.FindStaleParams{StaleAfter: silent, Limit: size(1, 1000)})
+	check("FindStale", err)
+	check("RecordLateSuccess", st.RecordLateSuccess(ctx, &claim.LateSuccessParams{ID: id, Owner: owner, By: host}))
 	check("Heartbeat", st.Heartbeat(ctx, &claim.HeartbeatParams{ID: id, Owner: owner}))
 	check("MarkProcessed", st.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: id, Owner: owner}))
 	check("Release", st.Release(ctx, &claim.ReleaseParams{ID: id, Owner: owner, Error: errText}))
+	check("Release later", st.Release(ctx, &claim.ReleaseParams{ID: id, Owner: owner, Error: errText, NextAttemptIn: silent}))
 	check("RecordAttempt", st.RecordAttempt(ctx, &claim.RecordAttemptParams{ID: id, Owner: owner, Error: errText}))
+	check("RecordAttempt later", st.RecordAttempt(ctx, &claim.RecordAttemptParams{ID: id, Owner: owner, Error: errText, NextAttemptIn: silent}))
 	_, err = st.FlagStale(ctx, &claim.FlagStaleParams{StaleAfter: time.Duration(size(1, 1<<20)) * time.Second, Limit: size(1, 5000)})
 	check("FlagStale", err)
 	_, err = st.List(ctx, &claim.ListParams{States: []claim.State{claim.StateFlagged}, Consumer: str("c", 1, 200), OlderThan: time.Duration(size(1, 1<<20)) * time.Second, AfterID: id, Limit: size(1, 1000)})
@@ -159,6 +172,8 @@ func declarationsOfEveryMethod(t *testing.T, long bool) map[string]string {
 	check("Resolve", err)
 	_, err = st.Resolve(ctx, &claim.ResolveParams{ID: id, Resolution: claim.ResolutionRedriven, By: str("o", 1, maxResolvedBy), Note: str("n", 1, maxNote)})
 	check("Resolve redriven", err)
+	_, err = st.Resolve(ctx, &claim.ResolveParams{ID: id, Resolution: claim.ResolutionRedriven, By: str("o", 1, maxResolvedBy), Note: str("n", 1, maxNote), Owner: owner})
+	check("Resolve by the redrive's owner", err)
 	_, err = st.PurgeProcessed(ctx, &claim.PurgeParams{OlderThan: time.Duration(size(1, 1<<20)) * time.Second, Limit: size(1, 10000)})
 	check("PurgeProcessed", err)
 	unlock, ok, err := st.TryLock(ctx, str("l", 1, maxLockName))

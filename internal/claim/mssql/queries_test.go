@@ -20,6 +20,7 @@ func claimRow(id int64, state string) []driver.Value {
 	return []driver.Value{
 		id, "m", "c", wire, state, "orders", "s", "text/plain", "{}",
 		[]byte{1}, nil, int64(2), "h", dbNow, dbNow, dbNow, nil, int64(1), "e", nil, "", nil, "", "", "",
+		"route", "fp", int64(1), dbNow, "redelivery", "why", wire, "host-0", int64(0), nil, nil, "",
 	}
 }
 
@@ -54,8 +55,20 @@ func TestEveryQueryNumbersItsParameters(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-	_, err := st.TakeOver(ctx, &claim.TakeOverParams{ID: 7, Host: "h", DeliveryCount: 2})
-	check("TakeOver", err)
+	for _, path := range []claim.TakeOverPath{claim.PathRedelivery, claim.PathReconciler, claim.PathOperator} {
+		_, err := st.TakeOver(ctx, &claim.TakeOverParams{ID: 7, PreviousOwner: owner, Owner: uuid.New(), Path: path,
+			SilentFor: time.Minute, By: "h", Reason: "r", DeliveryCount: 2, Route: "route", Fingerprint: "fp"})
+		check("TakeOver "+string(path), err)
+	}
+	_, err := st.Flag(ctx, &claim.FlagParams{ID: 7, Owner: owner, State: claim.StateClaimed, SilentFor: time.Minute, Reason: "r"})
+	check("Flag", err)
+	_, err = st.FindStale(ctx, &claim.FindStaleParams{StaleAfter: time.Minute, Limit: 5})
+	check("FindStale", err)
+	check("RecordLateSuccess", st.RecordLateSuccess(ctx, &claim.LateSuccessParams{ID: 7, Owner: owner, By: "h"}))
+	check("Release with backoff", st.Release(ctx, &claim.ReleaseParams{ID: 7, Owner: owner, Error: "e", NextAttemptIn: time.Minute}))
+	check("RecordAttempt with backoff", st.RecordAttempt(ctx, &claim.RecordAttemptParams{ID: 7, Owner: owner, Error: "e", NextAttemptIn: time.Minute}))
+	_, err = st.Resolve(ctx, &claim.ResolveParams{ID: 7, Resolution: claim.ResolutionRedriven, By: "op", Note: "n", Owner: owner})
+	check("Resolve by the redrive's owner", err)
 	check("Heartbeat", st.Heartbeat(ctx, &claim.HeartbeatParams{ID: 7, Owner: owner}))
 	check("MarkProcessed", st.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: 7, Owner: owner}))
 	check("Release", st.Release(ctx, &claim.ReleaseParams{ID: 7, Owner: owner, Error: "e"}))
@@ -96,7 +109,7 @@ func TestEveryQueryNumbersItsParameters(t *testing.T) {
 		q := r.Query
 		if strings.HasPrefix(q, "DECLARE @now") || strings.Contains(q, "UPDATE dbo.Claims") {
 			// Guarded writes name the state they expect.
-			if strings.Contains(q, "UPDATE dbo.Claims") && !strings.Contains(q, "AND State = '") {
+			if strings.Contains(q, "UPDATE dbo.Claims") && !strings.Contains(q, "LateSuccessUtc =") && !strings.Contains(q, "State = '") {
 				t.Errorf("UPDATE without a state guard:\n%s", q)
 			}
 		}
@@ -140,8 +153,12 @@ func TestGuardedUpdatesReportStateChanged(t *testing.T) {
 			t.Errorf("%s: %v, want ErrStateChanged", name, err)
 		}
 	}
-	if _, err := st.TakeOver(ctx, &claim.TakeOverParams{ID: 7}); !errors.Is(err, claim.ErrStateChanged) {
+	if _, err := st.TakeOver(ctx, &claim.TakeOverParams{ID: 7, PreviousOwner: uuid.New(), Owner: uuid.New(),
+		Path: claim.PathRedelivery, SilentFor: time.Minute, By: "h"}); !errors.Is(err, claim.ErrStateChanged) {
 		t.Errorf("TakeOver: %v", err)
+	}
+	if _, err := st.Flag(ctx, &claim.FlagParams{ID: 7, Owner: uuid.New(), State: claim.StateClaimed, Reason: "r"}); !errors.Is(err, claim.ErrStateChanged) {
+		t.Errorf("Flag: %v", err)
 	}
 	if _, err := st.Resolve(ctx, &claim.ResolveParams{ID: 7, Resolution: claim.ResolutionDone, By: "op"}); !errors.Is(err, claim.ErrStateChanged) {
 		t.Errorf("Resolve: %v", err)

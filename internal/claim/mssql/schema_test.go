@@ -17,11 +17,16 @@ import (
 
 func migration(t *testing.T) (up, down string) {
 	t.Helper()
+	return migrationFile(t, "00001_claims.sql")
+}
+
+func migrationFile(t *testing.T, name string) (up, down string) {
+	t.Helper()
 	fsys, err := schema.Dialect("sqlserver")
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := fs.ReadFile(fsys, "00001_claims.sql")
+	b, err := fs.ReadFile(fsys, name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +68,7 @@ func TestMigrationShape(t *testing.T) {
 		"Payload varbinary(max) NULL,",
 		"ClaimedUtc datetime2(7) NOT NULL CONSTRAINT DF_Claims_ClaimedUtc DEFAULT (SYSUTCDATETIME()),",
 		"CREATE UNIQUE NONCLUSTERED INDEX UX_Claims_MessageId_Consumer ON dbo.Claims (MessageId, Consumer);",
-		"CREATE NONCLUSTERED INDEX IX_Claims_Unfinished ON dbo.Claims (HeartbeatUtc) INCLUDE (State, ClaimedUtc, ProcessedUtc, FlaggedUtc) WHERE " + unfinished + ";",
+		"CREATE NONCLUSTERED INDEX IX_Claims_Unfinished ON dbo.Claims (HeartbeatUtc) INCLUDE (State, ClaimedUtc, ProcessedUtc, FlaggedUtc) WHERE ProcessedUtc IS NULL AND FlaggedUtc IS NULL;",
 		"CREATE NONCLUSTERED INDEX IX_Claims_Processed ON dbo.Claims (ProcessedUtc) WHERE State = 'processed';",
 		"CREATE NONCLUSTERED INDEX IX_Claims_Resolved ON dbo.Claims (ResolvedUtc) WHERE State = 'resolved';",
 	} {
@@ -96,11 +101,53 @@ func TestMigrationShape(t *testing.T) {
 	}
 }
 
+// TestTakeOverMigrationShape pins 00002: the columns it adds and the
+// unfinished index rebuilt on State, with the filter the queries repeat.
+func TestTakeOverMigrationShape(t *testing.T) {
+	up, down := migrationFile(t, "00002_takeover.sql")
+	code := norm(stripComments(up))
+	for _, want := range []string{
+		"ALTER TABLE dbo.Claims ADD",
+		"PreviousOwner uniqueidentifier NULL,",
+		"NextAttemptUtc datetime2(7) NULL,",
+		"DROP INDEX IX_Claims_Unfinished ON dbo.Claims;",
+		"CREATE NONCLUSTERED INDEX IX_Claims_Unfinished ON dbo.Claims (HeartbeatUtc) INCLUDE (State, ClaimedUtc, NextAttemptUtc) WHERE " + unfinished + ";",
+	} {
+		if !strings.Contains(code, want) {
+			t.Errorf("00002 lacks %q", want)
+		}
+	}
+	for _, p := range []claim.TakeOverPath{claim.PathRedelivery, claim.PathReconciler, claim.PathOperator} {
+		if !regexp.MustCompile(`CHECK \(TakeOverPath IN \([^)]*'` + string(p) + `'`).MatchString(code) {
+			t.Errorf("path %q is not allowed by CK_Claims_TakeOverPath", p)
+		}
+	}
+	d := norm(stripComments(down))
+	for _, want := range []string{"DROP INDEX IX_Claims_Unfinished ON dbo.Claims;", "DROP CONSTRAINT CK_Claims_TakeOverPath", "DROP COLUMN Route"} {
+		if !strings.Contains(d, want) {
+			t.Errorf("00002 Down lacks %q", want)
+		}
+	}
+	if got := statementKinds(t, up); got != "ALTER TABLE,DROP INDEX,CREATE NONCLUSTERED" {
+		t.Errorf("00002 statements %s", got)
+	}
+}
+
 // TestMigrationSplitsLikeGoose checks the statement boundaries goose will
 // see: outside StatementBegin/End, goose ends a statement at a line whose
 // last word (before any comment) ends with ";".
 func TestMigrationSplitsLikeGoose(t *testing.T) {
 	up, _ := migration(t)
+	want := "CREATE TABLE,CREATE UNIQUE,CREATE NONCLUSTERED,CREATE NONCLUSTERED,CREATE NONCLUSTERED,CREATE NONCLUSTERED"
+	if got := statementKinds(t, up); got != want {
+		t.Fatalf("statements %s, want %s", got, want)
+	}
+}
+
+// statementKinds splits a migration's Up as goose does and returns the
+// first two words of each statement, comma-separated.
+func statementKinds(t *testing.T, up string) string {
+	t.Helper()
 	var stmts []string
 	var cur strings.Builder
 	inBlock := false
@@ -139,10 +186,7 @@ func TestMigrationSplitsLikeGoose(t *testing.T) {
 		}
 		kinds = append(kinds, f[0]+" "+f[1])
 	}
-	want := "CREATE TABLE,CREATE UNIQUE,CREATE NONCLUSTERED,CREATE NONCLUSTERED,CREATE NONCLUSTERED,CREATE NONCLUSTERED"
-	if got := strings.Join(kinds, ","); got != want {
-		t.Fatalf("statements %s, want %s", got, want)
-	}
+	return strings.Join(kinds, ",")
 }
 
 // column is a column definition of the CREATE TABLE.
@@ -159,6 +203,17 @@ func tableColumns(t *testing.T) map[string]column {
 	}
 	def := regexp.MustCompile(`^\s{4}([A-Z][A-Za-z]+)\s+([a-z0-9]+(?:\([0-9a-z, ]+\))?)`)
 	cols := map[string]column{}
+	for _, line := range strings.Split(code[start:start+end], "\n") {
+		if m := def.FindStringSubmatch(line); m != nil && m[1] != "CONSTRAINT" {
+			cols[m[1]] = column{m[1], m[2]}
+		}
+	}
+	// And the columns later migrations add (ALTER TABLE dbo.Claims ADD,
+	// one per line, indented like the CREATE TABLE's).
+	up2, _ := migrationFile(t, "00002_takeover.sql")
+	code = stripComments(up2)
+	start = strings.Index(code, "ALTER TABLE dbo.Claims ADD")
+	end = strings.Index(code[start:], ";")
 	for _, line := range strings.Split(code[start:start+end], "\n") {
 		if m := def.FindStringSubmatch(line); m != nil && m[1] != "CONSTRAINT" {
 			cols[m[1]] = column{m[1], m[2]}
@@ -191,6 +246,9 @@ func TestGoColumnsMatchTheTable(t *testing.T) {
 		"FlagReason":     maxFlagReason,
 		"ResolvedBy":     maxResolvedBy,
 		"ResolutionNote": maxNote,
+		"TakeOverReason": maxFlagReason,
+		"PreviousHolder": maxClaimedBy,
+		"LateSuccessBy":  maxClaimedBy,
 	} {
 		if want := "nvarchar(" + strconv.Itoa(width) + ")"; cols[name].typ != want {
 			t.Errorf("%s is %s, the store assumes %s", name, cols[name].typ, want)

@@ -62,6 +62,8 @@ var columnNames = []string{
 	"Properties", "PayloadHash", "Payload", "DeliveryCount", "ClaimedBy", "ClaimedUtc",
 	"HeartbeatUtc", "ProcessedUtc", "ReleasedUtc", "Attempts", "LastError", "FlaggedUtc",
 	"FlagReason", "ResolvedUtc", "ResolvedBy", "Resolution", "ResolutionNote",
+	"Route", "Fingerprint", "TakeOvers", "TakenOverUtc", "TakeOverPath", "TakeOverReason",
+	"PreviousOwner", "PreviousHolder", "Recoveries", "NextAttemptUtc", "LateSuccessUtc", "LateSuccessBy",
 }
 
 // cols returns the column list with each name prefixed ("c.", "INSERTED.").
@@ -94,19 +96,23 @@ const declareNow = "DECLARE @now datetime2(7) = SYSUTCDATETIME();\n"
 
 // unfinished is the filter of IX_Claims_Unfinished. Queries over unfinished
 // claims repeat it literally so the optimizer matches the filtered index.
-const unfinished = "ProcessedUtc IS NULL AND FlaggedUtc IS NULL"
+const unfinished = "State IN ('claimed', 'released')"
 
 func scanClaim(r interface{ Scan(...any) error }) (*claim.Claim, error) {
 	var (
 		c                                      claim.Claim
 		owner                                  mssqldb.UniqueIdentifier
-		state, props, resolution               string
+		previousOwner                          mssqldb.NullUniqueIdentifier
+		state, props, resolution, path         string
 		processed, released, flagged, resolved sql.NullTime
+		takenOver, nextAttempt, lateSuccess    sql.NullTime
 	)
 	err := r.Scan(&c.ID, &c.MessageID, &c.Consumer, &owner, &state, &c.Entity, &c.Subject, &c.ContentType,
 		&props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &c.ClaimedAt,
 		&c.HeartbeatAt, &processed, &released, &c.Attempts, &c.LastError, &flagged,
-		&c.FlagReason, &resolved, &c.ResolvedBy, &resolution, &c.ResolutionNote)
+		&c.FlagReason, &resolved, &c.ResolvedBy, &resolution, &c.ResolutionNote,
+		&c.Route, &c.Fingerprint, &c.TakeOvers, &takenOver, &path, &c.TakeOverReason,
+		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy)
 	if err != nil {
 		return nil, err
 	}
@@ -114,13 +120,17 @@ func scanClaim(r interface{ Scan(...any) error }) (*claim.Claim, error) {
 	// having undone SQL Server's mixed-endian wire order in Scan, so it
 	// converts to uuid.UUID as is.
 	c.Owner = uuid.UUID(owner)
-	c.State, c.Resolution = claim.State(state), claim.Resolution(resolution)
+	if previousOwner.Valid {
+		c.PreviousOwner = uuid.UUID(previousOwner.UUID)
+	}
+	c.State, c.Resolution, c.TakeOverPath = claim.State(state), claim.Resolution(resolution), claim.TakeOverPath(path)
 	if c.Properties, err = sqlstore.DecodeProperties(props); err != nil {
 		return nil, fmt.Errorf("claim %d: %w", c.ID, err)
 	}
 	c.ClaimedAt, c.HeartbeatAt = c.ClaimedAt.UTC(), c.HeartbeatAt.UTC()
 	c.ProcessedAt, c.ReleasedAt = nullTime(processed), nullTime(released)
 	c.FlaggedAt, c.ResolvedAt = nullTime(flagged), nullTime(resolved)
+	c.TakenOverAt, c.NextAttemptAt, c.LateSuccessAt = nullTime(takenOver), nullTime(nextAttempt), nullTime(lateSuccess)
 	return &c, nil
 }
 
@@ -178,6 +188,13 @@ const (
 	declPayloadHash = "varbinary(32)"
 	declPayload     = "varbinary(max)"
 	declLockName    = "nvarchar(255)" // sp_getapplock's @Resource
+	// Route is nvarchar(64): route names are at most 64 characters
+	// (sqlstore.MaxRouteLength counts runes), which is at most 128 UTF-16
+	// code units; a declaration wider than the column never cuts a value
+	// (an over-long one fails the INSERT instead).
+	declRoute       = "nvarchar(128)"
+	declFingerprint = "varchar(64)" // Fingerprint; sqlstore.MaxFingerprintLength bytes
+	declPath        = "varchar(16)" // TakeOverPath
 )
 
 // param is one statement parameter: its value, and the SQL type the
@@ -306,22 +323,128 @@ func (s *Store) execGuarded(ctx context.Context, op string, id int64, sqlText st
 	return nil
 }
 
-// TakeOver moves a released claim back to claimed under a new owner
-// token. Exactly one concurrent caller matches the guard.
+// laterSQL returns the SQL for "the database clock plus d", adding its
+// parameters to a (see agoSQL).
+func laterSQL(a *args, d time.Duration) string {
+	if d < 0 {
+		d = 0
+	}
+	sec := min(int64(d/time.Second), math.MaxInt32)
+	us := int32((d % time.Second) / time.Microsecond)
+	return "DATEADD(microsecond, " + a.add(us, declInt) + ", DATEADD(second, " + a.add(int32(sec), declInt) + ", SYSUTCDATETIME()))"
+}
+
+// takeOverPath returns the precondition of a take-over path beyond owner
+// and route, adding its parameters to a. The staleness tests are in the
+// UPDATE's own WHERE: SQL Server reads the row under an update lock before
+// it changes it, so a heartbeat that committed first is seen (under
+// READ_COMMITTED_SNAPSHOT too: an UPDATE reads the latest committed
+// version of the rows it modifies).
+func takeOverPath(a *args, p *claim.TakeOverParams) string {
+	switch p.Path {
+	case claim.PathRedelivery:
+		return "(State = 'released' OR (State = 'claimed' AND HeartbeatUtc < " + agoSQL(a, p.SilentFor) + "))"
+	case claim.PathReconciler:
+		return unfinished + " AND HeartbeatUtc < " + agoSQL(a, p.SilentFor) +
+			" AND (NextAttemptUtc IS NULL OR NextAttemptUtc <= SYSUTCDATETIME())"
+	}
+	return "State = 'flagged'"
+}
+
+// TakeOver gives the claim to a new owner if it still qualifies (see
+// claim.Store). Exactly one concurrent caller matches the guard.
 func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*claim.Claim, error) {
-	out, err := queryClaims(ctx, s.db, `UPDATE dbo.Claims
-SET State = 'claimed', Owner = @p1, ClaimedBy = @p2, DeliveryCount = @p3, HeartbeatUtc = SYSUTCDATETIME()
+	if err := sqlstore.ValidateTakeOver(params); err != nil {
+		return nil, err
+	}
+	var a args
+	owner, by := a.add(guid(params.Owner), declGUID), a.add(text(truncate(params.By, maxClaimedBy)), declHost)
+	count := a.add(int32(min(params.DeliveryCount, math.MaxInt32)), declInt)
+	path, reason := a.add(mssqldb.VarChar(params.Path), declPath), a.add(text(truncate(params.Reason, maxFlagReason)), declFlagReason)
+	route, print := a.add(text(params.Route), declRoute), a.add(mssqldb.VarChar(params.Fingerprint), declFingerprint)
+	id, previous := a.add(params.ID, declID), a.add(guid(params.PreviousOwner), declGUID)
+	guard := takeOverPath(&a, params)
+	out, err := queryClaims(ctx, s.db, declareNow+`UPDATE dbo.Claims
+SET State = 'claimed', Owner = `+owner+`, ClaimedBy = `+by+`,
+    DeliveryCount = CASE WHEN `+count+` > 0 THEN `+count+` ELSE DeliveryCount END,
+    HeartbeatUtc = @now, TakenOverUtc = @now, TakeOvers = TakeOvers + 1,
+    TakeOverPath = `+path+`, TakeOverReason = `+reason+`, PreviousOwner = Owner, PreviousHolder = ClaimedBy,
+    Recoveries = Recoveries + CASE WHEN `+path+` = 'reconciler' THEN 1 ELSE 0 END, NextAttemptUtc = NULL,
+    Route = CASE WHEN Route = N'' THEN `+route+` ELSE Route END,
+    Fingerprint = CASE WHEN Route = N'' THEN `+print+` ELSE Fingerprint END
 OUTPUT `+insertedColumns+`
-WHERE Id = @p4 AND State = 'released';`,
-		args{{guid(uuid.New()), declGUID}, {text(truncate(params.Host, maxClaimedBy)), declHost},
-			{int32(min(params.DeliveryCount, math.MaxInt32)), declInt}, {params.ID, declID}})
+WHERE Id = `+id+` AND Owner = `+previous+`
+  AND (Route = N'' OR (Route = `+route+` AND Fingerprint = `+print+`))
+  AND `+guard+`;`, a)
 	if err != nil {
 		return nil, fmt.Errorf("take over claim %d: %w", params.ID, err)
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("take over claim %d: %w", params.ID, claim.ErrStateChanged)
+		now, gerr := s.Get(ctx, params.ID)
+		if gerr != nil && !errors.Is(gerr, claim.ErrNotFound) {
+			return nil, fmt.Errorf("take over claim %d: refused, then: %w", params.ID, gerr)
+		}
+		return now, sqlstore.TakeOverRefused(params, now)
 	}
 	return out[0], nil
+}
+
+// Flag hands a claim to operators, guarded on owner, state and silence.
+func (s *Store) Flag(ctx context.Context, params *claim.FlagParams) (*claim.Claim, error) {
+	if err := sqlstore.ValidateFlagOne(params); err != nil {
+		return nil, err
+	}
+	var a args
+	reason := a.add(text(truncate(params.Reason, maxFlagReason)), declFlagReason)
+	q := `UPDATE dbo.Claims SET State = 'flagged', FlaggedUtc = SYSUTCDATETIME(), FlagReason = ` + reason + `
+OUTPUT ` + insertedColumns + `
+WHERE Id = ` + a.add(params.ID, declID) + ` AND Owner = ` + a.add(guid(params.Owner), declGUID) + ` AND State = '` + string(params.State) + `'` // validated: claimed or released
+	if params.SilentFor > 0 {
+		q += " AND HeartbeatUtc < " + agoSQL(&a, params.SilentFor)
+	}
+	out, err := queryClaims(ctx, s.db, q+";", a)
+	if err != nil {
+		return nil, fmt.Errorf("flag claim %d: %w", params.ID, err)
+	}
+	if len(out) == 0 {
+		if _, gerr := s.Get(ctx, params.ID); gerr != nil {
+			return nil, fmt.Errorf("flag: %w", gerr)
+		}
+		return nil, fmt.Errorf("flag claim %d: %w", params.ID, claim.ErrStateChanged)
+	}
+	return out[0], nil
+}
+
+// FindStale lists recovery candidates, oldest heartbeat first, from the
+// filtered index IX_Claims_Unfinished.
+func (s *Store) FindStale(ctx context.Context, params *claim.FindStaleParams) ([]*claim.Claim, error) {
+	staleAfter, limit, err := sqlstore.ValidateFindStale(params)
+	if err != nil {
+		return nil, err
+	}
+	var a args
+	top := a.add(int64(limit), declID)
+	q := `SELECT TOP (` + top + `) ` + columns + ` FROM dbo.Claims
+WHERE ` + unfinished + ` AND HeartbeatUtc < ` + agoSQL(&a, staleAfter) + `
+  AND (NextAttemptUtc IS NULL OR NextAttemptUtc <= SYSUTCDATETIME())
+ORDER BY HeartbeatUtc;`
+	out, err := queryClaims(ctx, s.db, q, a)
+	if err != nil {
+		return nil, fmt.Errorf("find stale claims: %w", err)
+	}
+	return out, nil
+}
+
+// RecordLateSuccess notes a late success on the claim.
+func (s *Store) RecordLateSuccess(ctx context.Context, params *claim.LateSuccessParams) error {
+	err := s.execGuarded(ctx, "record late success of", params.ID, `UPDATE dbo.Claims
+SET LateSuccessUtc = SYSUTCDATETIME(), LateSuccessBy = @p1
+OUTPUT INSERTED.Id
+WHERE Id = @p2;`, param{text(truncate(sqlstore.LateSuccessBy(params), maxClaimedBy)), declHost}, param{params.ID, declID})
+	if errors.Is(err, claim.ErrStateChanged) {
+		return fmt.Errorf("record late success of claim %d: %w", params.ID, claim.ErrNotFound)
+	}
+	return err
 }
 
 // Heartbeat refreshes the heartbeat of a claimed claim held by Owner.
@@ -347,20 +470,29 @@ WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`,
 // set to the release time, so the reconciler's one predicate
 // (HeartbeatUtc older than StaleAfter) finds a release nobody took over.
 func (s *Store) Release(ctx context.Context, params *claim.ReleaseParams) error {
+	a := args{{params.ID, declID}, {guid(params.Owner), declGUID}, {text(truncate(params.Error, maxLastError)), declLongText}}
+	next := "NULL"
+	if params.NextAttemptIn > 0 {
+		next = laterSQL(&a, params.NextAttemptIn)
+	}
 	return s.execGuarded(ctx, "release", params.ID, declareNow+`UPDATE dbo.Claims
-SET State = 'released', ReleasedUtc = @now, HeartbeatUtc = @now, LastError = @p3
+SET State = 'released', ReleasedUtc = @now, HeartbeatUtc = @now, LastError = @p3, NextAttemptUtc = `+next+`
 OUTPUT INSERTED.Id
-WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`,
-		param{params.ID, declID}, param{guid(params.Owner), declGUID}, param{text(truncate(params.Error, maxLastError)), declLongText})
+WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`, a...)
 }
 
-// RecordAttempt counts an effect attempt on a claimed claim held by Owner.
+// RecordAttempt counts an effect attempt on a claimed claim held by Owner;
+// a positive NextAttemptIn sets the next attempt's time.
 func (s *Store) RecordAttempt(ctx context.Context, params *claim.RecordAttemptParams) error {
+	a := args{{params.ID, declID}, {guid(params.Owner), declGUID}, {text(truncate(params.Error, maxLastError)), declLongText}}
+	next := "NextAttemptUtc"
+	if params.NextAttemptIn > 0 {
+		next = laterSQL(&a, params.NextAttemptIn)
+	}
 	return s.execGuarded(ctx, "record attempt", params.ID, `UPDATE dbo.Claims
-SET Attempts = Attempts + 1, LastError = @p3
+SET Attempts = Attempts + 1, LastError = @p3, NextAttemptUtc = `+next+`
 OUTPUT INSERTED.Id
-WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`,
-		param{params.ID, declID}, param{guid(params.Owner), declGUID}, param{text(truncate(params.Error, maxLastError)), declLongText})
+WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`, a...)
 }
 
 // FlagStale flags at most Limit stale claims, oldest heartbeat first, in
@@ -390,7 +522,6 @@ func (s *Store) FlagStale(ctx context.Context, params *claim.FlagStaleParams) ([
     SELECT TOP (` + top + `) *
     FROM dbo.Claims WITH (ROWLOCK, UPDLOCK, READPAST, READCOMMITTEDLOCK)
     WHERE ` + unfinished + `
-      AND State IN ('claimed', 'released')
       AND HeartbeatUtc < ` + cutoff + `
     ORDER BY HeartbeatUtc
 )
@@ -474,11 +605,15 @@ func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*clai
 	if params.Resolution == claim.ResolutionRedriven {
 		redrive = ", ProcessedUtc = @now, Payload = NULL"
 	}
+	a := args{{text(params.By), declHost}, {mssqldb.VarChar(params.Resolution), declResolution}, {text(params.Note), declLongText}, {params.ID, declID}}
+	guard := "State = 'flagged'"
+	if params.Owner != uuid.Nil {
+		guard = "State = 'claimed' AND Owner = " + a.add(guid(params.Owner), declGUID)
+	}
 	out, err := queryClaims(ctx, s.db, declareNow+`UPDATE dbo.Claims
 SET State = 'resolved', ResolvedUtc = @now, ResolvedBy = @p1, Resolution = @p2, ResolutionNote = @p3`+redrive+`
 OUTPUT `+insertedColumns+`
-WHERE Id = @p4 AND State = 'flagged';`,
-		args{{text(params.By), declHost}, {mssqldb.VarChar(params.Resolution), declResolution}, {text(params.Note), declLongText}, {params.ID, declID}})
+WHERE Id = @p4 AND `+guard+`;`, a)
 	if err != nil {
 		return nil, fmt.Errorf("resolve claim %d: %w", params.ID, err)
 	}

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
 	"github.com/sbclaim/sbclaim/internal/claim/sqlstore"
@@ -56,7 +58,10 @@ VALUES (@p1, @p2, CAST(@p3 AS uniqueidentifier), 'claimed', @p4);`,
     ProcessedUtc = DATEADD(second, -CAST(@p1 AS int), ProcessedUtc),
     ReleasedUtc  = DATEADD(second, -CAST(@p1 AS int), ReleasedUtc),
     FlaggedUtc   = DATEADD(second, -CAST(@p1 AS int), FlaggedUtc),
-    ResolvedUtc  = DATEADD(second, -CAST(@p1 AS int), ResolvedUtc)
+    ResolvedUtc  = DATEADD(second, -CAST(@p1 AS int), ResolvedUtc),
+    TakenOverUtc   = DATEADD(second, -CAST(@p1 AS int), TakenOverUtc),
+    NextAttemptUtc = DATEADD(second, -CAST(@p1 AS int), NextAttemptUtc),
+    LateSuccessUtc = DATEADD(second, -CAST(@p1 AS int), LateSuccessUtc)
 WHERE Id = @p2;`,
 	SessionIDSQL:  `SELECT CAST(@@SPID AS bigint);`,
 	WaitingForSQL: `SELECT COUNT_BIG(*) FROM sys.dm_exec_requests WHERE blocking_session_id = @p1;`,
@@ -222,6 +227,7 @@ func TestLargeBatchIsChunked(t *testing.T) {
 	for i := range batch {
 		body := []byte("body-" + strings.Repeat("x", i))
 		batch[i] = claim.ClaimParams{
+			Owner:     uuid.New(),
 			MessageID: "m-" + hex.EncodeToString([]byte{byte(i >> 8), byte(i)}), Consumer: "c",
 			PayloadHash: claim.HashPayload(body), Payload: body,
 		}

@@ -35,7 +35,7 @@ func TestClaimBatchIsOneStatement(t *testing.T) {
 	s := schemaStore(t)
 
 	msg := func(i int, body string) claim.ClaimParams {
-		return claim.ClaimParams{MessageID: fmt.Sprintf("m-%d", i), Consumer: "c", PayloadHash: claim.HashPayload([]byte(body)), Payload: []byte(body)}
+		return claim.ClaimParams{Owner: uuid.New(), MessageID: fmt.Sprintf("m-%d", i), Consumer: "c", PayloadHash: claim.HashPayload([]byte(body)), Payload: []byte(body)}
 	}
 	var existing []claim.ClaimParams
 	for i := range 50 {
@@ -85,7 +85,7 @@ func TestClaimBatchRaceCostsOneMoreStatement(t *testing.T) {
 	ctx := t.Context()
 	s := schemaStore(t)
 
-	p := claim.ClaimParams{MessageID: "m", Consumer: "c", PayloadHash: claim.HashPayload([]byte("b"))}
+	p := claim.ClaimParams{Owner: uuid.New(), MessageID: "m", Consumer: "c", PayloadHash: claim.HashPayload([]byte("b"))}
 	tx, err := s.DB().BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)

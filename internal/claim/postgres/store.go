@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"database/sql/driver"
@@ -115,7 +116,9 @@ func Migrate(ctx context.Context, db *sql.DB) error {
 var columnNames = []string{"id", "message_id", "consumer", "owner", "state", "entity", "subject", "content_type",
 	"properties", "payload_hash", "payload", "delivery_count", "claimed_by", "claimed_utc",
 	"heartbeat_utc", "processed_utc", "released_utc", "attempts", "last_error", "flagged_utc",
-	"flag_reason", "resolved_utc", "resolved_by", "resolution", "resolution_note"}
+	"flag_reason", "resolved_utc", "resolved_by", "resolution", "resolution_note",
+	"route", "fingerprint", "take_overs", "taken_over_utc", "take_over_path", "take_over_reason",
+	"previous_owner", "previous_holder", "recoveries", "next_attempt_utc", "late_success_utc", "late_success_by"}
 
 // cols returns the select list scanClaim reads, each column prefixed.
 func cols(prefix string) string {
@@ -134,23 +137,31 @@ var columns = cols("")
 func scanClaim(r sqlstore.Scanner, extra ...any) (*claim.Claim, error) {
 	var (
 		c                                      claim.Claim
-		state, props, resolution               string
+		state, props, resolution, path         string
 		processed, released, flagged, resolved sql.NullTime
+		takenOver, nextAttempt, lateSuccess    sql.NullTime
+		previousOwner                          uuid.NullUUID
 	)
 	dest := append(extra, &c.ID, &c.MessageID, &c.Consumer, &c.Owner, &state, &c.Entity, &c.Subject, &c.ContentType,
 		&props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &c.ClaimedAt,
 		&c.HeartbeatAt, &processed, &released, &c.Attempts, &c.LastError, &flagged,
-		&c.FlagReason, &resolved, &c.ResolvedBy, &resolution, &c.ResolutionNote)
+		&c.FlagReason, &resolved, &c.ResolvedBy, &resolution, &c.ResolutionNote,
+		&c.Route, &c.Fingerprint, &c.TakeOvers, &takenOver, &path, &c.TakeOverReason,
+		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy)
 	if err := r.Scan(dest...); err != nil {
 		return nil, err
 	}
 	var err error
-	c.State, c.Resolution = claim.State(state), claim.Resolution(resolution)
+	c.State, c.Resolution, c.TakeOverPath = claim.State(state), claim.Resolution(resolution), claim.TakeOverPath(path)
 	if c.Properties, err = sqlstore.DecodeProperties(props); err != nil {
 		return nil, fmt.Errorf("claim %d: %w", c.ID, err)
 	}
+	if previousOwner.Valid {
+		c.PreviousOwner = previousOwner.UUID
+	}
 	c.ClaimedAt, c.HeartbeatAt = c.ClaimedAt.UTC(), c.HeartbeatAt.UTC()
 	c.ProcessedAt, c.ReleasedAt, c.FlaggedAt, c.ResolvedAt = utc(processed), utc(released), utc(flagged), utc(resolved)
+	c.TakenOverAt, c.NextAttemptAt, c.LateSuccessAt = utc(takenOver), utc(nextAttempt), utc(lateSuccess)
 	return &c, nil
 }
 
@@ -170,16 +181,16 @@ func secs(d time.Duration) float64 { return d.Seconds() }
 // inserted (inserted = true) and the existing rows of the keys it did not
 // insert that the statement's snapshot can see (inserted = false).
 var claimSQL = `WITH input AS (
-	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-		$7::text[], $8::bytea[], $9::bytea[], $10::int[])
+	SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $5::text[], $6::text[],
+		$7::text[], $8::bytea[], $9::bytea[], $10::int[], $11::text[], $12::text[])
 		WITH ORDINALITY AS i(message_id, consumer, owner, entity, subject, content_type,
-			properties, payload_hash, payload, delivery_count, ord)
+			properties, payload_hash, payload, delivery_count, route, fingerprint, ord)
 ), ins AS (
 	INSERT INTO claims (message_id, consumer, owner, state, entity, subject, content_type,
-		properties, payload_hash, payload, delivery_count, claimed_by, claimed_utc, heartbeat_utc, processed_utc)
-	SELECT message_id, consumer, owner::uuid, $11, entity, subject, content_type,
-		properties::jsonb, payload_hash, payload, delivery_count, $12, now(), now(),
-		CASE WHEN $11 = 'processed' THEN now() END
+		properties, payload_hash, payload, delivery_count, route, fingerprint, claimed_by, claimed_utc, heartbeat_utc, processed_utc)
+	SELECT message_id, consumer, owner, $13, entity, subject, content_type,
+		properties::jsonb, payload_hash, payload, delivery_count, route, fingerprint, $14, now(), now(),
+		CASE WHEN $13 = 'processed' THEN now() END
 	FROM input ORDER BY ord
 	ON CONFLICT (message_id, consumer) DO NOTHING
 	RETURNING ` + columns + `
@@ -221,9 +232,10 @@ func (s *Store) insertClaims(ctx context.Context, q sqlstore.Querier, host strin
 			return nil, nil, fmt.Errorf("claim %s/%s: row neither inserted nor found after %d attempts", c.MessageID, c.Consumer, maxClaimAttempts)
 		}
 		var (
-			ids, consumers, owners, entities, subjects, types, props []string
-			hashes, payloads                                         [][]byte
-			counts                                                   []int32
+			ids, consumers, entities, subjects, types, props, routes, prints []string
+			owners                                                           []uuid.UUID
+			hashes, payloads                                                 [][]byte
+			counts                                                           []int32
 		)
 		for _, i := range pending {
 			c := &plan.Claims[i]
@@ -235,13 +247,14 @@ func (s *Store) insertClaims(ctx context.Context, q sqlstore.Querier, host strin
 			if state == claim.StateProcessed {
 				payload = nil
 			}
-			ids, consumers, owners = append(ids, c.MessageID), append(consumers, c.Consumer), append(owners, uuid.NewString())
+			ids, consumers, owners = append(ids, c.MessageID), append(consumers, c.Consumer), append(owners, c.Owner)
 			entities, subjects, types = append(entities, c.Entity), append(subjects, c.Subject), append(types, c.ContentType)
 			props, hashes, payloads = append(props, p), append(hashes, c.PayloadHash), append(payloads, payload)
 			counts = append(counts, int32(c.DeliveryCount))
+			routes, prints = append(routes, c.Route), append(prints, c.Fingerprint)
 		}
 		rows, err := q.QueryContext(ctx, claimSQL, ids, consumers, owners, entities, subjects, types,
-			props, hashes, payloads, counts, string(state), host)
+			props, hashes, payloads, counts, routes, prints, string(state), host)
 		if err != nil {
 			return nil, nil, fmt.Errorf("claim batch: %w", translate(err))
 		}
@@ -313,20 +326,102 @@ func (s *Store) ClaimTx(ctx context.Context, params *claim.ClaimTxParams, fn fun
 	return res[0], nil
 }
 
-// TakeOver moves a released claim back to claimed under a new owner.
+// takeOverPaths is the precondition of each take-over path beyond owner
+// and route; $8 is SilentFor in seconds. The staleness tests are in the
+// UPDATE's own WHERE, so READ COMMITTED re-checks them on the latest row
+// version when a concurrent writer (a heartbeat) committed first.
+var takeOverPaths = map[claim.TakeOverPath]string{
+	claim.PathRedelivery: `(state = 'released' OR (state = 'claimed' AND heartbeat_utc < now() - make_interval(secs => $8)))`,
+	claim.PathReconciler: `state IN ('claimed', 'released') AND heartbeat_utc < now() - make_interval(secs => $8)
+		AND (next_attempt_utc IS NULL OR next_attempt_utc <= now())`,
+	// The operator path does not test silence; the cast only gives the
+	// unused $8 a type (PostgreSQL refuses a parameter it cannot type).
+	claim.PathOperator: `state = 'flagged' AND $8::float8 IS NOT NULL`,
+}
+
+// TakeOver gives the claim to a new owner if it still qualifies (see
+// claim.Store).
 func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*claim.Claim, error) {
+	if err := sqlstore.ValidateTakeOver(params); err != nil {
+		return nil, err
+	}
 	row := s.db.QueryRowContext(ctx, `UPDATE claims SET state = 'claimed', owner = $1, claimed_by = $2,
-		delivery_count = $3, heartbeat_utc = now()
-		WHERE id = $4 AND state = 'released' RETURNING `+columns,
-		uuid.NewString(), params.Host, params.DeliveryCount, params.ID)
+		delivery_count = CASE WHEN $3::int > 0 THEN $3::int ELSE delivery_count END,
+		heartbeat_utc = now(), taken_over_utc = now(), take_overs = take_overs + 1,
+		take_over_path = $4, take_over_reason = $5, previous_owner = owner, previous_holder = claimed_by,
+		recoveries = recoveries + CASE WHEN $4::text = 'reconciler' THEN 1 ELSE 0 END, next_attempt_utc = NULL,
+		route = CASE WHEN route = '' THEN $6 ELSE route END,
+		fingerprint = CASE WHEN route = '' THEN $7 ELSE fingerprint END
+		WHERE id = $9 AND owner = $10 AND (route = '' OR (route = $6 AND fingerprint = $7))
+		AND `+takeOverPaths[params.Path]+`
+		RETURNING `+columns,
+		params.Owner, params.By, params.DeliveryCount, string(params.Path), sqlstore.Bound(params.Reason, sqlstore.MaxReasonLength),
+		params.Route, params.Fingerprint, secs(params.SilentFor), params.ID, params.PreviousOwner)
 	c, err := scanClaim(row)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("take over claim %d: %w", params.ID, claim.ErrStateChanged)
+		now, gerr := s.Get(ctx, params.ID)
+		if gerr != nil && !errors.Is(gerr, claim.ErrNotFound) {
+			return nil, fmt.Errorf("take over claim %d: refused, then: %w", params.ID, gerr)
+		}
+		return now, sqlstore.TakeOverRefused(params, now)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("take over claim %d: %w", params.ID, translate(err))
 	}
 	return c, nil
+}
+
+// Flag hands a claim to operators, guarded on owner, state and silence.
+func (s *Store) Flag(ctx context.Context, params *claim.FlagParams) (*claim.Claim, error) {
+	if err := sqlstore.ValidateFlagOne(params); err != nil {
+		return nil, err
+	}
+	row := s.db.QueryRowContext(ctx, `UPDATE claims SET state = 'flagged', flagged_utc = now(), flag_reason = $1
+		WHERE id = $2 AND owner = $3 AND state = $4
+		AND ($5::float8 <= 0 OR heartbeat_utc < now() - make_interval(secs => $5::float8))
+		RETURNING `+columns,
+		sqlstore.Bound(params.Reason, sqlstore.MaxReasonLength), params.ID, params.Owner, string(params.State), secs(params.SilentFor))
+	c, err := scanClaim(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		if _, gerr := s.Get(ctx, params.ID); gerr != nil {
+			return nil, fmt.Errorf("flag: %w", gerr)
+		}
+		return nil, fmt.Errorf("flag claim %d: %w", params.ID, claim.ErrStateChanged)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("flag claim %d: %w", params.ID, translate(err))
+	}
+	return c, nil
+}
+
+// FindStale lists recovery candidates, oldest heartbeat first (served by
+// ix_claims_unfinished).
+func (s *Store) FindStale(ctx context.Context, params *claim.FindStaleParams) ([]*claim.Claim, error) {
+	staleAfter, limit, err := sqlstore.ValidateFindStale(params)
+	if err != nil {
+		return nil, err
+	}
+	q := `SELECT ` + columns + ` FROM claims WHERE ` + stalePredicate + `
+		AND (next_attempt_utc IS NULL OR next_attempt_utc <= now())
+		ORDER BY heartbeat_utc LIMIT $2`
+	var out []*claim.Claim
+	if err := queryClaims(ctx, s.db, q, []any{secs(staleAfter), limit}, func(c *claim.Claim) { out = append(out, c) }); err != nil {
+		return nil, fmt.Errorf("find stale claims: %w", err)
+	}
+	return out, nil
+}
+
+// RecordLateSuccess notes a late success on the claim.
+func (s *Store) RecordLateSuccess(ctx context.Context, params *claim.LateSuccessParams) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE claims SET late_success_utc = now(), late_success_by = $1 WHERE id = $2`,
+		sqlstore.LateSuccessBy(params), params.ID)
+	if err != nil {
+		return fmt.Errorf("record late success of claim %d: %w", params.ID, translate(err))
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return fmt.Errorf("record late success of claim %d: %w", params.ID, cmp.Or(translate(err), claim.ErrNotFound))
+	}
+	return nil
 }
 
 // execGuarded runs an UPDATE guarded on id, owner and state and reports
@@ -350,27 +445,31 @@ func (s *Store) MarkProcessed(ctx context.Context, params *claim.MarkProcessedPa
 		params.ID, params.Owner.String())
 }
 
-// Release moves a claimed claim held by Owner to released.
+// Release moves a claimed claim held by Owner to released; a positive
+// NextAttemptIn ($4, seconds) sets the next attempt's time.
 func (s *Store) Release(ctx context.Context, params *claim.ReleaseParams) error {
 	return s.execGuarded(ctx, "release", params.ID,
-		`UPDATE claims SET state = 'released', released_utc = now(), heartbeat_utc = now(), last_error = $3
+		`UPDATE claims SET state = 'released', released_utc = now(), heartbeat_utc = now(), last_error = $3,
+		next_attempt_utc = CASE WHEN $4::float8 > 0 THEN now() + make_interval(secs => $4::float8) END
 		WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
-		params.ID, params.Owner.String(), params.Error)
+		params.ID, params.Owner.String(), params.Error, secs(params.NextAttemptIn))
 }
 
-// RecordAttempt counts an effect attempt on a claimed claim held by Owner.
+// RecordAttempt counts an effect attempt on a claimed claim held by Owner;
+// a positive NextAttemptIn ($4, seconds) sets the next attempt's time.
 func (s *Store) RecordAttempt(ctx context.Context, params *claim.RecordAttemptParams) error {
 	return s.execGuarded(ctx, "record attempt", params.ID,
-		`UPDATE claims SET attempts = attempts + 1, last_error = $3 WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
-		params.ID, params.Owner.String(), params.Error)
+		`UPDATE claims SET attempts = attempts + 1, last_error = $3,
+		next_attempt_utc = CASE WHEN $4::float8 > 0 THEN now() + make_interval(secs => $4::float8) ELSE next_attempt_utc END
+		WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
+		params.ID, params.Owner.String(), params.Error, secs(params.NextAttemptIn))
 }
 
 // stalePredicate is the staleness test, in the UPDATE's own WHERE (so READ
 // COMMITTED re-checks it on the latest row version) and in its candidate
 // scan (which the partial index ix_claims_unfinished serves). $1 is
 // StaleAfter in seconds.
-const stalePredicate = `state IN ('claimed', 'released') AND processed_utc IS NULL AND flagged_utc IS NULL
-	AND heartbeat_utc < now() - make_interval(secs => $1)`
+const stalePredicate = `state IN ('claimed', 'released') AND heartbeat_utc < now() - make_interval(secs => $1)`
 
 // FlagStale flags at most Limit stale claims in one UPDATE.
 func (s *Store) FlagStale(ctx context.Context, params *claim.FlagStaleParams) ([]*claim.Claim, error) {
@@ -440,12 +539,18 @@ func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*clai
 	if err := sqlstore.ValidateResolve(params); err != nil {
 		return nil, err
 	}
+	// $5 is the redrive's owner token, or NULL to resolve a flagged claim.
+	var owner *uuid.UUID
+	if params.Owner != uuid.Nil {
+		owner = &params.Owner
+	}
 	row := s.db.QueryRowContext(ctx, `UPDATE claims SET state = 'resolved', resolved_utc = now(),
 		resolved_by = $1, resolution = $2, resolution_note = $3,
 		processed_utc = CASE WHEN $2 = 'redriven' THEN now() ELSE processed_utc END,
 		payload = CASE WHEN $2 = 'redriven' THEN NULL ELSE payload END
-		WHERE id = $4 AND state = 'flagged' RETURNING `+columns,
-		params.By, string(params.Resolution), params.Note, params.ID)
+		WHERE id = $4 AND CASE WHEN $5::uuid IS NULL THEN state = 'flagged' ELSE state = 'claimed' AND owner = $5 END
+		RETURNING `+columns,
+		params.By, string(params.Resolution), params.Note, params.ID, owner)
 	c, err := scanClaim(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		if _, gerr := s.Get(ctx, params.ID); gerr != nil {
@@ -488,10 +593,10 @@ func (s *Store) Stats(ctx context.Context) (*claim.Stats, error) {
 		oldest sql.NullTime
 	)
 	err := s.db.QueryRowContext(ctx, `SELECT now(),
-		(SELECT count(*) FROM claims WHERE processed_utc IS NULL AND flagged_utc IS NULL AND state = 'claimed'),
-		(SELECT count(*) FROM claims WHERE processed_utc IS NULL AND flagged_utc IS NULL AND state = 'released'),
+		(SELECT count(*) FROM claims WHERE state IN ('claimed', 'released') AND state = 'claimed'),
+		(SELECT count(*) FROM claims WHERE state IN ('claimed', 'released') AND state = 'released'),
 		(SELECT count(*) FROM claims WHERE state = 'flagged'),
-		(SELECT min(claimed_utc) FROM claims WHERE processed_utc IS NULL AND flagged_utc IS NULL)`).
+		(SELECT min(claimed_utc) FROM claims WHERE state IN ('claimed', 'released'))`).
 		Scan(&st.Now, &st.Claimed, &st.Released, &st.Flagged, &oldest)
 	if err != nil {
 		return nil, fmt.Errorf("claim stats: %w", translate(err))

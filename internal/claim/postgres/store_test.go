@@ -10,11 +10,13 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/pressly/goose/v3"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
 	"github.com/sbclaim/sbclaim/internal/claim/postgres"
 	"github.com/sbclaim/sbclaim/internal/testdb"
+	schema "github.com/sbclaim/sbclaim/sql"
 )
 
 // newStore opens a store on a fresh schema (search_path) of the test
@@ -38,7 +40,10 @@ func TestConformance(t *testing.T) {
 				processed_utc = processed_utc - make_interval(secs => $1),
 				released_utc  = released_utc  - make_interval(secs => $1),
 				flagged_utc   = flagged_utc   - make_interval(secs => $1),
-				resolved_utc  = resolved_utc  - make_interval(secs => $1)
+				resolved_utc  = resolved_utc  - make_interval(secs => $1),
+				taken_over_utc   = taken_over_utc   - make_interval(secs => $1),
+				next_attempt_utc = next_attempt_utc - make_interval(secs => $1),
+				late_success_utc = late_success_utc - make_interval(secs => $1)
 				WHERE id = $2`,
 			SessionIDSQL:  `SELECT pg_backend_pid()`,
 			WaitingForSQL: `SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))`,
@@ -131,4 +136,56 @@ func TestTryLockSpansPools(t *testing.T) {
 		t.Fatalf("TryLock on b after a unlocked: %v %v", ok, err)
 	}
 	unlockB(ctx)
+}
+
+// TestUpgradeFromTheFirstSchema: a schema created by migration 00001, with
+// claims in it, upgrades through 00002; its claims read, take over
+// (recording the taker's route) and finish; 00002 goes down and up again.
+func TestUpgradeFromTheFirstSchema(t *testing.T) {
+	ctx := t.Context()
+	s, err := postgres.Open(ctx, testdb.EmptyPostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	fsys, err := schema.Dialect("postgres")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, s.DB(), fsys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	owner := uuid.New()
+	if _, err := s.DB().ExecContext(ctx, `INSERT INTO claims (message_id, consumer, owner, state, payload_hash, payload, claimed_by, claimed_utc, heartbeat_utc)
+		VALUES ('old-1', 'billing', $1, 'claimed', '\x01', '\x7b7d', 'host-old', now() - interval '1 hour', now() - interval '1 hour')`, owner); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatalf("upgrade: %v", err)
+	}
+	stale, err := s.FindStale(ctx, &claim.FindStaleParams{StaleAfter: time.Minute})
+	if err != nil || len(stale) != 1 || stale[0].Route != "" || stale[0].TakeOvers != 0 || stale[0].Owner != owner {
+		t.Fatalf("the old claim after the upgrade: %+v %v", stale, err)
+	}
+	taken, err := s.TakeOver(ctx, &claim.TakeOverParams{ID: stale[0].ID, PreviousOwner: owner, Owner: uuid.New(),
+		Path: claim.PathReconciler, SilentFor: time.Minute, By: "reconciler", Route: "invoice", Fingerprint: "fp"})
+	if err != nil || taken.Route != "invoice" || taken.PreviousHolder != "host-old" {
+		t.Fatalf("take-over of the old claim: %+v %v", taken, err)
+	}
+	if err := s.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: taken.ID, Owner: taken.Owner}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.DownTo(ctx, 1); err != nil {
+		t.Fatalf("down to 1: %v", err)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+	if got, err := s.Get(ctx, taken.ID); err != nil || got.State != claim.StateProcessed {
+		t.Fatalf("after down and up: %+v %v", got, err)
+	}
 }

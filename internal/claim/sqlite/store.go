@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"database/sql/driver"
@@ -153,29 +154,40 @@ func ago(d time.Duration) string { return fmt.Sprintf("-%.3f seconds", d.Seconds
 const columns = `id, message_id, consumer, owner, state, entity, subject, content_type,
 	properties, payload_hash, payload, delivery_count, claimed_by, claimed_utc,
 	heartbeat_utc, processed_utc, released_utc, attempts, last_error, flagged_utc,
-	flag_reason, resolved_utc, resolved_by, resolution, resolution_note`
+	flag_reason, resolved_utc, resolved_by, resolution, resolution_note,
+	route, fingerprint, take_overs, taken_over_utc, take_over_path, take_over_reason,
+	previous_owner, previous_holder, recoveries, next_attempt_utc, late_success_utc, late_success_by`
 
 const insertColumns = `message_id, consumer, owner, state, entity, subject, content_type,
-	properties, payload_hash, payload, delivery_count, claimed_by, claimed_utc, heartbeat_utc, processed_utc`
+	properties, payload_hash, payload, delivery_count, route, fingerprint, claimed_by, claimed_utc, heartbeat_utc, processed_utc`
 
 func scanClaim(r sqlstore.Scanner) (*claim.Claim, error) {
 	var (
 		c                                      claim.Claim
-		owner, state, props, resolution        string
+		owner, state, props, resolution, path  string
 		claimed, heartbeat                     string
 		processed, released, flagged, resolved sql.NullString
+		takenOver, nextAttempt, lateSuccess    sql.NullString
+		previousOwner                          sql.NullString
 	)
 	err := r.Scan(&c.ID, &c.MessageID, &c.Consumer, &owner, &state, &c.Entity, &c.Subject, &c.ContentType,
 		&props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &claimed,
 		&heartbeat, &processed, &released, &c.Attempts, &c.LastError, &flagged,
-		&c.FlagReason, &resolved, &c.ResolvedBy, &resolution, &c.ResolutionNote)
+		&c.FlagReason, &resolved, &c.ResolvedBy, &resolution, &c.ResolutionNote,
+		&c.Route, &c.Fingerprint, &c.TakeOvers, &takenOver, &path, &c.TakeOverReason,
+		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy)
 	if err != nil {
 		return nil, err
 	}
 	if c.Owner, err = uuid.Parse(owner); err != nil {
 		return nil, fmt.Errorf("claim %d: owner: %w", c.ID, err)
 	}
-	c.State, c.Resolution = claim.State(state), claim.Resolution(resolution)
+	if previousOwner.Valid {
+		if c.PreviousOwner, err = uuid.Parse(previousOwner.String); err != nil {
+			return nil, fmt.Errorf("claim %d: previous owner: %w", c.ID, err)
+		}
+	}
+	c.State, c.Resolution, c.TakeOverPath = claim.State(state), claim.Resolution(resolution), claim.TakeOverPath(path)
 	if c.Properties, err = sqlstore.DecodeProperties(props); err != nil {
 		return nil, fmt.Errorf("claim %d: %w", c.ID, err)
 	}
@@ -187,7 +199,8 @@ func scanClaim(r sqlstore.Scanner) (*claim.Claim, error) {
 	for _, p := range []struct {
 		dst **time.Time
 		src sql.NullString
-	}{{&c.ProcessedAt, processed}, {&c.ReleasedAt, released}, {&c.FlaggedAt, flagged}, {&c.ResolvedAt, resolved}} {
+	}{{&c.ProcessedAt, processed}, {&c.ReleasedAt, released}, {&c.FlaggedAt, flagged}, {&c.ResolvedAt, resolved},
+		{&c.TakenOverAt, takenOver}, {&c.NextAttemptAt, nextAttempt}, {&c.LateSuccessAt, lateSuccess}} {
 		*p.dst, err = parseNullTime(p.src)
 		errs = append(errs, err)
 	}
@@ -269,9 +282,9 @@ func (s *Store) insertClaims(ctx context.Context, tx *sql.Tx, host string, plan 
 		if n > 0 {
 			q.WriteString(", ")
 		}
-		q.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, " + nowSQL + ", " + nowSQL + ", " + processed + ")")
-		args = append(args, c.MessageID, c.Consumer, uuid.New().String(), string(state), c.Entity, c.Subject,
-			c.ContentType, props, c.PayloadHash, nullBytes(payload), c.DeliveryCount, host)
+		q.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, " + nowSQL + ", " + nowSQL + ", " + processed + ")")
+		args = append(args, c.MessageID, c.Consumer, c.Owner.String(), string(state), c.Entity, c.Subject,
+			c.ContentType, props, c.PayloadHash, nullBytes(payload), c.DeliveryCount, c.Route, c.Fingerprint, host)
 	}
 	q.WriteString(" ON CONFLICT (message_id, consumer) DO NOTHING RETURNING " + columns)
 
@@ -352,26 +365,105 @@ func (s *Store) ClaimTx(ctx context.Context, params *claim.ClaimTxParams, fn fun
 	return res[0], nil
 }
 
-// TakeOver moves a released claim back to claimed under a new owner.
+// laterSQL is now plus the modifier in parameter ?n (see later).
+func laterSQL(n int) string { return fmt.Sprintf(`strftime('%%Y-%%m-%%dT%%H:%%M:%%f','now',?%d)`, n) }
+
+// later returns the strftime modifier that adds d.
+func later(d time.Duration) string { return fmt.Sprintf("+%.3f seconds", d.Seconds()) }
+
+// takeOverPaths is the precondition of each take-over path beyond owner
+// and route; ?8 is the SilentFor modifier (see ago).
+var takeOverPaths = map[claim.TakeOverPath]string{
+	claim.PathRedelivery: `(state = 'released' OR (state = 'claimed' AND heartbeat_utc < strftime('%Y-%m-%dT%H:%M:%f','now',?8)))`,
+	claim.PathReconciler: `state IN ('claimed', 'released') AND heartbeat_utc < strftime('%Y-%m-%dT%H:%M:%f','now',?8)
+		AND (next_attempt_utc IS NULL OR next_attempt_utc <= ` + nowSQL + `)`,
+	claim.PathOperator: `state = 'flagged'`,
+}
+
+// TakeOver gives the claim to a new owner if it still qualifies (see
+// claim.Store).
 func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*claim.Claim, error) {
-	row := s.db.QueryRowContext(ctx, `UPDATE claims SET state = 'claimed', owner = ?, claimed_by = ?,
-		delivery_count = ?, heartbeat_utc = `+nowSQL+`
-		WHERE id = ? AND state = 'released' RETURNING `+columns,
-		uuid.New().String(), params.Host, params.DeliveryCount, params.ID)
+	if err := sqlstore.ValidateTakeOver(params); err != nil {
+		return nil, err
+	}
+	row := s.db.QueryRowContext(ctx, `UPDATE claims SET state = 'claimed', owner = ?1, claimed_by = ?2,
+		delivery_count = CASE WHEN ?3 > 0 THEN ?3 ELSE delivery_count END,
+		heartbeat_utc = `+nowSQL+`, taken_over_utc = `+nowSQL+`, take_overs = take_overs + 1,
+		take_over_path = ?4, take_over_reason = ?5, previous_owner = owner, previous_holder = claimed_by,
+		recoveries = recoveries + CASE WHEN ?4 = 'reconciler' THEN 1 ELSE 0 END, next_attempt_utc = NULL,
+		route = CASE WHEN route = '' THEN ?6 ELSE route END,
+		fingerprint = CASE WHEN route = '' THEN ?7 ELSE fingerprint END
+		WHERE id = ?9 AND owner = ?10 AND (route = '' OR (route = ?6 AND fingerprint = ?7))
+		AND `+takeOverPaths[params.Path]+`
+		RETURNING `+columns,
+		params.Owner.String(), params.By, params.DeliveryCount, string(params.Path), sqlstore.Bound(params.Reason, sqlstore.MaxReasonLength),
+		params.Route, params.Fingerprint, ago(params.SilentFor), params.ID, params.PreviousOwner.String())
 	c, err := scanClaim(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		now, gerr := s.Get(ctx, params.ID)
+		if gerr != nil && !errors.Is(gerr, claim.ErrNotFound) {
+			return nil, fmt.Errorf("take over claim %d: refused, then: %w", params.ID, gerr)
+		}
+		return now, sqlstore.TakeOverRefused(params, now)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("take over claim %d: %w", params.ID, guarded(err))
+		return nil, fmt.Errorf("take over claim %d: %w", params.ID, translate(err))
 	}
 	return c, nil
 }
 
-// guarded turns "no row" from a guarded UPDATE ... RETURNING into
-// ErrStateChanged.
-func guarded(err error) error {
-	if errors.Is(err, sql.ErrNoRows) {
-		return claim.ErrStateChanged
+// Flag hands a claim to operators, guarded on owner, state and silence.
+func (s *Store) Flag(ctx context.Context, params *claim.FlagParams) (*claim.Claim, error) {
+	if err := sqlstore.ValidateFlagOne(params); err != nil {
+		return nil, err
 	}
-	return translate(err)
+	q := `UPDATE claims SET state = 'flagged', flagged_utc = ` + nowSQL + `, flag_reason = ?1
+		WHERE id = ?2 AND owner = ?3 AND state = ?4`
+	args := []any{params.Reason, params.ID, params.Owner.String(), string(params.State)}
+	if params.SilentFor > 0 {
+		q += ` AND heartbeat_utc < strftime('%Y-%m-%dT%H:%M:%f','now',?5)`
+		args = append(args, ago(params.SilentFor))
+	}
+	c, err := scanClaim(s.db.QueryRowContext(ctx, q+" RETURNING "+columns, args...))
+	if errors.Is(err, sql.ErrNoRows) {
+		if _, gerr := s.Get(ctx, params.ID); gerr != nil {
+			return nil, fmt.Errorf("flag: %w", gerr)
+		}
+		return nil, fmt.Errorf("flag claim %d: %w", params.ID, claim.ErrStateChanged)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("flag claim %d: %w", params.ID, translate(err))
+	}
+	return c, nil
+}
+
+// FindStale lists recovery candidates, oldest heartbeat first.
+func (s *Store) FindStale(ctx context.Context, params *claim.FindStaleParams) ([]*claim.Claim, error) {
+	staleAfter, limit, err := sqlstore.ValidateFindStale(params)
+	if err != nil {
+		return nil, err
+	}
+	q := `SELECT ` + columns + ` FROM claims WHERE ` + stalePredicate + `
+		AND (next_attempt_utc IS NULL OR next_attempt_utc <= ` + nowSQL + `)
+		ORDER BY heartbeat_utc LIMIT ?2`
+	var out []*claim.Claim
+	if err := queryClaims(ctx, s.db, q, []any{ago(staleAfter), limit}, func(c *claim.Claim) { out = append(out, c) }); err != nil {
+		return nil, fmt.Errorf("find stale claims: %w", err)
+	}
+	return out, nil
+}
+
+// RecordLateSuccess notes a late success on the claim.
+func (s *Store) RecordLateSuccess(ctx context.Context, params *claim.LateSuccessParams) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE claims SET late_success_utc = `+nowSQL+`, late_success_by = ? WHERE id = ?`,
+		sqlstore.LateSuccessBy(params), params.ID)
+	if err != nil {
+		return fmt.Errorf("record late success of claim %d: %w", params.ID, translate(err))
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return fmt.Errorf("record late success of claim %d: %w", params.ID, cmp.Or(translate(err), claim.ErrNotFound))
+	}
+	return nil
 }
 
 // execGuarded runs an UPDATE guarded on id and owner and reports
@@ -395,25 +487,37 @@ func (s *Store) MarkProcessed(ctx context.Context, params *claim.MarkProcessedPa
 		params.ID, params.Owner.String())
 }
 
+// nextAttempt returns the SQL and arguments for NextAttemptAt after a write
+// with NextAttemptIn d (parameter ?4): now + d, or keep (the column itself,
+// or NULL) for d <= 0.
+func nextAttempt(args []any, d time.Duration, keep string) (string, []any) {
+	if d <= 0 {
+		return keep, args
+	}
+	return laterSQL(4), append(args, later(d))
+}
+
 // Release moves a claimed claim held by Owner to released.
 func (s *Store) Release(ctx context.Context, params *claim.ReleaseParams) error {
+	next, args := nextAttempt([]any{params.Error, params.ID, params.Owner.String()}, params.NextAttemptIn, "NULL")
 	return s.execGuarded(ctx, "release", params.ID,
-		`UPDATE claims SET state = 'released', released_utc = `+nowSQL+`, heartbeat_utc = `+nowSQL+`, last_error = ?
-		WHERE id = ? AND owner = ? AND state = 'claimed'`,
-		params.Error, params.ID, params.Owner.String())
+		`UPDATE claims SET state = 'released', released_utc = `+nowSQL+`, heartbeat_utc = `+nowSQL+`, last_error = ?1,
+		next_attempt_utc = `+next+`
+		WHERE id = ?2 AND owner = ?3 AND state = 'claimed'`, args...)
 }
 
 // RecordAttempt counts an effect attempt on a claimed claim held by Owner.
 func (s *Store) RecordAttempt(ctx context.Context, params *claim.RecordAttemptParams) error {
+	next, args := nextAttempt([]any{params.Error, params.ID, params.Owner.String()}, params.NextAttemptIn, "next_attempt_utc")
 	return s.execGuarded(ctx, "record attempt", params.ID,
-		`UPDATE claims SET attempts = attempts + 1, last_error = ? WHERE id = ? AND owner = ? AND state = 'claimed'`,
-		params.Error, params.ID, params.Owner.String())
+		`UPDATE claims SET attempts = attempts + 1, last_error = ?1, next_attempt_utc = `+next+`
+		WHERE id = ?2 AND owner = ?3 AND state = 'claimed'`, args...)
 }
 
 // stalePredicate is the staleness test, in the UPDATE itself and in its
-// candidate scan. ?1 is the StaleAfter modifier.
-const stalePredicate = `state IN ('claimed', 'released') AND processed_utc IS NULL AND flagged_utc IS NULL
-	AND heartbeat_utc < ` + agoSQL
+// candidate scan (served by ix_claims_unfinished). ?1 is the StaleAfter
+// modifier.
+const stalePredicate = `state IN ('claimed', 'released') AND heartbeat_utc < ` + agoSQL
 
 // FlagStale flags at most Limit stale claims in one UPDATE.
 func (s *Store) FlagStale(ctx context.Context, params *claim.FlagStaleParams) ([]*claim.Claim, error) {
@@ -482,12 +586,17 @@ func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*clai
 	if err := sqlstore.ValidateResolve(params); err != nil {
 		return nil, err
 	}
+	guard := "state = 'flagged'"
+	args := []any{params.By, string(params.Resolution), params.Note, params.ID}
+	if params.Owner != uuid.Nil {
+		guard = "state = 'claimed' AND owner = ?5"
+		args = append(args, params.Owner.String())
+	}
 	row := s.db.QueryRowContext(ctx, `UPDATE claims SET state = 'resolved', resolved_utc = `+nowSQL+`,
 		resolved_by = ?1, resolution = ?2, resolution_note = ?3,
 		processed_utc = CASE WHEN ?2 = 'redriven' THEN `+nowSQL+` ELSE processed_utc END,
 		payload = CASE WHEN ?2 = 'redriven' THEN NULL ELSE payload END
-		WHERE id = ?4 AND state = 'flagged' RETURNING `+columns,
-		params.By, string(params.Resolution), params.Note, params.ID)
+		WHERE id = ?4 AND `+guard+` RETURNING `+columns, args...)
 	c, err := scanClaim(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		if _, gerr := s.Get(ctx, params.ID); gerr != nil {
@@ -529,10 +638,10 @@ func (s *Store) Stats(ctx context.Context) (*claim.Stats, error) {
 		oldest sql.NullString
 	)
 	err := s.db.QueryRowContext(ctx, `SELECT `+nowSQL+`,
-		(SELECT count(*) FROM claims WHERE processed_utc IS NULL AND flagged_utc IS NULL AND state = 'claimed'),
-		(SELECT count(*) FROM claims WHERE processed_utc IS NULL AND flagged_utc IS NULL AND state = 'released'),
+		(SELECT count(*) FROM claims WHERE state IN ('claimed', 'released') AND state = 'claimed'),
+		(SELECT count(*) FROM claims WHERE state IN ('claimed', 'released') AND state = 'released'),
 		(SELECT count(*) FROM claims WHERE state = 'flagged'),
-		(SELECT min(claimed_utc) FROM claims WHERE processed_utc IS NULL AND flagged_utc IS NULL)`).
+		(SELECT min(claimed_utc) FROM claims WHERE state IN ('claimed', 'released'))`).
 		Scan(&now, &st.Claimed, &st.Released, &st.Flagged, &oldest)
 	if err != nil {
 		return nil, fmt.Errorf("claim stats: %w", translate(err))

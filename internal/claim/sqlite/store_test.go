@@ -5,10 +5,15 @@ import (
 	"errors"
 	"path/filepath"
 	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/pressly/goose/v3"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
 	"github.com/sbclaim/sbclaim/internal/claim/sqlite"
+	schema "github.com/sbclaim/sbclaim/sql"
 )
 
 // harness is the SQLite conformance harness: a migrated temp-file
@@ -39,7 +44,10 @@ func harness() claimtest.Harness {
 				processed_utc = strftime('%Y-%m-%dT%H:%M:%f', processed_utc, '-' || ?1 || ' seconds'),
 				released_utc  = strftime('%Y-%m-%dT%H:%M:%f', released_utc,  '-' || ?1 || ' seconds'),
 				flagged_utc   = strftime('%Y-%m-%dT%H:%M:%f', flagged_utc,   '-' || ?1 || ' seconds'),
-				resolved_utc  = strftime('%Y-%m-%dT%H:%M:%f', resolved_utc,  '-' || ?1 || ' seconds')
+				resolved_utc  = strftime('%Y-%m-%dT%H:%M:%f', resolved_utc,  '-' || ?1 || ' seconds'),
+				taken_over_utc   = strftime('%Y-%m-%dT%H:%M:%f', taken_over_utc,   '-' || ?1 || ' seconds'),
+				next_attempt_utc = strftime('%Y-%m-%dT%H:%M:%f', next_attempt_utc, '-' || ?1 || ' seconds'),
+				late_success_utc = strftime('%Y-%m-%dT%H:%M:%f', late_success_utc, '-' || ?1 || ' seconds')
 				WHERE id = ?2`,
 			NoGrantsReason: "SQLite has no grants: a database file the process may not write opens read-only and is refused as read_only (ReadOnlyDatabaseRefusesEveryWrite)",
 			ReadOnly:       readOnlyStore,
@@ -100,6 +108,7 @@ func TestOpenMemoryIsMigrated(t *testing.T) {
 	}
 	defer s.Close()
 	res, err := s.ClaimBatch(ctx, &claim.ClaimBatchParams{Claims: []claim.ClaimParams{{
+		Owner:     uuid.New(),
 		MessageID: "m", Consumer: "c", PayloadHash: claim.HashPayload(nil),
 	}}})
 	if err != nil || res[0].Outcome != claim.OutcomeWon {
@@ -125,5 +134,57 @@ func TestOpenUnopenableFileIsUnavailable(t *testing.T) {
 	_, err := sqlite.Open(t.Context(), "sqlite:"+filepath.Join(t.TempDir(), "missing-dir", "c.db"))
 	if !errors.Is(err, claim.ErrUnavailable) {
 		t.Fatalf("Open in a missing directory: %v, want ErrUnavailable", err)
+	}
+}
+
+// TestUpgradeFromTheFirstSchema: a database created by migration 00001,
+// with claims in it, upgrades through 00002; its claims read, take over
+// (recording the taker's route) and finish; 00002 goes down and up again.
+func TestUpgradeFromTheFirstSchema(t *testing.T) {
+	ctx := t.Context()
+	s, err := sqlite.Open(ctx, "sqlite:"+filepath.Join(t.TempDir(), "old.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	fsys, err := schema.Dialect("sqlite")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := goose.NewProvider(goose.DialectSQLite3, s.DB(), fsys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	owner := uuid.New()
+	if _, err := s.DB().ExecContext(ctx, `INSERT INTO claims (message_id, consumer, owner, state, payload_hash, payload, claimed_by, claimed_utc, heartbeat_utc)
+		VALUES ('old-1', 'billing', ?, 'claimed', x'01', x'7b7d', 'host-old', '2026-01-01T00:00:00.000', '2026-01-01T00:00:00.000')`, owner.String()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatalf("upgrade: %v", err)
+	}
+	stale, err := s.FindStale(ctx, &claim.FindStaleParams{StaleAfter: time.Minute})
+	if err != nil || len(stale) != 1 || stale[0].Route != "" || stale[0].TakeOvers != 0 || stale[0].Owner != owner {
+		t.Fatalf("the old claim after the upgrade: %+v %v", stale, err)
+	}
+	taken, err := s.TakeOver(ctx, &claim.TakeOverParams{ID: stale[0].ID, PreviousOwner: owner, Owner: uuid.New(),
+		Path: claim.PathReconciler, SilentFor: time.Minute, By: "reconciler", Route: "invoice", Fingerprint: "fp"})
+	if err != nil || taken.Route != "invoice" || taken.PreviousHolder != "host-old" {
+		t.Fatalf("take-over of the old claim: %+v %v", taken, err)
+	}
+	if err := s.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: taken.ID, Owner: taken.Owner}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.DownTo(ctx, 1); err != nil {
+		t.Fatalf("down to 1: %v", err)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+	if got, err := s.Get(ctx, taken.ID); err != nil || got.State != claim.StateProcessed {
+		t.Fatalf("after down and up: %+v %v", got, err)
 	}
 }

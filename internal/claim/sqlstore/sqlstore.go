@@ -14,6 +14,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/google/uuid"
+
 	"github.com/sbclaim/sbclaim/internal/claim"
 )
 
@@ -24,7 +26,29 @@ const (
 	DefaultPurgeLimit = 1000
 	// MaxConsumerLength is the width of the Consumer column.
 	MaxConsumerLength = 200
+	// MaxRouteLength and MaxFingerprintLength are the widths of the Route
+	// and Fingerprint columns (route names are at most 64 characters).
+	MaxRouteLength       = 64
+	MaxFingerprintLength = 64
+	// MaxReasonLength bounds a take-over or flag reason (the width of the
+	// SQL Server columns); longer reasons are cut.
+	MaxReasonLength = 400
 )
+
+// Bound cuts s to at most n runes.
+func Bound(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:n-1]) + "…"
+}
+
+// LateSuccessBy is the LateSuccessBy text of a late success: the holder
+// and its owner token.
+func LateSuccessBy(p *claim.LateSuccessParams) string {
+	return Bound(fmt.Sprintf("%s (owner %s)", p.By, p.Owner), 256)
+}
 
 // Key is the dedup key of a claim: the claims unique index.
 type Key struct {
@@ -46,6 +70,19 @@ func ValidateClaim(p *claim.ClaimParams) error {
 	}
 	if len(p.PayloadHash) == 0 {
 		return fmt.Errorf("claim %s/%s: PayloadHash is empty", p.MessageID, p.Consumer)
+	}
+	if p.Owner == uuid.Nil {
+		return fmt.Errorf("claim %s/%s: Owner (the attempt's token) is required", p.MessageID, p.Consumer)
+	}
+	return validateRoute(fmt.Sprintf("claim %s/%s", p.MessageID, p.Consumer), p.Route, p.Fingerprint)
+}
+
+func validateRoute(what, route, fingerprint string) error {
+	if n := utf8.RuneCountInString(route); n > MaxRouteLength {
+		return fmt.Errorf("%s: Route must be at most %d characters, got %d", what, MaxRouteLength, n)
+	}
+	if n := len(fingerprint); n > MaxFingerprintLength {
+		return fmt.Errorf("%s: Fingerprint must be at most %d bytes, got %d", what, MaxFingerprintLength, n)
 	}
 	return nil
 }
@@ -79,20 +116,30 @@ func NewPlan(claims []claim.ClaimParams) (*Plan, error) {
 
 // Results classifies every message of the batch, in input order. won holds
 // the rows this call inserted, existing the rows that were already there;
-// every distinct key must be in one of them.
+// every distinct key must be in one of them. An existing row that carries
+// the message's own owner token and payload hash and is still claimed was
+// inserted by an earlier try of this same attempt (a retried or partly
+// committed batch): it is Won too. (A processed one — a ClaimTx that
+// committed — is a duplicate: its effect is done.)
 func (p *Plan) Results(won, existing map[Key]*claim.Claim) ([]claim.ClaimResult, error) {
 	out := make([]claim.ClaimResult, len(p.Claims))
 	first := make(map[Key]bool, len(p.First))
 	for i := range p.Claims {
 		c := &p.Claims[i]
 		k := Key{c.MessageID, c.Consumer}
-		if row, ok := won[k]; ok && !first[k] {
+		row, ok := won[k]
+		if !ok {
+			if e := existing[k]; e != nil && e.Owner == c.Owner && e.State == claim.StateClaimed && bytes.Equal(e.PayloadHash, c.PayloadHash) {
+				row, ok = e, true
+			}
+		}
+		if ok && !first[k] {
 			first[k] = true
 			out[i] = claim.ClaimResult{Outcome: claim.OutcomeWon, Claim: row}
 			continue
 		}
 		first[k] = true
-		row := existing[k]
+		row = existing[k]
 		if row == nil {
 			row = won[k]
 		}
@@ -179,7 +226,87 @@ func ValidateResolve(p *claim.ResolveParams) error {
 	if p.By == "" {
 		return fmt.Errorf("resolve claim %d: By (who resolves) is required", p.ID)
 	}
+	if p.Owner != uuid.Nil && p.Resolution != claim.ResolutionRedriven {
+		return fmt.Errorf("resolve claim %d: Owner is only for a redrive's own resolution (redriven), not %q", p.ID, p.Resolution)
+	}
 	return nil
+}
+
+// ValidateTakeOver checks TakeOver's params.
+func ValidateTakeOver(p *claim.TakeOverParams) error {
+	switch {
+	case !p.Path.Valid():
+		return fmt.Errorf("take over claim %d: unknown path %q", p.ID, p.Path)
+	case p.Owner == uuid.Nil:
+		return fmt.Errorf("take over claim %d: Owner (the new token) is required", p.ID)
+	case p.PreviousOwner == uuid.Nil:
+		return fmt.Errorf("take over claim %d: PreviousOwner (the owner the caller saw) is required", p.ID)
+	case p.Owner == p.PreviousOwner:
+		return fmt.Errorf("take over claim %d: the new Owner must differ from PreviousOwner", p.ID)
+	case p.Path != claim.PathOperator && p.SilentFor <= 0:
+		return fmt.Errorf("take over claim %d: SilentFor must be positive for path %s, got %s", p.ID, p.Path, p.SilentFor)
+	case p.By == "":
+		return fmt.Errorf("take over claim %d: By (the new holder) is required", p.ID)
+	}
+	return validateRoute(fmt.Sprintf("take over claim %d", p.ID), p.Route, p.Fingerprint)
+}
+
+// ValidateFlagOne checks Flag's params.
+func ValidateFlagOne(p *claim.FlagParams) error {
+	switch {
+	case p.Owner == uuid.Nil:
+		return fmt.Errorf("flag claim %d: Owner (the owner the caller saw) is required", p.ID)
+	case p.State != claim.StateClaimed && p.State != claim.StateReleased:
+		return fmt.Errorf("flag claim %d: State must be claimed or released, got %q", p.ID, p.State)
+	case p.SilentFor < 0:
+		return fmt.Errorf("flag claim %d: SilentFor must not be negative, got %s", p.ID, p.SilentFor)
+	case p.Reason == "":
+		return fmt.Errorf("flag claim %d: Reason is required (operators read it)", p.ID)
+	}
+	return nil
+}
+
+// ValidateFindStale checks FindStale's params and fills the default limit.
+func ValidateFindStale(p *claim.FindStaleParams) (time.Duration, int, error) {
+	if p.StaleAfter <= 0 {
+		return 0, 0, fmt.Errorf("find stale: StaleAfter must be positive, got %s", p.StaleAfter)
+	}
+	return p.StaleAfter, Limit(p.Limit, DefaultFlagLimit), nil
+}
+
+// TakeOverRefused explains a take-over whose guarded UPDATE matched no row,
+// from the row as it is now (nil: not found): ErrRouteChanged when the row
+// would otherwise have qualified but records another route, else
+// ErrStateChanged with what the row says.
+func TakeOverRefused(p *claim.TakeOverParams, now *claim.Claim) error {
+	if now == nil {
+		return fmt.Errorf("take over claim %d: %w", p.ID, claim.ErrNotFound)
+	}
+	qualifies := now.State == claim.StateClaimed || now.State == claim.StateReleased
+	if p.Path == claim.PathOperator {
+		qualifies = now.State == claim.StateFlagged
+	}
+	if qualifies && now.Owner == p.PreviousOwner && now.RouteDiffers(p.Route, p.Fingerprint) {
+		return fmt.Errorf("take over claim %d: %w: the claim was taken for route %q (fingerprint %s), the caller runs route %q (fingerprint %s)",
+			p.ID, claim.ErrRouteChanged, now.Route, dash(now.Fingerprint), p.Route, dash(p.Fingerprint))
+	}
+	why := fmt.Sprintf("it is %s", now.State)
+	switch {
+	case now.Owner != p.PreviousOwner:
+		why = fmt.Sprintf("it is %s under another owner (held by %s)", now.State, now.ClaimedBy)
+	case now.State == claim.StateClaimed && p.Path != claim.PathOperator:
+		why = fmt.Sprintf("its holder %s showed life at %s, within %s", now.ClaimedBy, now.HeartbeatAt.Format(time.RFC3339Nano), p.SilentFor)
+	case now.NextAttemptAt != nil && p.Path == claim.PathReconciler:
+		why = fmt.Sprintf("it is %s, next attempt not before %s", now.State, now.NextAttemptAt.Format(time.RFC3339Nano))
+	}
+	return fmt.Errorf("take over claim %d: %w: %s", p.ID, claim.ErrStateChanged, why)
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 // Limit returns n, or def when n is not positive.

@@ -3,13 +3,15 @@ package sqlstore
 import (
 	"testing"
 
+	"github.com/google/uuid"
+
 	"github.com/sbclaim/sbclaim/internal/claim"
 )
 
 func TestPlanResults(t *testing.T) {
 	h1, h2 := claim.HashPayload([]byte("1")), claim.HashPayload([]byte("2"))
 	p := func(id string, h []byte) claim.ClaimParams {
-		return claim.ClaimParams{MessageID: id, Consumer: "c", PayloadHash: h}
+		return claim.ClaimParams{Owner: uuid.New(), MessageID: id, Consumer: "c", PayloadHash: h}
 	}
 	plan, err := NewPlan([]claim.ClaimParams{p("a", h1), p("b", h1), p("a", h1), p("a", h2), p("b", h2), p("c", h1)})
 	if err != nil {
