@@ -8,9 +8,10 @@
 //
 //	go run ./cmd/chaos -messages 2000 -replicas 3 -faults all -seed 1
 //	go run ./cmd/chaos -db "$SBCLAIM_TEST_POSTGRES_URL" -seed 2
+//	go run ./cmd/chaos -db "$SBCLAIM_TEST_SQLSERVER_URL" -seed 2   # a fresh database, dropped after
 //	go run ./cmd/chaos -seed 3 -flagged-histories   # why the reconciler had work
 //	go run ./cmd/chaos -scenario naive|unique-index|two-phase
-//	go run ./cmd/chaos -bench
+//	go run ./cmd/chaos -bench   # SQLite, plus PostgreSQL / SQL Server when their URLs are set
 package main
 
 import (
@@ -40,10 +41,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		dupShare = fs.Float64("dup-share", 0.3, "share of messages sent 2 or 3 times")
 		faults   = fs.String("faults", "all", "faults to inject: all, none, or a comma list of "+faultNames())
 		seed     = fs.Uint64("seed", 0, "seed for every choice the harness makes (0: from the clock; scheduling still varies)")
-		db       = fs.String("db", "", "claims database URL: empty for a temporary SQLite file, sqlite:/path, or postgres://... (a fresh schema per run)")
+		db       = fs.String("db", "", "claims database URL: empty for a temporary SQLite file, sqlite:/path, postgres://... (a fresh schema per run) or sqlserver://... (a fresh database per run, dropped after; the login needs CREATE DATABASE)")
 		scenario = fs.String("scenario", "", "run a named scenario instead: naive, unique-index or two-phase")
 		bench    = fs.Bool("bench", false, "run the benchmark matrix and print a markdown table")
 		benchPG  = fs.String("bench-postgres", os.Getenv("SBCLAIM_TEST_POSTGRES_URL"), "with -bench: PostgreSQL URL for the PostgreSQL rows (default $SBCLAIM_TEST_POSTGRES_URL)")
+		benchMS  = fs.String("bench-sqlserver", os.Getenv("SBCLAIM_TEST_SQLSERVER_URL"), "with -bench: SQL Server URL for the SQL Server rows, a fresh database per table (default $SBCLAIM_TEST_SQLSERVER_URL)")
 		verbose  = fs.Bool("v", false, "log the replicas' and reconciler's work to stderr")
 		samples  = fs.Bool("flagged-histories", false, "print the history of a few flagged claims of each kind (why the reconciler had work)")
 	)
@@ -70,10 +72,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch {
 	case *bench:
 		err := chaos.RunBenchmarks(ctx, chaos.BenchConfig{
-			SQLite:      true,
-			PostgresURL: *benchPG,
-			Logger:      logger,
-			Progress:    stderr,
+			SQLite:       true,
+			PostgresURL:  *benchPG,
+			SQLServerURL: *benchMS,
+			Logger:       logger,
+			Progress:     stderr,
 		}, stdout)
 		if err != nil {
 			fmt.Fprintf(stderr, "chaos: bench: %v\n", err)

@@ -280,7 +280,7 @@ func benchLoop(ctx context.Context, p BenchParams, env *benchEnv, run string, re
 			return err
 		}
 		defer db.Close()
-		if err := createBenchTables(ctx, db); err != nil {
+		if err := createBenchTables(ctx, db, p.DB.Dialect); err != nil {
 			return err
 		}
 	}
@@ -386,13 +386,23 @@ func benchLoop(ctx context.Context, p BenchParams, env *benchEnv, run string, re
 	return firstErr
 }
 
-func createBenchTables(ctx context.Context, db *sql.DB) error {
-	for _, q := range []string{
-		"CREATE TABLE IF NOT EXISTS bench_naive (message_id VARCHAR(128) NOT NULL)",
+func createBenchTables(ctx context.Context, db *sql.DB, d Dialect) error {
+	key := keyType(d)
+	qs := []string{
+		"CREATE TABLE IF NOT EXISTS bench_naive (message_id " + key + " NOT NULL)",
 		"CREATE INDEX IF NOT EXISTS ix_bench_naive_message_id ON bench_naive (message_id)", // plain, not unique
-		"CREATE TABLE IF NOT EXISTS bench_tx (message_id VARCHAR(128) NOT NULL)",
+		"CREATE TABLE IF NOT EXISTS bench_tx (message_id " + key + " NOT NULL)",
 		"CREATE UNIQUE INDEX IF NOT EXISTS ux_bench_tx_message_id ON bench_tx (message_id)",
-	} {
+	}
+	if d == DialectSQLServer { // no IF NOT EXISTS in T-SQL's CREATE
+		qs = []string{
+			"IF OBJECT_ID(N'dbo.bench_naive', N'U') IS NULL CREATE TABLE dbo.bench_naive (message_id " + key + " NOT NULL)",
+			"IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE name = N'ix_bench_naive_message_id') CREATE INDEX ix_bench_naive_message_id ON dbo.bench_naive (message_id)",
+			"IF OBJECT_ID(N'dbo.bench_tx', N'U') IS NULL CREATE TABLE dbo.bench_tx (message_id " + key + " NOT NULL)",
+			"IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE name = N'ux_bench_tx_message_id') CREATE UNIQUE INDEX ux_bench_tx_message_id ON dbo.bench_tx (message_id)",
+		}
+	}
+	for _, q := range qs {
 		if _, err := db.ExecContext(ctx, q); err != nil {
 			return fmt.Errorf("create bench tables: %w", err)
 		}

@@ -11,11 +11,15 @@ import (
 )
 
 // benchDatabases returns the databases the benchmarks run on: SQLite, and
-// PostgreSQL when SBCLAIM_TEST_POSTGRES_URL is set.
+// PostgreSQL / SQL Server when SBCLAIM_TEST_POSTGRES_URL /
+// SBCLAIM_TEST_SQLSERVER_URL are set.
 func benchDatabases(b *testing.B) map[string]string {
 	dbs := map[string]string{"sqlite": ""}
 	if u := os.Getenv(claimtest.PostgresURLEnv); u != "" {
 		dbs["postgres"] = u
+	}
+	if u := os.Getenv(sqlServerURLEnv); u != "" {
+		dbs["sqlserver"] = u
 	}
 	return dbs
 }
@@ -34,7 +38,7 @@ func openBenchDB(b *testing.B, url string) *Database {
 // (go test -bench Variants ./internal/chaos). Custom metrics: msg/s,
 // round-trips/msg, peak-heap-bytes. b.N is the number of messages.
 func BenchmarkVariants(b *testing.B) {
-	for _, name := range []string{"sqlite", "postgres"} {
+	for _, name := range []string{"sqlite", "postgres", "sqlserver"} {
 		url, ok := benchDatabases(b)[name]
 		if !ok {
 			continue
@@ -68,7 +72,7 @@ func BenchmarkVariants(b *testing.B) {
 // over 10 000 and 1 000 000 finished claims. Building the 1M table takes a
 // few seconds per database (bulk INSERT ... SELECT).
 func BenchmarkStaleScan(b *testing.B) {
-	for _, name := range []string{"sqlite", "postgres"} {
+	for _, name := range []string{"sqlite", "postgres", "sqlserver"} {
 		url, ok := benchDatabases(b)[name]
 		if !ok {
 			continue

@@ -15,8 +15,9 @@ import (
 
 // BenchConfig configures RunBenchmarks.
 type BenchConfig struct {
-	SQLite      bool   // run the SQLite rows
-	PostgresURL string // run the PostgreSQL rows when set
+	SQLite       bool   // run the SQLite rows
+	PostgresURL  string // run the PostgreSQL rows when set
+	SQLServerURL string // run the SQL Server rows when set (a fresh database per table, dropped after)
 	// Concurrencies and Latencies span the matrix [1,16,64] x [0,20ms].
 	Concurrencies []int
 	Latencies     []time.Duration
@@ -61,6 +62,9 @@ func RunBenchmarks(ctx context.Context, cfg BenchConfig, w io.Writer) error {
 	}
 	if cfg.PostgresURL != "" {
 		dbs = append(dbs, cfg.PostgresURL)
+	}
+	if cfg.SQLServerURL != "" {
+		dbs = append(dbs, cfg.SQLServerURL)
 	}
 
 	type row struct {
@@ -119,7 +123,7 @@ func RunBenchmarks(ctx context.Context, cfg BenchConfig, w io.Writer) error {
 	fmt.Fprintf(w, "%s/%s, %d CPUs, %s. Every variant performs the same HTTP effect (the product's HTTP route, loopback, fake idempotent downstream with the given latency) per message; they differ in how they deduplicate. Throughput is shown as a ratio to (b), the raw store loop; (b)'s own msg/s is given for scale only. Round trips = database calls per message (each claim.Store call is one; BEGIN, each statement and COMMIT count one each).\n\n",
 		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version())
 	fmt.Fprintf(w, "(a) two-phase: processor + in-memory broker + claim store · (b) raw-claim: ClaimBatch(1) + effect + MarkProcessed loop · (c) naive: SELECT + effect + INSERT (no unique index) · (d) tx-across-call: BEGIN; INSERT marker; effect; COMMIT on a pool of %d · (e) no-dedup: effect only\n\n", TxPoolSize)
-	fmt.Fprintf(w, "Connection pools differ: (a) and (b) use the product's claim store and its own pool (PostgreSQL %d connections, SQLite one connection); (c) and (d) open a plain pool of %d. On PostgreSQL at concurrency 64 that pool holds (c) back, so c/b there understates the naive guard's throughput; (d)'s pool is its point (each in-flight call pins a connection).\n\n",
+	fmt.Fprintf(w, "Connection pools differ: (a) and (b) use the product's claim store and its own pool (PostgreSQL and SQL Server %d connections, SQLite one connection); (c) and (d) open a plain pool of %d. On PostgreSQL and SQL Server at concurrency 64 that pool holds (c) back, so c/b there understates the naive guard's throughput; (d)'s pool is its point (each in-flight call pins a connection).\n\n",
 		sqlstore.MaxOpenConns, TxPoolSize)
 	fmt.Fprintf(w, "| db | latency | conc | a/b | c/b | d/b | e/b | a/d | round trips a · b · c · d · e | (b) msg/s | (a) alloc/msg | (a) peak heap |\n")
 	fmt.Fprintf(w, "|---|---|---|---|---|---|---|---|---|---|---|---|\n")

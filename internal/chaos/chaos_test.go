@@ -79,6 +79,14 @@ func TestChaosPostgres(t *testing.T) {
 	runChaos(t, claimtest.PostgresURL(t), 8)
 }
 
+// sqlServerURLEnv is the SQL Server URL of the tests (see internal/testdb).
+const sqlServerURLEnv = "SBCLAIM_TEST_SQLSERVER_URL"
+
+func TestChaosSQLServer(t *testing.T) {
+	t.Parallel()
+	runChaos(t, claimtest.RequireOrSkip(t, "sqlserver", sqlServerURLEnv), 9)
+}
+
 // noDedupStore claims nothing: every delivery "wins", as in a consumer
 // without deduplication. The harness must report it.
 type noDedupStore struct{ claim.Store }
@@ -202,9 +210,12 @@ func TestScenarios(t *testing.T) {
 	backends := map[string]func(t *testing.T) string{
 		"sqlite":   func(*testing.T) string { return "" },
 		"postgres": func(t *testing.T) string { return claimtest.PostgresURL(t) },
+		"sqlserver": func(t *testing.T) string {
+			return claimtest.RequireOrSkip(t, "sqlserver", sqlServerURLEnv)
+		},
 	}
 	want := map[Scenario]int{ScenarioNaive: 2, ScenarioUniqueIndex: 1, ScenarioTwoPhase: 1}
-	for _, backend := range []string{"sqlite", "postgres"} {
+	for _, backend := range []string{"sqlite", "postgres", "sqlserver"} {
 		for _, s := range Scenarios {
 			t.Run(backend+"/"+string(s), func(t *testing.T) {
 				t.Parallel()

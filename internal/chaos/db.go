@@ -11,10 +11,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/claim/mssql"
+	"github.com/sbclaim/sbclaim/internal/store"
 )
 
 // Dialect names the database kind of a run.
@@ -22,12 +25,14 @@ type Dialect string
 
 // Supported dialects.
 const (
-	DialectSQLite   Dialect = "sqlite"
-	DialectPostgres Dialect = "postgres"
+	DialectSQLite    Dialect = "sqlite"
+	DialectPostgres  Dialect = "postgres"
+	DialectSQLServer Dialect = "sqlserver"
 )
 
-// Database is a claims database prepared for one run: its own SQLite file
-// or its own PostgreSQL schema, so runs never see each other's rows.
+// Database is a claims database prepared for one run: its own SQLite file,
+// its own PostgreSQL schema or its own SQL Server database, so runs never
+// see each other's rows.
 type Database struct {
 	Dialect Dialect
 	// URL is the store URL of this run's database (a PostgreSQL URL carries
@@ -54,6 +59,15 @@ func (d *Database) OpenDB(maxConns int) (*sql.DB, error) {
 		db, err = sql.Open("sqlite", path+"?_pragma=busy_timeout(30000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate")
 	case DialectPostgres:
 		db, err = sql.Open("pgx", d.URL)
+	case DialectSQLServer:
+		// The product's opener: the same URL handling (Entra ID, app
+		// name) as the store. Its pool limits are replaced below.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		var s *mssql.Store
+		if s, err = mssql.Open(ctx, d.URL); err == nil {
+			db = s.DB()
+		}
 	default:
 		err = fmt.Errorf("unknown dialect %q", d.Dialect)
 	}
@@ -79,9 +93,12 @@ func (d *Database) Close() error {
 
 // OpenDatabase prepares a fresh claims database for a run from rawURL:
 // "" (a SQLite file in a new temporary directory), "sqlite:/path/file.db"
-// (that file, which must not exist yet, or is reused as is) or a
+// (that file, which must not exist yet, or is reused as is), a
 // "postgres://" URL (a new schema chaos_<random> in that database, dropped
-// by Close), migrated and opened with the product's store.
+// by Close) or a "sqlserver://" URL (a new database sbclaim_chaos_<random>
+// on that server, READ_COMMITTED_SNAPSHOT on as on Azure SQL Database,
+// dropped by Close; the login needs CREATE DATABASE), migrated and opened
+// with the product's store.
 func OpenDatabase(ctx context.Context, rawURL string) (*Database, error) {
 	d := &Database{}
 	switch {
@@ -105,8 +122,16 @@ func OpenDatabase(ctx context.Context, rawURL string) (*Database, error) {
 		}
 		d.cleanup = append(d.cleanup, drop)
 		d.URL = u
+	case strings.HasPrefix(strings.ToLower(rawURL), "sqlserver://"):
+		d.Dialect = DialectSQLServer
+		u, drop, err := newSQLServerDatabase(ctx, rawURL)
+		if err != nil {
+			return nil, err
+		}
+		d.cleanup = append(d.cleanup, drop)
+		d.URL = u
 	default:
-		return nil, fmt.Errorf("chaos: unsupported database URL %s (want sqlite:... or postgres://...)", Redact(rawURL))
+		return nil, fmt.Errorf("chaos: unsupported database URL %s (want sqlite:..., postgres://... or sqlserver://...)", Redact(rawURL))
 	}
 	s, err := openStore(ctx, d.Dialect, d.URL)
 	if err != nil {
@@ -149,14 +174,65 @@ func newPostgresSchema(ctx context.Context, rawURL string) (string, func(), erro
 	return u.String(), drop, nil
 }
 
-// Redact hides the password of a URL.
-func Redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		return raw
-	}
-	if _, ok := u.User.Password(); ok {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	}
-	return u.String()
+// sqlServerDatabaseName returns a fresh name for a run's database.
+func sqlServerDatabaseName() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "sbclaim_chaos_" + hex.EncodeToString(b[:])
 }
+
+// withSQLServerDatabase returns rawURL with its database (database= or
+// "initial catalog=", any case) set to name.
+func withSQLServerDatabase(rawURL, name string) (string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", errors.New("chaos: sql server URL is not a valid URL")
+	}
+	q := u.Query()
+	for k := range q {
+		if strings.EqualFold(k, "database") || strings.EqualFold(k, "initial catalog") {
+			q.Del(k)
+		}
+	}
+	q.Set("database", name)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
+}
+
+// newSQLServerDatabase creates a database with a random name on the server
+// of rawURL (as internal/testdb does for tests) and returns the URL that
+// selects it, and a func that drops it.
+func newSQLServerDatabase(ctx context.Context, rawURL string) (string, func(), error) {
+	name := sqlServerDatabaseName()
+	u, err := withSQLServerDatabase(rawURL, name)
+	if err != nil {
+		return "", nil, err
+	}
+	admin, err := mssql.Open(ctx, rawURL)
+	if err != nil {
+		return "", nil, fmt.Errorf("chaos: open sql server: %w", err)
+	}
+	quoted := "[" + name + "]"
+	if _, err := admin.DB().ExecContext(ctx, "CREATE DATABASE "+quoted+";"); err != nil {
+		admin.Close()
+		return "", nil, fmt.Errorf("chaos: create database %s on %s: %w", name, Redact(rawURL), err)
+	}
+	drop := func() {
+		defer admin.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		// Ends sessions still in the database; not supported on Azure SQL
+		// Database, where the DROP alone works once the pools are closed.
+		_, _ = admin.DB().ExecContext(ctx, "ALTER DATABASE "+quoted+" SET SINGLE_USER WITH ROLLBACK IMMEDIATE;")
+		_, _ = admin.DB().ExecContext(ctx, "DROP DATABASE "+quoted+";")
+	}
+	// Azure SQL Database's default, and the harder case for the claim
+	// insert (see mssql.Store.ClaimBatch). Already on (and refused) on
+	// Azure SQL Database itself.
+	_, _ = admin.DB().ExecContext(ctx, "ALTER DATABASE "+quoted+" SET READ_COMMITTED_SNAPSHOT ON WITH ROLLBACK IMMEDIATE;")
+	return u, drop, nil
+}
+
+// Redact hides the secrets of a database URL (the user info's password, a
+// password= or pwd= parameter).
+func Redact(raw string) string { return store.Redact(raw) }

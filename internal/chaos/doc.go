@@ -1,6 +1,6 @@
 // Package chaos is sbclaim's chaos harness: it runs several processor
 // replicas in one process against the in-memory Service Bus (membus), a
-// real claim store (SQLite or PostgreSQL) and a fake idempotent downstream
+// real claim store (SQLite, PostgreSQL or SQL Server) and a fake idempotent downstream
 // served over loopback HTTP, kills replicas at every step of the protocol,
 // and then checks that every message's effect happened exactly once.
 //

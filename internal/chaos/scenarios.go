@@ -15,6 +15,7 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/jackc/pgx/v5/pgconn"
+	mssqldb "github.com/microsoft/go-mssqldb"
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 
@@ -186,11 +187,12 @@ func runSQLScenario(ctx context.Context, s Scenario, d *Database, cfg ScenarioCo
 	}
 	defer db.Close()
 	table := "naive_effects"
-	ddl := []string{"CREATE TABLE naive_effects (message_id VARCHAR(128) NOT NULL, amount INTEGER NOT NULL)"}
+	key := keyType(d.Dialect)
+	ddl := []string{"CREATE TABLE naive_effects (message_id " + key + " NOT NULL, amount INTEGER NOT NULL)"}
 	if s == ScenarioUniqueIndex {
 		table = "unique_effects"
 		ddl = []string{
-			"CREATE TABLE unique_effects (message_id VARCHAR(128) NOT NULL, amount INTEGER NOT NULL)",
+			"CREATE TABLE unique_effects (message_id " + key + " NOT NULL, amount INTEGER NOT NULL)",
 			"CREATE UNIQUE INDEX ux_unique_effects_message_id ON unique_effects (message_id)",
 		}
 	}
@@ -252,19 +254,37 @@ func runSQLScenario(ctx context.Context, s Scenario, d *Database, cfg ScenarioCo
 }
 
 func placeholders(d Dialect) func(int) string {
-	if d == DialectPostgres {
+	switch d {
+	case DialectPostgres:
 		return func(i int) string { return fmt.Sprintf("$%d", i) }
+	case DialectSQLServer:
+		return func(i int) string { return fmt.Sprintf("@p%d", i) }
 	}
 	return func(int) string { return "?" }
 }
 
-// isUniqueViolation recognises a unique violation from SQLite or
-// PostgreSQL (the scenarios' own tables; the product's stores translate
+// keyType is the column type of the scenarios' and benchmarks' own
+// message_id columns: on SQL Server nvarchar, the type go-mssqldb sends a
+// Go string as (a varchar column compared with an nvarchar parameter is
+// converted row by row, and the index is scanned instead of sought).
+func keyType(d Dialect) string {
+	if d == DialectSQLServer {
+		return "NVARCHAR(128)"
+	}
+	return "VARCHAR(128)"
+}
+
+// isUniqueViolation recognises a unique violation from SQLite, PostgreSQL
+// or SQL Server (the scenarios' own tables; the product's stores translate
 // their errors themselves).
 func isUniqueViolation(err error) bool {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		return pe.Code == "23505"
+	}
+	var me mssqldb.Error
+	if errors.As(err, &me) {
+		return me.Number == 2601 || me.Number == 2627
 	}
 	var se *sqlite.Error
 	if errors.As(err, &se) {

@@ -58,6 +58,49 @@ type Features struct {
 	// back by a number of seconds, so staleness tests do not sleep.
 	// Arguments: seconds (int64), claim id (int64).
 	BackdateSQL string
+
+	// Locks and races (the concurrency tests, and the deadlock test of
+	// errors.go). Empty or nil on a database that serialises writers
+	// (SQLite): the assertions that need two writers at once skip, saying
+	// so.
+
+	// SessionIDSQL returns the id of the session that runs it (no
+	// arguments; one integer column).
+	SessionIDSQL string
+	// WaitingForSQL counts the sessions waiting for a lock that a session
+	// holds (argument: that session's id from SessionIDSQL; one integer
+	// column).
+	WaitingForSQL string
+	// LockClaimSQL takes a row lock on one claim without changing anything
+	// the store reads (argument: claim id).
+	LockClaimSQL string
+	// SurviveDeadlockSQL, run first in a raw transaction, makes the
+	// database pick the other session as the victim of a deadlock (SQL
+	// Server: SET DEADLOCK_PRIORITY HIGH). Empty: the database aborts the
+	// session whose deadlock check runs first, the one that waited first
+	// (PostgreSQL); the deadlock test arranges for that to be the store's.
+	SurviveDeadlockSQL string
+	// ClaimRaces returns the store's count of claims that met another
+	// transaction's in-flight claim of the same key in the claims unique
+	// index (see postgres.Store.ClaimRaces, mssql.Store.ClaimRaces). The
+	// race tests assert that it moved: without it they could pass without
+	// racing. nil: the database serialises writers.
+	ClaimRaces func(s claim.Store) int64
+
+	// Error classes (errors.go).
+
+	// ReadOnly returns a store on st's database whose writes the database
+	// refuses as read-only while its reads work (PostgreSQL: a pool with
+	// default_transaction_read_only=on; SQLite: a query_only connection;
+	// SQL Server: the database set READ_ONLY). It may return st itself.
+	// nil skips the test.
+	ReadOnly func(t *testing.T, st claim.Store) claim.Store
+	// RevokeWritesSQL takes INSERT, UPDATE and DELETE on the claims table
+	// away from the store's own identity (no arguments), so every write is
+	// refused for a missing grant while reads work. Empty skips the test,
+	// with NoGrantsReason.
+	RevokeWritesSQL string
+	NoGrantsReason  string
 }
 
 // Exercise runs the conformance suite against h.
@@ -99,6 +142,9 @@ func Exercise(t *testing.T, h Harness) {
 		{"TimesComeFromTheDatabaseClock", s.dbClock},
 		{"TryLock", s.tryLock},
 		{"ClosedStoreIsUnavailable", s.closed},
+		{"DeadlockIsAbortedForTheCallOnly", s.deadlock},
+		{"ReadOnlyDatabaseRefusesEveryWrite", s.readOnly},
+		{"MissingGrantRefusesEveryWrite", s.noGrants},
 	}
 	tests = append(tests, s.takeOverTests()...)
 	for _, tc := range tests {
@@ -244,28 +290,75 @@ func (s *suite) invalidClaim(t *testing.T) {
 	mustWin(t, st, msg(strings.Repeat("é", claim.MaxMessageIDLength), "c", "b"))
 }
 
+// concurrentClaims: 50 callers claim one key at once; exactly one wins and
+// every other gets the winner's claim as a duplicate. The connections are
+// opened and warmed before, and the callers parked on a barrier, so the
+// claims run at the same time rather than one per login. The race itself
+// is asserted (Features.ClaimRaces): at least one loser met the winner's
+// claim while it was in flight in the claims unique index. A round in
+// which the scheduler still ran them one after the other is run again, at
+// most maxRaceRounds times, each with a fresh key.
 func (s *suite) concurrentClaims(t *testing.T) {
 	st := s.h.NewStore(t)
+	races := s.h.Features.ClaimRaces
+	var before int64
+	if races != nil {
+		before = races(st)
+	}
 	const n = 50
-	p := msg("", "billing", "same body")
+	raced := false
+	rounds := 0
+	for rounds < maxRaceRounds && !raced {
+		rounds++
+		s.claimRace(t, st, n, fmt.Sprintf("billing-%d", rounds))
+		raced = races != nil && races(st) > before
+		if races == nil {
+			break
+		}
+	}
+	t.Run("RaceWasObserved", func(t *testing.T) {
+		if races == nil {
+			t.Skip("this database serialises writers (SQLite: one writer at a time): concurrent claims never meet in the index, so there is no race to observe")
+		}
+		if !raced {
+			t.Fatalf("in %d rounds of %d concurrent claims of one key, no loser met the winner's in-flight claim (ClaimRaces stayed %d): the index's race path was never exercised", rounds, n, before)
+		}
+		t.Logf("raced in round %d: ClaimRaces %d -> %d", rounds, before, races(st))
+	})
+}
+
+// maxRaceRounds bounds the rounds of a race test that must observe a race.
+const maxRaceRounds = 20
+
+// claimRace runs one round of concurrentClaims under consumer.
+func (s *suite) claimRace(t *testing.T, st claim.Store, n int, consumer string) {
+	t.Helper()
+	p := msg("", consumer, "same body")
+	warm(t, s.h.DB(t, st), n)
 	var (
 		wg      sync.WaitGroup
+		ready   sync.WaitGroup
 		start   = make(chan struct{})
 		results = make([]claim.ClaimResult, n)
 		errs    = make([]error, n)
 	)
+	ctx := ctxT(t)
+	ready.Add(n)
 	for i := range n {
 		p := p
 		p.Owner = uuid.New() // each goroutine is another delivery
 		wg.Go(func() {
+			params := &claim.ClaimBatchParams{Host: fmt.Sprintf("host-%d", i), Claims: []claim.ClaimParams{p}}
+			ready.Done()
 			<-start
-			res, err := st.ClaimBatch(ctxT(t), &claim.ClaimBatchParams{Host: fmt.Sprintf("host-%d", i), Claims: []claim.ClaimParams{p}})
+			res, err := st.ClaimBatch(ctx, params)
 			if err == nil && len(res) == 1 {
 				results[i] = res[0]
 			}
 			errs[i] = err
 		})
 	}
+	ready.Wait() // every caller is parked on the barrier
 	close(start)
 	wg.Wait()
 	var won, dup int
@@ -292,7 +385,7 @@ func (s *suite) concurrentClaims(t *testing.T) {
 			t.Fatalf("goroutine %d: claim %+v, want ID %d", i, results[i].Claim, winner)
 		}
 	}
-	rows, err := st.List(ctxT(t), &claim.ListParams{Consumer: "billing"})
+	rows, err := st.List(ctx, &claim.ListParams{Consumer: consumer})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,29 +445,48 @@ func (s *suite) conflict(t *testing.T) {
 	}
 }
 
+// uncommittedInsertBlocks: a claim of a key that another transaction has
+// inserted but not committed waits for that transaction (the database's
+// lock table shows the store's session waiting for it, before the
+// transaction ends), then is a duplicate if it committed, or wins if it
+// rolled back. The committed case is the index's race path, and
+// Features.ClaimRaces must count it.
 func (s *suite) uncommittedInsertBlocks(t *testing.T) {
-	if !s.h.Features.UncommittedInsertBlocks {
-		t.Skip("Features.UncommittedInsertBlocks is false for this database")
+	f := s.h.Features
+	if !f.UncommittedInsertBlocks {
+		t.Skip("Features.UncommittedInsertBlocks is false for this database (SQLite serialises writers: the second insert cannot start while the first is open)")
+	}
+	if f.SessionIDSQL == "" || f.WaitingForSQL == "" {
+		t.Fatal("Features.UncommittedInsertBlocks needs SessionIDSQL and WaitingForSQL")
 	}
 	for _, commit := range []bool{true, false} {
 		t.Run(map[bool]string{true: "Commit", false: "Rollback"}[commit], func(t *testing.T) {
 			st := s.h.NewStore(t)
+			db := s.h.DB(t, st)
 			ctx := ctxT(t)
+			warm(t, db, 3)
 			p := msg("", "billing", "b")
-			tx, err := s.h.DB(t, st).BeginTx(ctx, nil)
+			tx, err := db.BeginTx(ctx, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer tx.Rollback()
-			if _, err := tx.ExecContext(ctx, s.h.Features.InsertClaimSQL, p.MessageID, p.Consumer, uuid.NewString(), p.PayloadHash); err != nil {
+			holder := s.sessionID(t, ctx, tx)
+			if _, err := tx.ExecContext(ctx, f.InsertClaimSQL, p.MessageID, p.Consumer, uuid.NewString(), p.PayloadHash); err != nil {
 				t.Fatalf("raw insert: %v", err)
+			}
+			var racesBefore int64
+			if f.ClaimRaces != nil {
+				racesBefore = f.ClaimRaces(st)
 			}
 			type result struct {
 				res claim.ClaimResult
 				err error
 			}
 			done := make(chan result, 1)
+			returned := make(chan struct{})
 			go func() {
+				defer close(returned)
 				res, err := st.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "b", Claims: []claim.ClaimParams{p}})
 				if err == nil && len(res) != 1 {
 					err = fmt.Errorf("%d results", len(res))
@@ -386,12 +498,12 @@ func (s *suite) uncommittedInsertBlocks(t *testing.T) {
 				}
 				done <- r
 			}()
-			// B must wait for A. A broken store could be slow and still pass
-			// this check, but a correct one can never fail it.
+			// B waits for A: the database says so, while A is still open.
+			s.waitBlockedBy(t, ctx, db, holder, returned)
 			select {
 			case r := <-done:
 				t.Fatalf("claim returned while another transaction held an uncommitted claim: %+v %v", r.res, r.err)
-			case <-time.After(300 * time.Millisecond):
+			default:
 			}
 			if commit {
 				err = tx.Commit()
@@ -411,6 +523,11 @@ func (s *suite) uncommittedInsertBlocks(t *testing.T) {
 			}
 			if r.res.Outcome != want {
 				t.Fatalf("after A's %s: B got %s, want %s", map[bool]string{true: "commit", false: "rollback"}[commit], r.res.Outcome, want)
+			}
+			if commit && f.ClaimRaces != nil {
+				if after := f.ClaimRaces(st); after <= racesBefore {
+					t.Fatalf("B met A's in-flight claim but ClaimRaces stayed %d", after)
+				}
 			}
 		})
 	}
@@ -654,17 +771,23 @@ func (s *suite) takeOverOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n = 20
+	warm(t, s.h.DB(t, st), n)
 	var (
 		wg      sync.WaitGroup
+		ready   sync.WaitGroup
 		start   = make(chan struct{})
 		winners atomic.Int64
 		owner   atomic.Value
 		errs    = make(chan error, n)
 	)
+	ctx := ctxT(t)
+	ready.Add(n)
 	for i := range n {
 		wg.Go(func() {
+			params := redelivery(c, fmt.Sprintf("host-%d", i), 2)
+			ready.Done()
 			<-start
-			got, err := st.TakeOver(ctxT(t), redelivery(c, fmt.Sprintf("host-%d", i), 2))
+			got, err := st.TakeOver(ctx, params)
 			switch {
 			case err == nil:
 				winners.Add(1)
@@ -675,6 +798,7 @@ func (s *suite) takeOverOnce(t *testing.T) {
 			}
 		})
 	}
+	ready.Wait() // every caller is parked on the barrier, on a warm pool
 	close(start)
 	wg.Wait()
 	close(errs)
@@ -790,25 +914,32 @@ func (s *suite) flagBounded(t *testing.T) {
 
 func (s *suite) flagVersusProcess(t *testing.T) {
 	st := s.h.NewStore(t)
+	ctx := ctxT(t)
 	const rounds = 25
 	for i := range rounds {
 		c := mustWin(t, st, msg("", "billing", "b"))
 		s.backdate(t, st, c.ID, time.Hour)
+		warm(t, s.h.DB(t, st), 2)
 		var (
 			wg      sync.WaitGroup
+			ready   sync.WaitGroup
 			start   = make(chan struct{})
 			flagged []*claim.Claim
 			flagErr error
 			markErr error
 		)
+		ready.Add(2)
 		wg.Go(func() {
+			ready.Done()
 			<-start
-			flagged, flagErr = st.FlagStale(ctxT(t), &claim.FlagStaleParams{StaleAfter: time.Minute, Limit: 10})
+			flagged, flagErr = st.FlagStale(ctx, &claim.FlagStaleParams{StaleAfter: time.Minute, Limit: 10})
 		})
 		wg.Go(func() {
+			ready.Done()
 			<-start
-			markErr = st.MarkProcessed(ctxT(t), &claim.MarkProcessedParams{ID: c.ID, Owner: c.Owner})
+			markErr = st.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: c.ID, Owner: c.Owner})
 		})
+		ready.Wait() // both parked on the barrier, on a warm pool
 		close(start)
 		wg.Wait()
 		if flagErr != nil {

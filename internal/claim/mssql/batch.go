@@ -76,6 +76,9 @@ func (s *Store) ClaimBatch(ctx context.Context, params *claim.ClaimBatchParams) 
 	for chunk := range slices.Chunk(rows, maxRowsPerStatement) {
 		got, err := s.insertSet(ctx, host, chunk)
 		if err != nil && (isClaimsDuplicate(err) || isDeadlock(err)) {
+			if isClaimsDuplicate(err) {
+				s.races.Add(1)
+			}
 			got, err = s.insertEach(ctx, host, chunk)
 		}
 		if err != nil {
@@ -150,20 +153,20 @@ const insertColumns = `MessageId, Consumer, Owner, State, Entity, Subject, Conte
 // not convert to varbinary implicitly).
 func (r *newClaim) values(a *args, payload []byte) string {
 	return "(" + strings.Join([]string{
-		a.add(r.p.MessageID),
-		a.add(r.p.Consumer),
-		a.add(guid(r.owner)),
-		a.add(text(r.p.Entity)),
-		a.add(text(r.p.Subject)),
-		a.add(text(r.p.ContentType)),
-		a.add(text(r.props)),
-		a.add(r.p.PayloadHash),
+		a.add(r.p.MessageID, declMessageID),
+		a.add(r.p.Consumer, declConsumer),
+		a.add(guid(r.owner), declGUID),
+		a.add(text(r.p.Entity), declEntity),
+		a.add(text(r.p.Subject), declText),
+		a.add(text(r.p.ContentType), declText),
+		a.add(text(r.props), declText),
+		a.add(r.p.PayloadHash, declPayloadHash),
 		// CAST keeps the VALUES column varbinary even if every row's
 		// payload is NULL.
-		"CAST(" + a.add(payload) + " AS varbinary(max))",
-		a.add(int32(min(r.p.DeliveryCount, 1<<31-1))),
-		a.add(text(r.p.Route)),
-		a.add(mssqldb.VarChar(r.p.Fingerprint)),
+		"CAST(" + a.add(payload, declPayload) + " AS varbinary(max))",
+		a.add(int32(min(r.p.DeliveryCount, 1<<31-1)), declInt),
+		a.add(text(r.p.Route), declRoute),
+		a.add(mssqldb.VarChar(r.p.Fingerprint), declFingerprint),
 	}, ", ") + ")"
 }
 
@@ -186,7 +189,7 @@ func (s *Store) insertSet(ctx context.Context, host string, rows []newClaim) (ma
 // insertSetSQL builds insertSet's request.
 func insertSetSQL(host string, rows []newClaim) (string, args) {
 	var a args
-	hostP := a.add(text(host))
+	hostP := a.add(text(host), declHost)
 	vals := make([]string, len(rows))
 	keys := make([]string, len(rows))
 	for i := range rows {
@@ -227,7 +230,8 @@ FROM (VALUES ` + strings.Join(vals, ",\n    ") + `)
 func (s *Store) insertEach(ctx context.Context, host string, rows []newClaim) (map[sqlstore.Key]*claim.Claim, error) {
 	for i := range rows {
 		q, a := insertOneSQL(host, &rows[i])
-		if _, err := s.db.ExecContext(ctx, q, a...); err != nil && !isClaimsDuplicate(err) {
+		stmt, vals := call(q, a)
+		if _, err := s.db.ExecContext(ctx, stmt, vals...); err != nil && !isClaimsDuplicate(err) {
 			return nil, fmt.Errorf("claim %s/%s: %w", rows[i].p.MessageID, rows[i].p.Consumer, err)
 		}
 	}
@@ -238,7 +242,7 @@ func (s *Store) insertEach(ctx context.Context, host string, rows []newClaim) (m
 // insertOneSQL builds the fallback's single-row INSERT.
 func insertOneSQL(host string, r *newClaim) (string, args) {
 	var a args
-	hostP := a.add(text(host))
+	hostP := a.add(text(host), declHost)
 	v := r.values(&a, r.p.Payload)
 	return insertSQL(hostP, "'claimed'", "NULL", []string{v}, "", ""), a
 }
@@ -248,7 +252,7 @@ func selectKeysSQL(rows []newClaim) (string, args) {
 	var a args
 	keys := make([]string, len(rows))
 	for i := range rows {
-		keys[i] = "(" + a.add(rows[i].p.MessageID) + ", " + a.add(rows[i].p.Consumer) + ")"
+		keys[i] = "(" + a.add(rows[i].p.MessageID, declMessageID) + ", " + a.add(rows[i].p.Consumer, declConsumer) + ")"
 	}
 	return selectKeys(keys), a
 }
@@ -257,7 +261,7 @@ func selectKeysSQL(rows []newClaim) (string, args) {
 // start, its payload is not kept, and the row comes back through OUTPUT.
 func claimTxSQL(host string, r *newClaim) (string, args) {
 	var a args
-	hostP := a.add(text(host))
+	hostP := a.add(text(host), declHost)
 	v := r.values(&a, nil)
 	return insertSQL(hostP, "'processed'", "@now", []string{v}, "", insertedColumns), a
 }

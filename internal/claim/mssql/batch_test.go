@@ -242,6 +242,10 @@ func TestClaimBatchFallsBackAfterARace(t *testing.T) {
 			if got, want := outcomes(res), "conflict won duplicate duplicate"; got != want {
 				t.Fatalf("outcomes %q, want %q", got, want)
 			}
+			// Only the index's violation is the race the counter counts.
+			if got, want := st.ClaimRaces(), map[bool]int64{true: 1, false: 0}[tc.setErr == nil]; got != want {
+				t.Errorf("ClaimRaces %d, want %d", got, want)
+			}
 			reqs := rec.requests()
 			// set-based INSERT + one INSERT per key + one SELECT.
 			if len(reqs) != 1+4+1 {

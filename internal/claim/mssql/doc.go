@@ -12,6 +12,16 @@
 // ClaimBatch). It is correct with READ_COMMITTED_SNAPSHOT on (Azure SQL's
 // default) and off (SQL Server's default).
 //
+// # Parameters
+//
+// Every parameterised statement is sent as an explicit call of
+// sp_executesql whose parameter declarations the store writes from the
+// column each parameter feeds (MessageId nvarchar(128), Consumer
+// nvarchar(200), PayloadHash varbinary(32), Payload varbinary(max), ...),
+// not from the values' lengths as go-mssqldb would: SQL Server caches a
+// plan per statement text and declaration list, so one statement keeps
+// one plan whatever its values (see call).
+//
 // # Clock
 //
 // Every time is written by SYSUTCDATETIME() and every age ("older than
@@ -29,10 +39,15 @@
 //
 // # Errors
 //
-// Driver errors are translated where they happen: network failures, a
-// broken TDS stream, a severed session and Azure SQL's transient errors
-// (40613, 40197, 40501, 49918, ...) wrap claim.ErrUnavailable; the
-// original error stays in the chain.
+// Driver errors are translated where they happen, following the error
+// contract of package claim (numberClasses lists every error number with
+// its class): network failures, a broken TDS stream, a severed session and
+// Azure SQL's transient errors (40613, 40197, 40501, 49918, ...) are
+// store-wide and transient (claim.ErrUnavailable); a deadlock victim (1205)
+// or lock timeout (1222) concerns the one call (claim.ErrAborted); a
+// read-only database (3906), a full database or log (40544, 1105, 9002) or
+// a missing grant (229, 18456, ...) is a store-wide refusal
+// (claim.ErrRefused). The original error stays in the chain.
 //
 // # Not verified against a server on the build machines
 //

@@ -32,28 +32,72 @@ const (
 	errDeadlockVictim   = 1205
 )
 
-// transientNumbers are server errors after which nothing was written and
-// the same request can succeed later: the database is (briefly) not there,
-// or the statement was chosen as a deadlock victim / timed out on a lock
-// and rolled back. They become claim.ErrUnavailable, which makes the
-// processor abandon the message for redelivery.
-var transientNumbers = map[int32]bool{
-	errDeadlockVictim: true,
-	1222:              true, // lock request time out period exceeded
-	4060:              true, // cannot open database requested by the login
-	4221:              true, // login to read-secondary failed: long wait on HADR_DATABASE_WAIT_FOR_TRANSITION_TO_VERSIONING
-	10928:             true, // resource ID: the request limit for the database has been reached
-	10929:             true, // resource ID: minimum guarantee not available
-	40143:             true, // the service has encountered an error processing your request
-	40197:             true, // the service has encountered an error processing your request (failover)
-	40501:             true, // the service is currently busy
-	40540:             true, // the service has encountered an error processing your request
-	40613:             true, // database is not currently available
-	42108:             true, // cannot connect to the SQL pool since it is paused
-	42109:             true, // the SQL pool is warming up
-	49918:             true, // cannot process request: not enough resources
-	49919:             true, // cannot process create or update request: too many operations in progress
-	49920:             true, // cannot process request: too many operations in progress
+// numberClasses classifies SQL Server / Azure SQL error numbers (see the
+// error contract in package claim). Sources: the Azure SQL "transient
+// fault" and "resource governance" tables (troubleshoot-common-errors-
+// issues), SqlClient's and EF Core's transient lists, and the engine's
+// error reference.
+var numberClasses = map[int32]claim.Class{
+	// Client-side network errors that SqlClient reports as numbers; listed
+	// for servers and proxies that relay them.
+	64:    claim.ClassConnection, // an error occurred during the login process (network name no longer available)
+	233:   claim.ClassConnection, // error during connection initialisation before login
+	10053: claim.ClassConnection, // transport-level error: connection aborted
+	10054: claim.ClassConnection, // transport-level error: connection reset by the remote host
+	10060: claim.ClassConnection, // network-related error: connection attempt timed out
+
+	40501: claim.ClassBusy, // the service is currently busy (throttling)
+	10928: claim.ClassBusy, // resource ID %d: the request/session limit for the database has been reached
+	10929: claim.ClassBusy, // resource ID %d: minimum guarantee; the server is too busy
+	10936: claim.ClassBusy, // resource ID %d: the request limit for the elastic pool has been reached
+	49918: claim.ClassBusy, // cannot process request: not enough resources
+	49919: claim.ClassBusy, // cannot process create or update request: too many operations in progress
+	49920: claim.ClassBusy, // cannot process request: too many operations in progress
+	1204:  claim.ClassBusy, // cannot obtain a LOCK resource at this time
+	8645:  claim.ClassBusy, // timeout waiting for memory resources to execute the query
+	8651:  claim.ClassBusy, // requested memory grant not available in the resource pool
+	17197: claim.ClassBusy, // login failed due to timeout (heavy server load)
+
+	40613: claim.ClassFailover, // database is not currently available
+	40197: claim.ClassFailover, // the service has encountered an error processing your request (failover, upgrade)
+	40143: claim.ClassFailover, // the service has encountered an error processing your request
+	40540: claim.ClassFailover, // the service has encountered an error processing your request
+	4060:  claim.ClassFailover, // cannot open database requested by the login (being moved, failing over)
+	4221:  claim.ClassFailover, // login to read-secondary failed: HADR_DATABASE_WAIT_FOR_TRANSITION_TO_VERSIONING
+	615:   claim.ClassFailover, // could not find database ID (stale cache during a detach/attach)
+	921:   claim.ClassFailover, // database has not been recovered yet
+	926:   claim.ClassFailover, // database cannot be opened, marked SUSPECT (last stage of a reconfiguration)
+	976:   claim.ClassFailover, // availability database not accessible for queries (replica changing roles)
+	983:   claim.ClassFailover, // availability database replica not in the PRIMARY or SECONDARY role
+	42108: claim.ClassFailover, // cannot connect to the SQL pool: paused
+	42109: claim.ClassFailover, // the SQL pool is warming up
+
+	errDeadlockVictim: claim.ClassDeadlock, // chosen as deadlock victim, transaction rolled back
+	3960:              claim.ClassDeadlock, // snapshot isolation transaction aborted due to update conflict
+	3966:              claim.ClassDeadlock, // transaction rolled back accessing the version store
+	41301:             claim.ClassDeadlock, // in-memory OLTP dependency failure
+	41302:             claim.ClassDeadlock, // in-memory OLTP update conflict
+	41305:             claim.ClassDeadlock, // in-memory OLTP repeatable read validation failure
+	41325:             claim.ClassDeadlock, // in-memory OLTP serializable validation failure
+	41839:             claim.ClassDeadlock, // transaction exceeded the maximum number of commit dependencies
+
+	1222: claim.ClassLockTimeout, // lock request time out period exceeded (SET LOCK_TIMEOUT)
+
+	3906: claim.ClassReadOnly, // failed to update database because the database is read-only (geo-secondary)
+
+	40544: claim.ClassNoSpace, // the database has reached its size quota
+	1105:  claim.ClassNoSpace, // could not allocate space: filegroup full
+	1101:  claim.ClassNoSpace, // could not allocate a new page: insufficient disk space in filegroup
+	1132:  claim.ClassNoSpace, // the elastic pool has reached its storage limit
+	9002:  claim.ClassNoSpace, // the transaction log for the database is full
+
+	229:   claim.ClassPermission, // the %ls permission was denied on the object
+	230:   claim.ClassPermission, // the %ls permission was denied on the column
+	262:   claim.ClassPermission, // %ls permission denied in database
+	297:   claim.ClassPermission, // the user does not have permission to perform this action
+	300:   claim.ClassPermission, // %ls permission was denied on object (server-level)
+	916:   claim.ClassPermission, // the server principal is not able to access the database under the current security context
+	18456: claim.ClassPermission, // login failed for user
 }
 
 // brokenConnTexts are fragments of errors that go-mssqldb formats with %v
@@ -78,26 +122,27 @@ var brokenConnTexts = []string{
 //
 //   - 2601/2627 naming the claims unique index: claim.ErrDuplicate. A unique
 //     violation of any other index or constraint stays a plain error.
+//   - a server error whose number (or the number of another error of the
+//     same request) numberClasses lists: that class.
+//   - a deadline that expired while waiting for the server, a network
+//     timeout: claim.ClassTimeout.
 //   - a connection that cannot be made or broke (network errors,
 //     driver.ErrBadConn, io.EOF, a corrupt TDS stream, a fatal server error
-//     that severed the session, Azure SQL's transient errors, a deadline that
-//     expired while waiting for the server): claim.ErrUnavailable.
-//   - everything else (login failed, permission denied, bad SQL, a
+//     that severed the session): claim.ClassConnection.
+//   - everything else (a certificate that does not verify, bad SQL, a
 //     cancelled context): unchanged.
 func interpretError(err error) error {
 	if err == nil {
 		return nil
 	}
-	if errors.Is(err, claim.ErrDuplicate) || errors.Is(err, claim.ErrUnavailable) {
+	var ce *claim.Error
+	if errors.As(err, &ce) || errors.Is(err, claim.ErrDuplicate) {
 		return err // already translated
 	}
 	if isClaimsDuplicate(err) {
 		return fmt.Errorf("%w: %w", claim.ErrDuplicate, err)
 	}
-	if isUnavailable(err) {
-		return fmt.Errorf("%w: %w", claim.ErrUnavailable, err)
-	}
-	return err
+	return claim.NewError(classify(err), err)
 }
 
 // sqlErrors returns the server errors in err: the one go-mssqldb reports
@@ -152,42 +197,46 @@ func isDeadlock(err error) bool {
 	return false
 }
 
-func isUnavailable(err error) bool {
+// classify returns the error class of err (claim.ClassNone when it is
+// not a classified store failure).
+func classify(err error) claim.Class {
 	if errors.Is(err, context.Canceled) {
-		return false // the caller gave up (shutdown): not the database's fault
+		return claim.ClassNone // the caller gave up (shutdown): not the database's fault
+	}
+	for _, e := range sqlErrors(err) {
+		if c, ok := numberClasses[e.Number]; ok {
+			return c
+		}
 	}
 	if isCertificateError(err) || strings.Contains(err.Error(), "x509:") {
-		return false // a TLS configuration problem: retrying will not help
+		return claim.ClassNone // a TLS configuration problem: retrying will not help
 	}
-	if errors.Is(err, context.DeadlineExceeded) ||
-		errors.Is(err, driver.ErrBadConn) ||
+	var netErr net.Error
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &netErr) && netErr.Timeout()) {
+		return claim.ClassTimeout
+	}
+	if errors.Is(err, driver.ErrBadConn) ||
 		errors.Is(err, sql.ErrConnDone) ||
 		errors.Is(err, io.EOF) ||
 		errors.Is(err, io.ErrUnexpectedEOF) ||
 		sqlstore.ErrClosedDB(err) {
-		return true
+		return claim.ClassConnection
 	}
 	var (
-		netErr    net.Error
 		streamErr mssqldb.StreamError
 		serverErr mssqldb.ServerError
 		tlsHeader tls.RecordHeaderError
 	)
 	if errors.As(err, &netErr) || errors.As(err, &streamErr) || errors.As(err, &serverErr) || errors.As(err, &tlsHeader) {
-		return true
-	}
-	for _, e := range sqlErrors(err) {
-		if transientNumbers[e.Number] {
-			return true
-		}
+		return claim.ClassConnection
 	}
 	msg := err.Error()
 	for _, s := range brokenConnTexts {
 		if strings.Contains(msg, s) {
-			return true
+			return claim.ClassConnection
 		}
 	}
-	return false
+	return claim.ClassNone
 }
 
 // isCertificateError reports whether err is a server certificate that did

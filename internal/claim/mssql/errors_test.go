@@ -27,58 +27,103 @@ const (
 
 func TestInterpretError(t *testing.T) {
 	sqlErr := func(n int32, msg string) mssqldb.Error { return mssqldb.Error{Number: n, Class: 14, Message: msg} }
+	const (
+		none       = claim.ClassNone
+		connection = claim.ClassConnection
+		busy       = claim.ClassBusy
+		failover   = claim.ClassFailover
+		timeout    = claim.ClassTimeout
+		deadlock   = claim.ClassDeadlock
+		lock       = claim.ClassLockTimeout
+		readOnly   = claim.ClassReadOnly
+		noSpace    = claim.ClassNoSpace
+		permission = claim.ClassPermission
+	)
 	tests := []struct {
-		name        string
-		err         error
-		duplicate   bool
-		unavailable bool
+		name      string
+		err       error
+		duplicate bool
+		class     claim.Class
 	}{
-		{"2601 on the claims index", sqlErr(2601, dupClaims2601), true, false},
-		{"2601 wrapped", fmt.Errorf("insert: %w", sqlErr(2601, dupClaims2601)), true, false},
-		{"2601 as pointer", &mssqldb.Error{Number: 2601, Message: dupClaims2601}, true, false},
-		{"2627 on the claims index", sqlErr(2627, dupClaims2627), true, false},
-		{"2601 on another index", sqlErr(2601, dupOther2601), false, false},
-		{"2627 on the primary key", sqlErr(2627, dupPK2627), false, false},
+		{"2601 on the claims index", sqlErr(2601, dupClaims2601), true, none},
+		{"2601 wrapped", fmt.Errorf("insert: %w", sqlErr(2601, dupClaims2601)), true, none},
+		{"2601 as pointer", &mssqldb.Error{Number: 2601, Message: dupClaims2601}, true, none},
+		{"2627 on the claims index", sqlErr(2627, dupClaims2627), true, none},
+		{"2601 on another index", sqlErr(2601, dupOther2601), false, none},
+		{"2627 on the primary key", sqlErr(2627, dupPK2627), false, none},
 		{
 			// The key value is data: a subject that quotes the claims
 			// index's name must not make another index's violation a
 			// duplicate.
 			"2601 on another index whose key value names the claims index",
 			sqlErr(2601, "Cannot insert duplicate key row in object 'dbo.Claims' with unique index 'UX_Claims_SubjectKey'. The duplicate key value is ('UX_Claims_MessageId_Consumer')."),
-			false, false,
+			false, none,
 		},
-		{"other number naming the index", sqlErr(1913, "The operation failed because an index or statistics with name 'UX_Claims_MessageId_Consumer' already exists"), false, false},
+		{"other number naming the index", sqlErr(1913, "The operation failed because an index or statistics with name 'UX_Claims_MessageId_Consumer' already exists"), false, none},
 		{
 			"2601 earlier in the request's error list",
 			mssqldb.Error{Number: 3621, Message: "The statement has been terminated.", All: []mssqldb.Error{sqlErr(2601, dupClaims2601), {Number: 3621, Message: "The statement has been terminated."}}},
-			true, false,
+			true, none,
 		},
-		{"net.OpError", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, false, true},
-		{"wrapped net.OpError", fmt.Errorf("query: %w", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}), false, true},
-		{"DNS error", &net.DNSError{Err: "no such host", Name: "sql.example", IsNotFound: true}, false, true},
-		{"driver.ErrBadConn", driver.ErrBadConn, false, true},
-		{"sql.ErrConnDone", sql.ErrConnDone, false, true},
-		{"io.EOF", io.EOF, false, true},
-		{"io.ErrUnexpectedEOF", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), false, true},
-		{"database closed", errors.New("sql: database is closed"), false, true},
-		{"deadline", fmt.Errorf("query: %w", context.DeadlineExceeded), false, true},
-		{"cancelled", fmt.Errorf("query: %w", context.Canceled), false, false},
-		{"stream error", mssqldb.StreamError{InnerError: errors.New("unexpected token")}, false, true},
-		{"server error", mssqldb.ServerError{}, false, true},
-		{"tls record header", tls.RecordHeaderError{Msg: "first record does not look like a TLS handshake"}, false, true},
-		{"tls handshake reset, formatted with %v", errors.New("TLS Handshake failed: read tcp 10.0.0.1:5000->10.0.0.2:1433: read: connection reset by peer"), false, true},
-		{"tls certificate not trusted", errors.New("TLS Handshake failed: tls: failed to verify certificate: x509: certificate signed by unknown authority"), false, false},
-		{"send failed, formatted with %v", errors.New("failed to send RPC: write tcp: broken pipe"), false, true},
-		{"commit send failed, formatted with %v (sic)", errors.New("faild to send CommitXact: write tcp: broken pipe"), false, true},
-		{"4060 cannot open database", sqlErr(4060, "login error: Cannot open database \"sbclaim\" requested by the login. The login failed."), false, true},
-		{"40613 database unavailable", sqlErr(40613, "Database 'sbclaim' on server 'x' is not currently available."), false, true},
-		{"40197 service error", sqlErr(40197, "The service has encountered an error processing your request."), false, true},
-		{"40501 service busy", sqlErr(40501, "The service is currently busy."), false, true},
-		{"49918 not enough resources", sqlErr(49918, "Cannot process request. Not enough resources to process request."), false, true},
-		{"1205 deadlock victim", sqlErr(1205, "Transaction (Process ID 52) was deadlocked on lock resources with another process and has been chosen as the deadlock victim. Rerun the transaction."), false, true},
-		{"18456 login failed is configuration", sqlErr(18456, "login error: Login failed for user 'sbclaim'."), false, false},
-		{"229 permission denied", sqlErr(229, "The DELETE permission was denied on the object 'Claims'."), false, false},
-		{"syntax error", sqlErr(102, "Incorrect syntax near 'FROM'."), false, false},
+		{
+			"1205 earlier in the request's error list",
+			mssqldb.Error{Number: 3621, Message: "The statement has been terminated.", All: []mssqldb.Error{sqlErr(1205, "deadlocked"), {Number: 3621}}},
+			false, deadlock,
+		},
+		{"net.OpError", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, false, connection},
+		{"wrapped net.OpError", fmt.Errorf("query: %w", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}), false, connection},
+		{"net timeout", &net.OpError{Op: "read", Net: "tcp", Err: timeoutErr{}}, false, timeout},
+		{"DNS error", &net.DNSError{Err: "no such host", Name: "sql.example", IsNotFound: true}, false, connection},
+		{"driver.ErrBadConn", driver.ErrBadConn, false, connection},
+		{"sql.ErrConnDone", sql.ErrConnDone, false, connection},
+		{"io.EOF", io.EOF, false, connection},
+		{"io.ErrUnexpectedEOF", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), false, connection},
+		{"database closed", errors.New("sql: database is closed"), false, connection},
+		{"deadline", fmt.Errorf("query: %w", context.DeadlineExceeded), false, timeout},
+		{"cancelled", fmt.Errorf("query: %w", context.Canceled), false, none},
+		{"stream error", mssqldb.StreamError{InnerError: errors.New("unexpected token")}, false, connection},
+		{"server error", mssqldb.ServerError{}, false, connection},
+		{"tls record header", tls.RecordHeaderError{Msg: "first record does not look like a TLS handshake"}, false, connection},
+		{"tls handshake reset, formatted with %v", errors.New("TLS Handshake failed: read tcp 10.0.0.1:5000->10.0.0.2:1433: read: connection reset by peer"), false, connection},
+		{"tls certificate not trusted", errors.New("TLS Handshake failed: tls: failed to verify certificate: x509: certificate signed by unknown authority"), false, none},
+		{"send failed, formatted with %v", errors.New("failed to send RPC: write tcp: broken pipe"), false, connection},
+		{"commit send failed, formatted with %v (sic)", errors.New("faild to send CommitXact: write tcp: broken pipe"), false, connection},
+		{"1205 deadlock victim", sqlErr(1205, "Transaction (Process ID 52) was deadlocked on lock resources with another process and has been chosen as the deadlock victim. Rerun the transaction."), false, deadlock},
+		{"3960 snapshot update conflict", sqlErr(3960, "Snapshot isolation transaction aborted due to update conflict."), false, deadlock},
+		{"1222 lock timeout", sqlErr(1222, "Lock request time out period exceeded."), false, lock},
+		{"3906 read-only database", sqlErr(3906, "Failed to update database \"sbclaim\" because the database is read-only."), false, readOnly},
+		{"40544 size quota", sqlErr(40544, "The database 'sbclaim' has reached its size quota."), false, noSpace},
+		{"9002 log full", sqlErr(9002, "The transaction log for database 'sbclaim' is full due to 'LOG_BACKUP'."), false, noSpace},
+		{"1105 filegroup full", sqlErr(1105, "Could not allocate space for object 'dbo.Claims' in database 'sbclaim' because the 'PRIMARY' filegroup is full."), false, noSpace},
+		{"229 permission denied", sqlErr(229, "The INSERT permission was denied on the object 'Claims'."), false, permission},
+		{"18456 login failed", sqlErr(18456, "login error: Login failed for user 'sbclaim'."), false, permission},
+		{"syntax error", sqlErr(102, "Incorrect syntax near 'FROM'."), false, none},
+		{"2628 string truncation", sqlErr(2628, "String or binary data would be truncated."), false, none},
+	}
+	// Every number of the contract, with its class.
+	numbers := map[int32]claim.Class{
+		64: connection, 233: connection, 10053: connection, 10054: connection, 10060: connection,
+		40501: busy, 10928: busy, 10929: busy, 10936: busy, 49918: busy, 49919: busy, 49920: busy,
+		1204: busy, 8645: busy, 8651: busy, 17197: busy,
+		40613: failover, 40197: failover, 40143: failover, 40540: failover, 4060: failover, 4221: failover,
+		615: failover, 921: failover, 926: failover, 976: failover, 983: failover, 42108: failover, 42109: failover,
+		1205: deadlock, 3960: deadlock, 3966: deadlock, 41301: deadlock, 41302: deadlock, 41305: deadlock,
+		41325: deadlock, 41839: deadlock,
+		1222:  lock,
+		3906:  readOnly,
+		40544: noSpace, 1105: noSpace, 1101: noSpace, 1132: noSpace, 9002: noSpace,
+		229: permission, 230: permission, 262: permission, 297: permission, 300: permission, 916: permission, 18456: permission,
+	}
+	for n, c := range numbers {
+		tests = append(tests, struct {
+			name      string
+			err       error
+			duplicate bool
+			class     claim.Class
+		}{fmt.Sprintf("number %d", n), sqlErr(n, "m"), false, c})
+	}
+	if len(numberClasses) != len(numbers) {
+		t.Errorf("numberClasses has %d numbers; the test lists %d", len(numberClasses), len(numbers))
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -86,23 +131,32 @@ func TestInterpretError(t *testing.T) {
 			if d := errors.Is(got, claim.ErrDuplicate); d != tc.duplicate {
 				t.Errorf("ErrDuplicate = %v, want %v (%v)", d, tc.duplicate, got)
 			}
-			if u := errors.Is(got, claim.ErrUnavailable); u != tc.unavailable {
-				t.Errorf("ErrUnavailable = %v, want %v (%v)", u, tc.unavailable, got)
+			if c := claim.ClassOf(got); c != tc.class {
+				t.Errorf("class %s, want %s (%v)", c, tc.class, got)
+			}
+			for _, s := range []error{claim.ErrUnavailable, claim.ErrAborted, claim.ErrRefused} {
+				if errors.Is(got, s) != (s == tc.class.Sentinel()) {
+					t.Errorf("errors.Is(%v, %v) = %v", got, s, errors.Is(got, s))
+				}
 			}
 			if !errors.Is(got, tc.err) && !errors.As(got, new(mssqldb.Error)) {
 				t.Errorf("translated error %v lost the original %v", got, tc.err)
+			}
+			if again := interpretError(got); again.Error() != got.Error() || claim.ClassOf(again) != tc.class {
+				t.Errorf("second translation changed the error: %v", again)
 			}
 		})
 	}
 	if interpretError(nil) != nil {
 		t.Error("interpretError(nil) != nil")
 	}
-	// Translating twice does not wrap twice.
-	once := interpretError(mssqldb.Error{Number: 2601, Message: dupClaims2601})
-	if twice := interpretError(once); twice != once {
-		t.Errorf("second translation changed the error: %v", twice)
-	}
 }
+
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "i/o timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
 
 func TestDuplicateErrorKeepsTheDriverError(t *testing.T) {
 	err := interpretError(fmt.Errorf("claim batch: %w", mssqldb.Error{Number: 2601, Message: dupClaims2601}))

@@ -8,9 +8,12 @@ import (
 	"io"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	mssqldb "github.com/microsoft/go-mssqldb"
 )
 
 // A fake database/sql driver that records every request the store sends
@@ -20,8 +23,11 @@ import (
 // on driver errors, and scanning of the driver's value types.
 
 type fakeRequest struct {
-	Query string
-	Args  []any
+	Query string // the statement (unwrapped from the sp_executesql call)
+	Args  []any  // its parameter values
+	// Decls are the declared types of the parameters, as the store wrote
+	// them in sp_executesql's @params ("bigint", "nvarchar(128)", ...).
+	Decls []string
 	Exec  bool // ExecContext rather than QueryContext
 	InTx  bool
 }
@@ -69,6 +75,87 @@ func (f *fakeDB) requests() []fakeRequest {
 }
 
 var placeholder = regexp.MustCompile(`@p(\d+)\b`)
+
+// declRE is one parameter declaration the store writes.
+var declRE = regexp.MustCompile(`^@p(\d+) (bigint|int|uniqueidentifier|n?varchar\((\d+|max)\)|varbinary\((\d+|max)\))$`)
+
+// unwrap turns the store's sp_executesql call back into the statement, its
+// declarations and its values. A request with parameters that does not
+// come through sp_executesql fails the test: go-mssqldb would declare its
+// parameters from the values' lengths.
+func (f *fakeDB) unwrap(q string, args []any) (string, []string, []any) {
+	f.t.Helper()
+	if q != spExecuteSQL {
+		if len(args) > 0 {
+			f.t.Errorf("request with %d parameters not sent through sp_executesql (the driver would declare them from the values):\n%s", len(args), q)
+		}
+		return q, nil, args
+	}
+	if len(args) < 2 {
+		f.t.Errorf("sp_executesql with %d arguments", len(args))
+		return q, nil, nil
+	}
+	stmt, ok1 := args[0].(mssqldb.NVarCharMax)
+	decl, ok2 := args[1].(mssqldb.NVarCharMax)
+	if !ok1 || !ok2 {
+		f.t.Errorf("sp_executesql's @stmt and @params are %T and %T, want nvarchar(max)", args[0], args[1])
+	}
+	vals := args[2:]
+	parts := strings.Split(string(decl), ", ")
+	if len(parts) != len(vals) {
+		f.t.Errorf("%d declarations for %d values: %q", len(parts), len(vals), decl)
+	}
+	types := make([]string, len(parts))
+	for i, p := range parts {
+		m := declRE.FindStringSubmatch(p)
+		if m == nil || m[1] != strconv.Itoa(i+1) {
+			f.t.Errorf("declaration %d is %q", i+1, p)
+			continue
+		}
+		types[i] = strings.TrimPrefix(p, "@p"+m[1]+" ")
+		if i < len(vals) {
+			checkFits(f.t, i+1, types[i], vals[i])
+		}
+	}
+	return string(stmt), types, vals
+}
+
+// checkFits fails the test unless value v can be bound to a parameter
+// declared decl without being cut: sp_executesql silently truncates a
+// longer string or binary value to the declared length.
+func checkFits(t *testing.T, n int, decl string, v any) {
+	t.Helper()
+	width := -1 // max
+	if i := strings.IndexByte(decl, '('); i >= 0 && !strings.HasSuffix(decl, "(max)") {
+		width, _ = strconv.Atoi(decl[i+1 : len(decl)-1])
+	}
+	size, kind := 0, ""
+	switch v := v.(type) {
+	case string:
+		size, kind = utf16Len(v), "nvarchar"
+	case mssqldb.NVarCharMax:
+		size, kind = utf16Len(string(v)), "nvarchar"
+	case mssqldb.VarChar:
+		size, kind = len(v), "varchar"
+	case []byte:
+		size, kind = len(v), "varbinary"
+	case int32:
+		kind = "int"
+	case int64:
+		kind = "bigint"
+	case mssqldb.UniqueIdentifier:
+		kind = "uniqueidentifier"
+	default:
+		t.Errorf("@p%d: value of type %T", n, v)
+		return
+	}
+	if base, _, _ := strings.Cut(decl, "("); base != kind {
+		t.Errorf("@p%d: a %T declared %s", n, v, decl)
+	}
+	if width >= 0 && size > width {
+		t.Errorf("@p%d: a value of %d units declared %s would be cut", n, size, decl)
+	}
+}
 
 // serve records a request, checks its parameters against its text the way
 // sp_executesql would (every @pN declared, every argument used), and asks
@@ -129,9 +216,13 @@ func (c *fakeConn) BeginTx(context.Context, driver.TxOptions) (driver.Tx, error)
 	return fakeTx{c}, nil
 }
 
-// CheckNamedValue passes every value through as go-mssqldb's does, so the
-// handler sees mssql.UniqueIdentifier, mssql.NVarCharMax, ...
-func (c *fakeConn) CheckNamedValue(*driver.NamedValue) error { return nil }
+// CheckNamedValue converts every value with go-mssqldb's own converter, so
+// the handler sees what the driver would send (mssql.UniqueIdentifier,
+// mssql.NVarCharMax, ...) and a value the driver refuses fails here too.
+func (c *fakeConn) CheckNamedValue(nv *driver.NamedValue) error {
+	var real mssqldb.Conn
+	return real.CheckNamedValue(nv)
+}
 
 func namedArgs(nv []driver.NamedValue) []any {
 	out := make([]any, len(nv))
@@ -142,7 +233,8 @@ func namedArgs(nv []driver.NamedValue) []any {
 }
 
 func (c *fakeConn) QueryContext(_ context.Context, q string, nv []driver.NamedValue) (driver.Rows, error) {
-	r := c.f.serve(fakeRequest{Query: q, Args: namedArgs(nv), InTx: c.inTx})
+	stmt, decls, args := c.f.unwrap(q, namedArgs(nv))
+	r := c.f.serve(fakeRequest{Query: stmt, Args: args, Decls: decls, InTx: c.inTx})
 	if r.Err != nil && len(r.Sets) == 0 {
 		return nil, r.Err
 	}
@@ -150,7 +242,8 @@ func (c *fakeConn) QueryContext(_ context.Context, q string, nv []driver.NamedVa
 }
 
 func (c *fakeConn) ExecContext(_ context.Context, q string, nv []driver.NamedValue) (driver.Result, error) {
-	r := c.f.serve(fakeRequest{Query: q, Args: namedArgs(nv), Exec: true, InTx: c.inTx})
+	stmt, decls, args := c.f.unwrap(q, namedArgs(nv))
+	r := c.f.serve(fakeRequest{Query: stmt, Args: args, Decls: decls, Exec: true, InTx: c.inTx})
 	if r.Err != nil {
 		return nil, r.Err
 	}

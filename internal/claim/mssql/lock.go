@@ -73,7 +73,7 @@ func getAppLock(ctx context.Context, conn *sql.Conn, name string, wait time.Dura
 	got := false
 	err := query(ctx, conn, `DECLARE @result int;
 EXEC @result = sp_getapplock @Resource = @p1, @LockMode = 'Exclusive', @LockOwner = 'Session', @LockTimeout = @p2;
-SELECT @result;`, []any{text(name), int32(wait.Milliseconds())}, func(rows *sql.Rows) error {
+SELECT @result;`, args{{text(name), declLockName}, {int32(wait.Milliseconds()), declInt}}, func(rows *sql.Rows) error {
 		got = true
 		return rows.Scan(&r)
 	})
@@ -91,7 +91,7 @@ func releaseAppLock(ctx context.Context, conn *sql.Conn, name string) error {
 	r := -999
 	err := query(ctx, conn, `DECLARE @result int;
 EXEC @result = sp_releaseapplock @Resource = @p1, @LockOwner = 'Session';
-SELECT @result;`, []any{text(name)}, func(rows *sql.Rows) error { return rows.Scan(&r) })
+SELECT @result;`, args{{text(name), declLockName}}, func(rows *sql.Rows) error { return rows.Scan(&r) })
 	if err != nil {
 		return err
 	}

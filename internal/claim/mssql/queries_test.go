@@ -206,12 +206,12 @@ func TestAgoSQL(t *testing.T) {
 		t.Fatalf("agoSQL: %s", got)
 	}
 	// 30 days in milliseconds overflows DATEADD's int; seconds do not.
-	if a[0] != int32(250000) || a[1] != int32(30*24*3600) {
+	if a[0].v != int32(250000) || a[1].v != int32(30*24*3600) {
 		t.Fatalf("arguments %v", a)
 	}
 	a = nil
 	agoSQL(&a, 200*365*24*time.Hour)
-	if a[1] != int32(1<<31-1) {
+	if a[1].v != int32(1<<31-1) {
 		t.Fatalf("a huge duration is not capped: %v", a)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf16"
 
@@ -22,8 +23,20 @@ var _ claim.Store = (*Store)(nil)
 
 // Store is the SQL Server claims table (dbo.Claims).
 type Store struct {
-	db *sql.DB
+	db    *sql.DB
+	races atomic.Int64
 }
+
+// ClaimRaces returns how many of ClaimBatch's set-based INSERTs failed with
+// a violation of the claims unique index (2601/2627) and fell back to one
+// INSERT per key: NOT EXISTS had filtered the keys already there, so the
+// violation means another transaction's claim of one of the keys was in
+// flight (uncommitted and, under READ_COMMITTED_SNAPSHOT, invisible to
+// NOT EXISTS) and committed while the INSERT waited for it. It only grows;
+// the conformance suite's race tests check that it moved. With
+// READ_COMMITTED_SNAPSHOT off, NOT EXISTS itself waits for the in-flight
+// claim and sees it, so a race shows as a wait, not as a violation.
+func (s *Store) ClaimRaces() int64 { return s.races.Load() }
 
 // New wraps an open database whose driver is go-mssqldb ("sqlserver" or
 // "azuresql"). The caller owns the pool settings.
@@ -133,10 +146,8 @@ func nullTime(t sql.NullTime) *time.Time {
 // sends the bytes in SQL Server's mixed-endian order.
 func guid(u uuid.UUID) mssqldb.UniqueIdentifier { return mssqldb.UniqueIdentifier(u) }
 
-// text sends free text as nvarchar(max). go-mssqldb declares a plain Go
-// string as nvarchar(<its length>), and every distinct declaration is a
-// separate plan in SQL Server's plan cache; nvarchar(max) keeps the
-// declaration, and so the cached plan, the same for every value.
+// text sends free text as an nvarchar(max) value (the declared type of
+// its parameter is call's business: see args).
 func text(s string) mssqldb.NVarCharMax { return mssqldb.NVarCharMax(s) }
 
 // truncate shortens s to at most n UTF-16 code units (the unit of an
@@ -159,14 +170,81 @@ func truncate(s string, n int) string {
 // utf16Len is the nvarchar length of s.
 func utf16Len(s string) int { return len(utf16.Encode([]rune(s))) }
 
-// args collects positional parameters; add returns the placeholder
-// (@p1, @p2, ...) go-mssqldb gives the parameter.
-type args []any
+// SQL Server declared types of the parameters, one per column or value
+// kind. Every parameter of every statement is declared with one of these,
+// never with a length taken from its value (see call).
+const (
+	declID          = "bigint"
+	declInt         = "int"
+	declGUID        = "uniqueidentifier"
+	declMessageID   = "nvarchar(128)" // MessageId; claim.MaxMessageIDLength
+	declConsumer    = "nvarchar(200)" // Consumer; sqlstore.MaxConsumerLength
+	declEntity      = "nvarchar(400)" // Entity; maxEntity
+	declText        = "nvarchar(max)" // Subject, ContentType, Properties
+	declHost        = "nvarchar(256)" // ClaimedBy, ResolvedBy
+	declLongText    = "nvarchar(4000)"
+	declFlagReason  = "nvarchar(400)"
+	declResolution  = "varchar(16)"
+	declPayloadHash = "varbinary(32)"
+	declPayload     = "varbinary(max)"
+	declLockName    = "nvarchar(255)" // sp_getapplock's @Resource
+	// Route is nvarchar(64): route names are at most 64 characters
+	// (sqlstore.MaxRouteLength counts runes), which is at most 128 UTF-16
+	// code units; a declaration wider than the column never cuts a value
+	// (an over-long one fails the INSERT instead).
+	declRoute       = "nvarchar(128)"
+	declFingerprint = "varchar(64)" // Fingerprint; sqlstore.MaxFingerprintLength bytes
+	declPath        = "varchar(16)" // TakeOverPath
+)
 
-func (a *args) add(v any) string {
-	*a = append(*a, v)
+// param is one statement parameter: its value, and the SQL type the
+// statement declares it with.
+type param struct {
+	v    any
+	decl string
+}
+
+// args collects positional parameters; add returns the placeholder
+// (@p1, @p2, ...) of the parameter.
+type args []param
+
+func (a *args) add(v any, decl string) string {
+	*a = append(*a, param{v, decl})
 	return "@p" + strconv.Itoa(len(*a))
 }
+
+// call returns what to hand database/sql for statement q with parameters
+// a: the name of the procedure sp_executesql, then the statement, its
+// parameter declarations ("@p1 bigint, @p2 nvarchar(128), ...") and the
+// values. go-mssqldb sends a query name alone on its line as an RPC call
+// of that procedure with the arguments as positional parameters, which is
+// the call it would make itself for q, except that it would write the
+// declarations from the values: nvarchar(<its length>) for a string,
+// varbinary(<its length>) for a []byte. SQL Server caches a plan per
+// statement text AND declaration list, so those would make a new plan per
+// combination of lengths (a compile per ClaimBatch, a bloated plan cache);
+// these declarations depend on the statement only. A value longer than
+// its declared type would be cut to it: every caller checks or truncates
+// values to their column's width first. A statement without parameters is
+// sent as a plain batch.
+func call(q string, a args) (string, []any) {
+	if len(a) == 0 {
+		return q, nil
+	}
+	decls := make([]string, len(a))
+	vals := make([]any, 0, len(a)+2)
+	vals = append(vals, mssqldb.NVarCharMax(q), nil)
+	for i, p := range a {
+		decls[i] = "@p" + strconv.Itoa(i+1) + " " + p.decl
+		vals = append(vals, p.v)
+	}
+	vals[1] = mssqldb.NVarCharMax(strings.Join(decls, ", "))
+	return spExecuteSQL, vals
+}
+
+// spExecuteSQL is the procedure every parameterised statement is sent
+// through (see call).
+const spExecuteSQL = "sp_executesql"
 
 // agoSQL returns the SQL for "the database clock minus d", adding its
 // parameters to a. DATEADD takes an int, so d is split into seconds
@@ -177,7 +255,7 @@ func agoSQL(a *args, d time.Duration) string {
 	}
 	sec := min(int64(d/time.Second), math.MaxInt32)
 	us := int32((d % time.Second) / time.Microsecond)
-	return "DATEADD(microsecond, -" + a.add(us) + ", DATEADD(second, -" + a.add(int32(sec)) + ", SYSUTCDATETIME()))"
+	return "DATEADD(microsecond, -" + a.add(us, declInt) + ", DATEADD(second, -" + a.add(int32(sec), declInt) + ", SYSUTCDATETIME()))"
 }
 
 // querier is *sql.DB, *sql.Tx or *sql.Conn.
@@ -191,8 +269,9 @@ type querier interface {
 // closing rows early cancels the request (it sends an attention), so a
 // caller that stopped after the first row could miss an error or cancel a
 // statement that had not finished. Never use QueryRow for writes here.
-func query(ctx context.Context, q querier, query string, a []any, each func(*sql.Rows) error) error {
-	rows, err := q.QueryContext(ctx, query, a...)
+func query(ctx context.Context, q querier, query string, a args, each func(*sql.Rows) error) error {
+	text, vals := call(query, a)
+	rows, err := q.QueryContext(ctx, text, vals...)
 	if err != nil {
 		return err
 	}
@@ -214,7 +293,7 @@ func query(ctx context.Context, q querier, query string, a []any, each func(*sql
 }
 
 // queryClaims runs q and scans every row as a claim.
-func queryClaims(ctx context.Context, q querier, sqlText string, a []any) ([]*claim.Claim, error) {
+func queryClaims(ctx context.Context, q querier, sqlText string, a args) ([]*claim.Claim, error) {
 	var out []*claim.Claim
 	err := query(ctx, q, sqlText, a, func(r *sql.Rows) error {
 		c, err := scanClaim(r)
@@ -232,7 +311,7 @@ func queryClaims(ctx context.Context, q querier, sqlText string, a []any) ([]*cl
 
 // execGuarded runs an UPDATE ... OUTPUT INSERTED.Id guarded on Id, Owner
 // and State, and reports ErrStateChanged when it matched no row.
-func (s *Store) execGuarded(ctx context.Context, op string, id int64, sqlText string, a ...any) error {
+func (s *Store) execGuarded(ctx context.Context, op string, id int64, sqlText string, a ...param) error {
 	n := 0
 	err := query(ctx, s.db, sqlText, a, func(*sql.Rows) error { n++; return nil })
 	if err != nil {
@@ -252,7 +331,7 @@ func laterSQL(a *args, d time.Duration) string {
 	}
 	sec := min(int64(d/time.Second), math.MaxInt32)
 	us := int32((d % time.Second) / time.Microsecond)
-	return "DATEADD(microsecond, " + a.add(us) + ", DATEADD(second, " + a.add(int32(sec)) + ", SYSUTCDATETIME()))"
+	return "DATEADD(microsecond, " + a.add(us, declInt) + ", DATEADD(second, " + a.add(int32(sec), declInt) + ", SYSUTCDATETIME()))"
 }
 
 // takeOverPath returns the precondition of a take-over path beyond owner
@@ -279,11 +358,11 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 		return nil, err
 	}
 	var a args
-	owner, by := a.add(guid(params.Owner)), a.add(text(truncate(params.By, maxClaimedBy)))
-	count := a.add(int32(min(params.DeliveryCount, math.MaxInt32)))
-	path, reason := a.add(mssqldb.VarChar(params.Path)), a.add(text(truncate(params.Reason, maxFlagReason)))
-	route, print := a.add(text(params.Route)), a.add(mssqldb.VarChar(params.Fingerprint))
-	id, previous := a.add(params.ID), a.add(guid(params.PreviousOwner))
+	owner, by := a.add(guid(params.Owner), declGUID), a.add(text(truncate(params.By, maxClaimedBy)), declHost)
+	count := a.add(int32(min(params.DeliveryCount, math.MaxInt32)), declInt)
+	path, reason := a.add(mssqldb.VarChar(params.Path), declPath), a.add(text(truncate(params.Reason, maxFlagReason)), declFlagReason)
+	route, print := a.add(text(params.Route), declRoute), a.add(mssqldb.VarChar(params.Fingerprint), declFingerprint)
+	id, previous := a.add(params.ID, declID), a.add(guid(params.PreviousOwner), declGUID)
 	guard := takeOverPath(&a, params)
 	out, err := queryClaims(ctx, s.db, declareNow+`UPDATE dbo.Claims
 SET State = 'claimed', Owner = `+owner+`, ClaimedBy = `+by+`,
@@ -316,10 +395,10 @@ func (s *Store) Flag(ctx context.Context, params *claim.FlagParams) (*claim.Clai
 		return nil, err
 	}
 	var a args
-	reason := a.add(text(truncate(params.Reason, maxFlagReason)))
+	reason := a.add(text(truncate(params.Reason, maxFlagReason)), declFlagReason)
 	q := `UPDATE dbo.Claims SET State = 'flagged', FlaggedUtc = SYSUTCDATETIME(), FlagReason = ` + reason + `
 OUTPUT ` + insertedColumns + `
-WHERE Id = ` + a.add(params.ID) + ` AND Owner = ` + a.add(guid(params.Owner)) + ` AND State = '` + string(params.State) + `'` // validated: claimed or released
+WHERE Id = ` + a.add(params.ID, declID) + ` AND Owner = ` + a.add(guid(params.Owner), declGUID) + ` AND State = '` + string(params.State) + `'` // validated: claimed or released
 	if params.SilentFor > 0 {
 		q += " AND HeartbeatUtc < " + agoSQL(&a, params.SilentFor)
 	}
@@ -344,7 +423,7 @@ func (s *Store) FindStale(ctx context.Context, params *claim.FindStaleParams) ([
 		return nil, err
 	}
 	var a args
-	top := a.add(int64(limit))
+	top := a.add(int64(limit), declID)
 	q := `SELECT TOP (` + top + `) ` + columns + ` FROM dbo.Claims
 WHERE ` + unfinished + ` AND HeartbeatUtc < ` + agoSQL(&a, staleAfter) + `
   AND (NextAttemptUtc IS NULL OR NextAttemptUtc <= SYSUTCDATETIME())
@@ -361,7 +440,7 @@ func (s *Store) RecordLateSuccess(ctx context.Context, params *claim.LateSuccess
 	err := s.execGuarded(ctx, "record late success of", params.ID, `UPDATE dbo.Claims
 SET LateSuccessUtc = SYSUTCDATETIME(), LateSuccessBy = @p1
 OUTPUT INSERTED.Id
-WHERE Id = @p2;`, text(truncate(sqlstore.LateSuccessBy(params), maxClaimedBy)), params.ID)
+WHERE Id = @p2;`, param{text(truncate(sqlstore.LateSuccessBy(params), maxClaimedBy)), declHost}, param{params.ID, declID})
 	if errors.Is(err, claim.ErrStateChanged) {
 		return fmt.Errorf("record late success of claim %d: %w", params.ID, claim.ErrNotFound)
 	}
@@ -374,7 +453,7 @@ func (s *Store) Heartbeat(ctx context.Context, params *claim.HeartbeatParams) er
 SET HeartbeatUtc = SYSUTCDATETIME()
 OUTPUT INSERTED.Id
 WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`,
-		params.ID, guid(params.Owner))
+		param{params.ID, declID}, param{guid(params.Owner), declGUID})
 }
 
 // MarkProcessed moves a claimed claim held by Owner to processed and
@@ -384,14 +463,14 @@ func (s *Store) MarkProcessed(ctx context.Context, params *claim.MarkProcessedPa
 SET State = 'processed', ProcessedUtc = SYSUTCDATETIME(), Payload = NULL
 OUTPUT INSERTED.Id
 WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`,
-		params.ID, guid(params.Owner))
+		param{params.ID, declID}, param{guid(params.Owner), declGUID})
 }
 
 // Release moves a claimed claim held by Owner to released. HeartbeatUtc is
 // set to the release time, so the reconciler's one predicate
 // (HeartbeatUtc older than StaleAfter) finds a release nobody took over.
 func (s *Store) Release(ctx context.Context, params *claim.ReleaseParams) error {
-	a := args{params.ID, guid(params.Owner), text(truncate(params.Error, maxLastError))}
+	a := args{{params.ID, declID}, {guid(params.Owner), declGUID}, {text(truncate(params.Error, maxLastError)), declLongText}}
 	next := "NULL"
 	if params.NextAttemptIn > 0 {
 		next = laterSQL(&a, params.NextAttemptIn)
@@ -405,7 +484,7 @@ WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`, a...)
 // RecordAttempt counts an effect attempt on a claimed claim held by Owner;
 // a positive NextAttemptIn sets the next attempt's time.
 func (s *Store) RecordAttempt(ctx context.Context, params *claim.RecordAttemptParams) error {
-	a := args{params.ID, guid(params.Owner), text(truncate(params.Error, maxLastError))}
+	a := args{{params.ID, declID}, {guid(params.Owner), declGUID}, {text(truncate(params.Error, maxLastError)), declLongText}}
 	next := "NextAttemptUtc"
 	if params.NextAttemptIn > 0 {
 		next = laterSQL(&a, params.NextAttemptIn)
@@ -435,10 +514,10 @@ func (s *Store) FlagStale(ctx context.Context, params *claim.FlagStaleParams) ([
 		return nil, err
 	}
 	var a args
-	top := a.add(int64(limit))
+	top := a.add(int64(limit), declID)
 	cutoff := agoSQL(&a, staleAfter)
-	released := a.add(sqlstore.ReasonReleased)
-	noHeartbeat := a.add(sqlstore.ReasonNoHeartbeat)
+	released := a.add(text(sqlstore.ReasonReleased), declFlagReason)
+	noHeartbeat := a.add(text(sqlstore.ReasonNoHeartbeat), declFlagReason)
 	q := `WITH stale AS (
     SELECT TOP (` + top + `) *
     FROM dbo.Claims WITH (ROWLOCK, UPDLOCK, READPAST, READCOMMITTEDLOCK)
@@ -465,8 +544,8 @@ func (s *Store) List(ctx context.Context, params *claim.ListParams) ([]*claim.Cl
 		return nil, err
 	}
 	var a args
-	top := a.add(int64(sqlstore.Limit(params.Limit, sqlstore.DefaultListLimit)))
-	where := []string{"Id > " + a.add(params.AfterID)}
+	top := a.add(int64(sqlstore.Limit(params.Limit, sqlstore.DefaultListLimit)), declID)
+	where := []string{"Id > " + a.add(params.AfterID, declID)}
 	if len(params.States) > 0 {
 		// States are literals, not parameters: they come from a fixed set
 		// (ValidateList checked each), and a literal State = 'flagged'
@@ -482,7 +561,10 @@ func (s *Store) List(ctx context.Context, params *claim.ListParams) ([]*claim.Cl
 		where = append(where, "State IN ("+strings.Join(lits, ", ")+")")
 	}
 	if params.Consumer != "" {
-		where = append(where, "Consumer = "+a.add(params.Consumer))
+		if n := utf16Len(params.Consumer); n > sqlstore.MaxConsumerLength {
+			return nil, fmt.Errorf("list: Consumer is %d UTF-16 code units, at most %d", n, sqlstore.MaxConsumerLength)
+		}
+		where = append(where, "Consumer = "+a.add(params.Consumer, declConsumer))
 	}
 	if params.OlderThan > 0 {
 		where = append(where, "ClaimedUtc < "+agoSQL(&a, params.OlderThan))
@@ -497,7 +579,7 @@ func (s *Store) List(ctx context.Context, params *claim.ListParams) ([]*claim.Cl
 
 // Get returns one claim by ID.
 func (s *Store) Get(ctx context.Context, id int64) (*claim.Claim, error) {
-	out, err := queryClaims(ctx, s.db, "SELECT "+columns+" FROM dbo.Claims WHERE Id = @p1;", []any{id})
+	out, err := queryClaims(ctx, s.db, "SELECT "+columns+" FROM dbo.Claims WHERE Id = @p1;", args{{id, declID}})
 	if err != nil {
 		return nil, fmt.Errorf("get claim %d: %w", id, err)
 	}
@@ -523,10 +605,10 @@ func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*clai
 	if params.Resolution == claim.ResolutionRedriven {
 		redrive = ", ProcessedUtc = @now, Payload = NULL"
 	}
-	a := args{text(params.By), mssqldb.VarChar(params.Resolution), text(params.Note), params.ID}
+	a := args{{text(params.By), declHost}, {mssqldb.VarChar(params.Resolution), declResolution}, {text(params.Note), declLongText}, {params.ID, declID}}
 	guard := "State = 'flagged'"
 	if params.Owner != uuid.Nil {
-		guard = "State = 'claimed' AND Owner = " + a.add(guid(params.Owner))
+		guard = "State = 'claimed' AND Owner = " + a.add(guid(params.Owner), declGUID)
 	}
 	out, err := queryClaims(ctx, s.db, declareNow+`UPDATE dbo.Claims
 SET State = 'resolved', ResolvedUtc = @now, ResolvedBy = @p1, Resolution = @p2, ResolutionNote = @p3`+redrive+`
@@ -554,7 +636,7 @@ func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (
 		return 0, err
 	}
 	var a args
-	top := a.add(int64(limit))
+	top := a.add(int64(limit), declID)
 	cutoff := agoSQL(&a, olderThan)
 	q := `DECLARE @processed bigint = 0, @resolved bigint = 0;
 DELETE TOP (` + top + `) FROM dbo.Claims

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
+	"github.com/sbclaim/sbclaim/internal/claim/sqlstore"
 )
 
 // URLEnv holds the SQL Server URL of the integration tests, e.g.
@@ -62,6 +63,60 @@ VALUES (@p1, @p2, CAST(@p3 AS uniqueidentifier), 'claimed', @p4);`,
     NextAttemptUtc = DATEADD(second, -CAST(@p1 AS int), NextAttemptUtc),
     LateSuccessUtc = DATEADD(second, -CAST(@p1 AS int), LateSuccessUtc)
 WHERE Id = @p2;`,
+	SessionIDSQL:  `SELECT CAST(@@SPID AS bigint);`,
+	WaitingForSQL: `SELECT COUNT_BIG(*) FROM sys.dm_exec_requests WHERE blocking_session_id = @p1;`,
+	LockClaimSQL:  `SELECT Id FROM dbo.Claims WITH (UPDLOCK, ROWLOCK) WHERE Id = @p1;`,
+	// The raw transaction of the deadlock test survives; the store's
+	// statement is the victim (error 1205).
+	SurviveDeadlockSQL: `SET DEADLOCK_PRIORITY HIGH;`,
+	ClaimRaces:         claimRaces,
+	ReadOnly:           readOnlyDatabase,
+	NoGrantsReason: "the SQL Server test login needs CREATE DATABASE and is usually sa, a sysadmin on whom DENY has no effect; " +
+		"a missing grant (229) is covered by TestInterpretError",
+}
+
+// claimRaces is nil with READ_COMMITTED_SNAPSHOT off: NOT EXISTS then
+// waits for an in-flight claim and sees it, and the race leaves no
+// violation to count (see Store.ClaimRaces).
+var claimRaces = func() func(claim.Store) int64 {
+	if strings.EqualFold(os.Getenv(rcsiEnv), "off") {
+		return nil
+	}
+	return func(s claim.Store) int64 { return s.(*Store).ClaimRaces() }
+}()
+
+// readOnlyDatabase sets st's database READ_ONLY (as a geo-secondary is):
+// every write then fails with error 3906. The ALTER ends the store's
+// sessions; the pool opens new ones.
+func readOnlyDatabase(t *testing.T, st claim.Store) claim.Store {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var name string
+	if err := st.(*Store).DB().QueryRowContext(ctx, "SELECT DB_NAME();").Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := Open(ctx, claimtest.RequireOrSkip(t, "sqlserver", URLEnv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close() })
+	quoted := "[" + strings.ReplaceAll(name, "]", "]]") + "]"
+	if _, err := admin.DB().ExecContext(ctx, "ALTER DATABASE "+quoted+" SET READ_ONLY WITH ROLLBACK IMMEDIATE;"); err != nil {
+		t.Fatalf("set %s read-only: %v", name, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, _ = admin.DB().ExecContext(ctx, "ALTER DATABASE "+quoted+" SET READ_WRITE WITH ROLLBACK IMMEDIATE;")
+	})
+	// The ALTER ended the pooled sessions: close them, so the writes under
+	// test run on new sessions and meet the read-only database, not a
+	// broken connection.
+	db := st.(*Store).DB()
+	db.SetMaxIdleConns(0)
+	db.SetMaxIdleConns(sqlstore.MaxOpenConns)
+	return st
 }
 
 // newTestStore creates a uniquely named database on the server of base,

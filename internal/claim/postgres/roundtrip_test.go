@@ -58,7 +58,7 @@ func TestClaimBatchIsOneStatement(t *testing.T) {
 		t.Fatal(err)
 	}
 	cq := &countingQuerier{q: s.DB()}
-	won, found, err := insertClaims(ctx, cq, "h", plan, claim.StateClaimed)
+	won, found, err := s.insertClaims(ctx, cq, "h", plan, claim.StateClaimed)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func TestClaimBatchRaceCostsOneMoreStatement(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		won, found, err := insertClaims(ctx, cq, "h", plan, claim.StateClaimed)
+		won, found, err := s.insertClaims(ctx, cq, "h", plan, claim.StateClaimed)
 		if err != nil {
 			done <- result{err: err}
 			return

@@ -12,6 +12,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -33,8 +34,18 @@ const ClaimsUniqueIndex = "ux_claims_message_consumer"
 
 // Store is the PostgreSQL claims table.
 type Store struct {
-	db *sql.DB
+	db    *sql.DB
+	races atomic.Int64
 }
+
+// ClaimRaces returns how many claimed keys met another transaction's
+// in-flight claim of the same key: the insert waited on the claims unique
+// index for that transaction, which then committed, so ON CONFLICT skipped
+// the row while the statement's snapshot could not see it, and a second
+// statement read it (see the package doc). It only grows; the conformance
+// suite's race tests check that it moved, which no run without a real race
+// can make it do.
+func (s *Store) ClaimRaces() int64 { return s.races.Load() }
 
 // Option configures a Store. There are none yet; the parameter keeps New's
 // signature the same across dialects.
@@ -199,7 +210,7 @@ func (s *Store) ClaimBatch(ctx context.Context, params *claim.ClaimBatchParams) 
 	if len(plan.First) == 0 {
 		return nil, nil
 	}
-	won, existing, err := insertClaims(ctx, s.db, params.Host, plan, claim.StateClaimed)
+	won, existing, err := s.insertClaims(ctx, s.db, params.Host, plan, claim.StateClaimed)
 	if err != nil {
 		return nil, err
 	}
@@ -211,7 +222,7 @@ func (s *Store) ClaimBatch(ctx context.Context, params *claim.ClaimBatchParams) 
 // statement's snapshot (in practice at most one more).
 const maxClaimAttempts = 3
 
-func insertClaims(ctx context.Context, q sqlstore.Querier, host string, plan *sqlstore.Plan, state claim.State) (won, existing map[sqlstore.Key]*claim.Claim, err error) {
+func (s *Store) insertClaims(ctx context.Context, q sqlstore.Querier, host string, plan *sqlstore.Plan, state claim.State) (won, existing map[sqlstore.Key]*claim.Claim, err error) {
 	won = make(map[sqlstore.Key]*claim.Claim, len(plan.First))
 	existing = make(map[sqlstore.Key]*claim.Claim)
 	pending := plan.First
@@ -271,6 +282,7 @@ func insertClaims(ctx context.Context, q sqlstore.Querier, host string, plan *sq
 				next = append(next, i)
 			}
 		}
+		s.races.Add(int64(len(next)))
 		pending = next
 	}
 	return won, existing, nil
@@ -294,7 +306,7 @@ func (s *Store) ClaimTx(ctx context.Context, params *claim.ClaimTxParams, fn fun
 	}
 	defer tx.Rollback()
 
-	won, existing, err := insertClaims(ctx, tx, params.Host, plan, claim.StateProcessed)
+	won, existing, err := s.insertClaims(ctx, tx, params.Host, plan, claim.StateProcessed)
 	if err != nil {
 		return claim.ClaimResult{}, err
 	}
@@ -668,35 +680,87 @@ func (s *Store) Ping(ctx context.Context) error {
 // Close closes the connection pool.
 func (s *Store) Close() error { return s.db.Close() }
 
-// translate maps driver errors to the claim sentinels: SQLSTATE 23505 on
-// the claims unique index is ErrDuplicate (any other unique violation stays
-// a plain error); failures to connect, broken connections, server shutdown
-// and a closed pool are ErrUnavailable.
+// sqlStateClasses classifies server errors by SQLSTATE (see the error
+// contract in package claim). Codes not listed, and every other class 08
+// code, are looked up in sqlStateClass.
+var sqlStateClasses = map[string]claim.Class{
+	"57P05": claim.ClassConnection, // idle_session_timeout: the server closed the session
+
+	"53000": claim.ClassBusy, // insufficient_resources
+	"53200": claim.ClassBusy, // out_of_memory
+	"53300": claim.ClassBusy, // too_many_connections
+
+	"57P01": claim.ClassFailover, // admin_shutdown (a restart, a failover)
+	"57P02": claim.ClassFailover, // crash_shutdown
+	"57P03": claim.ClassFailover, // cannot_connect_now (starting up, in recovery)
+
+	"40P01": claim.ClassDeadlock, // deadlock_detected: this transaction was rolled back
+	"40001": claim.ClassDeadlock, // serialization_failure
+
+	"55P03": claim.ClassLockTimeout, // lock_not_available (lock_timeout, NOWAIT)
+	"57014": claim.ClassLockTimeout, // query_canceled (statement_timeout; a cancel request)
+
+	"25006": claim.ClassReadOnly, // read_only_sql_transaction (a standby, default_transaction_read_only)
+
+	"53100": claim.ClassNoSpace, // disk_full
+
+	"42501": claim.ClassPermission, // insufficient_privilege (a missing grant)
+	"28000": claim.ClassPermission, // invalid_authorization_specification (pg_hba, no such role)
+	"28P01": claim.ClassPermission, // invalid_password
+}
+
+// sqlStateClass returns the class of a SQLSTATE: the table above, or
+// connection for any class 08 (connection exception) code.
+func sqlStateClass(code string) claim.Class {
+	if c, ok := sqlStateClasses[code]; ok {
+		return c
+	}
+	if strings.HasPrefix(code, "08") {
+		return claim.ClassConnection
+	}
+	return claim.ClassNone
+}
+
+// translate maps driver errors to the claim sentinels, keeping the driver
+// error in the chain: SQLSTATE 23505 on the claims unique index is
+// ErrDuplicate (any other unique violation stays a plain error); a server
+// error is classified by its SQLSTATE (sqlStateClasses); a deadline that
+// expired is claim.ClassTimeout; failures to connect, broken connections
+// and a closed pool are claim.ClassConnection. A cancelled context (the
+// caller gave up) and everything else stay plain errors.
 func translate(err error) error {
 	if err == nil {
 		return nil
 	}
+	var ce *claim.Error
+	if errors.As(err, &ce) || errors.Is(err, claim.ErrDuplicate) {
+		return err // already translated
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		switch {
-		case pgErr.Code == "23505" && pgErr.ConstraintName == ClaimsUniqueIndex:
-			return fmt.Errorf("%w: %w", claim.ErrDuplicate, err)
-		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
-			pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", // shutdown, cannot connect now
-			pgErr.Code == "53300": // too many connections
-			return fmt.Errorf("%w: %w", claim.ErrUnavailable, err)
+		if pgErr.Code == "23505" {
+			if pgErr.ConstraintName == ClaimsUniqueIndex {
+				return fmt.Errorf("%w: %w", claim.ErrDuplicate, err)
+			}
+			return err
 		}
+		return claim.NewError(sqlStateClass(pgErr.Code), err)
+	}
+	if errors.Is(err, context.Canceled) {
 		return err
 	}
 	var (
 		connectErr *pgconn.ConnectError
 		netErr     net.Error
 	)
+	if errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) || (errors.As(err, &netErr) && netErr.Timeout()) {
+		return claim.NewError(claim.ClassTimeout, err)
+	}
 	if errors.As(err, &connectErr) || errors.As(err, &netErr) ||
 		errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		sqlstore.ErrClosedDB(err) || pgconn.SafeToRetry(err) {
-		return fmt.Errorf("%w: %w", claim.ErrUnavailable, err)
+		return claim.NewError(claim.ClassConnection, err)
 	}
 	return err
 }

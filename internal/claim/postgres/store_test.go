@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net/url"
 	"testing"
 	"time"
 
@@ -44,8 +45,41 @@ func TestConformance(t *testing.T) {
 				next_attempt_utc = next_attempt_utc - make_interval(secs => $1),
 				late_success_utc = late_success_utc - make_interval(secs => $1)
 				WHERE id = $2`,
+			SessionIDSQL:  `SELECT pg_backend_pid()`,
+			WaitingForSQL: `SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))`,
+			LockClaimSQL:  `SELECT id FROM claims WHERE id = $1 FOR UPDATE`,
+			ClaimRaces:    func(s claim.Store) int64 { return s.(*postgres.Store).ClaimRaces() },
+			// The owner of a table may revoke its own privileges: no
+			// second role is needed (the test role has no CREATEROLE).
+			RevokeWritesSQL: `REVOKE INSERT, UPDATE, DELETE ON claims FROM CURRENT_USER`,
+			ReadOnly:        readOnlyStore,
 		},
 	})
+}
+
+// readOnlyStore opens a second store on st's schema whose sessions start
+// read-only (default_transaction_read_only=on, as on a hot standby), so
+// the server refuses every write with SQLSTATE 25006.
+func readOnlyStore(t *testing.T, st claim.Store) claim.Store {
+	t.Helper()
+	var schema string
+	if err := st.(*postgres.Store).DB().QueryRowContext(t.Context(), "SELECT current_schema()").Scan(&schema); err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(claimtest.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	q.Set("default_transaction_read_only", "on") // a startup parameter, as libpq's options=-c would set it
+	u.RawQuery = q.Encode()
+	ro, err := postgres.Open(t.Context(), u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ro.Close() })
+	return ro
 }
 
 func TestMigrateIsIdempotent(t *testing.T) {

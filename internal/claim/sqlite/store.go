@@ -53,7 +53,8 @@ func New(db *sql.DB, opts ...Option) *Store {
 func (s *Store) DB() *sql.DB { return s.db }
 
 // busyTimeout is how long a statement waits for another process's write
-// lock before failing with SQLITE_BUSY (reported as claim.ErrUnavailable).
+// lock before failing with SQLITE_BUSY (reported as claim.ErrUnavailable,
+// class busy).
 const busyTimeout = 10 * time.Second
 
 // Open opens a SQLite claims store from a URL: "sqlite:/path/file.db",
@@ -715,33 +716,75 @@ func (s *Store) Close() error { return s.db.Close() }
 // claims.consumer"): SQLite reports columns, not the index name.
 const claimsUniqueColumns = "claims.message_id, claims.consumer"
 
-// translate maps driver errors to the claim sentinels: a unique violation
-// of the claims index is ErrDuplicate (any other unique violation stays a
-// plain error); a database that cannot be opened, stays busy past the busy
-// timeout, or is closed is ErrUnavailable.
+// codeClass classifies a SQLite result code (extended codes first, then
+// the primary code; see the error contract in package claim).
+//
+// SQLITE_BUSY is store-wide: the store runs every statement on its one
+// connection, so BUSY means another process (or another pool on the same
+// file) held the database's write lock for the whole busy timeout, and
+// every write waits behind it the same way. SQLITE_BUSY_SNAPSHOT is a
+// stale read snapshot that cannot be upgraded to a write: this call's
+// serialization failure, retried at once it succeeds. SQLITE_LOCKED is a
+// conflict inside one connection (a table another statement of the same
+// connection holds): this call only. SQLite has no grants: a file the
+// process cannot write opens read-only and refuses writes with
+// SQLITE_READONLY, which is the read_only class; SQLITE_PERM and
+// SQLITE_AUTH are the permission class.
+func codeClass(code int) claim.Class {
+	switch code {
+	case sqlite3.SQLITE_BUSY_SNAPSHOT:
+		return claim.ClassDeadlock
+	}
+	switch code & 0xff {
+	case sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT:
+		return claim.ClassConnection
+	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_NOMEM, sqlite3.SQLITE_PROTOCOL:
+		return claim.ClassBusy
+	case sqlite3.SQLITE_LOCKED:
+		return claim.ClassLockTimeout
+	case sqlite3.SQLITE_READONLY:
+		return claim.ClassReadOnly
+	case sqlite3.SQLITE_FULL:
+		return claim.ClassNoSpace
+	case sqlite3.SQLITE_PERM, sqlite3.SQLITE_AUTH:
+		return claim.ClassPermission
+	}
+	return claim.ClassNone
+}
+
+// translate maps driver errors to the claim sentinels, keeping the driver
+// error in the chain: a unique violation of the claims index is
+// ErrDuplicate (any other unique violation stays a plain error); a SQLite
+// result code is classified by codeClass; a deadline that expired is
+// claim.ClassTimeout; a closed or broken connection is
+// claim.ClassConnection.
 func translate(err error) error {
 	if err == nil {
 		return nil
 	}
+	var ce *claim.Error
+	if errors.As(err, &ce) || errors.Is(err, claim.ErrDuplicate) {
+		return err // already translated
+	}
 	var se *sqlite.Error
 	if errors.As(err, &se) {
 		code := se.Code()
-		switch {
-		case code == sqlite3.SQLITE_CONSTRAINT_UNIQUE || code == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
+		if code == sqlite3.SQLITE_CONSTRAINT_UNIQUE || code == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY {
 			if strings.Contains(se.Error(), claimsUniqueColumns) {
 				return fmt.Errorf("%w: %w", claim.ErrDuplicate, err)
 			}
 			return err
 		}
-		switch code & 0xff {
-		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_IOERR,
-			sqlite3.SQLITE_FULL, sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_READONLY:
-			return fmt.Errorf("%w: %w", claim.ErrUnavailable, err)
-		}
+		return claim.NewError(codeClass(code), err)
+	}
+	if errors.Is(err, context.Canceled) {
 		return err
 	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return claim.NewError(claim.ClassTimeout, err)
+	}
 	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) || errors.Is(err, io.EOF) || sqlstore.ErrClosedDB(err) {
-		return fmt.Errorf("%w: %w", claim.ErrUnavailable, err)
+		return claim.NewError(claim.ClassConnection, err)
 	}
 	return err
 }

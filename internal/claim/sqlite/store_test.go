@@ -49,8 +49,32 @@ func harness() claimtest.Harness {
 				next_attempt_utc = strftime('%Y-%m-%dT%H:%M:%f', next_attempt_utc, '-' || ?1 || ' seconds'),
 				late_success_utc = strftime('%Y-%m-%dT%H:%M:%f', late_success_utc, '-' || ?1 || ' seconds')
 				WHERE id = ?2`,
+			NoGrantsReason: "SQLite has no grants: a database file the process may not write opens read-only and is refused as read_only (ReadOnlyDatabaseRefusesEveryWrite)",
+			ReadOnly:       readOnlyStore,
 		},
 	}
+}
+
+// readOnlyStore opens a second store on st's file through a query_only
+// connection: SQLite refuses its writes with SQLITE_READONLY, as it does
+// for a file the process may not write. (Taking the file's write bit away
+// would not do: the tests run as root, which writes it anyway.)
+func readOnlyStore(t *testing.T, st claim.Store) claim.Store {
+	t.Helper()
+	var (
+		seq        int
+		name, file string
+	)
+	if err := st.(*sqlite.Store).DB().QueryRowContext(t.Context(), "PRAGMA database_list").Scan(&seq, &name, &file); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("sqlite", file+"?_pragma=query_only(1)&_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(1)
+	t.Cleanup(func() { db.Close() })
+	return sqlite.New(db)
 }
 
 func TestConformance(t *testing.T) {
