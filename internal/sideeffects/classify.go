@@ -26,7 +26,7 @@ var statusTable = []statusRule{
 	{300, 399, OutcomePermanent, false, "redirects are not followed; the route URL is wrong"},
 	{408, 408, OutcomeRetryable, true, "the downstream gave up reading the request; not performed"},
 	{409, 409, OutcomeUnknown, true, "the same key is still in flight downstream; retry later with the same key"},
-	{422, 422, OutcomePermanent, false, "the key was already used with another payload"},
+	{422, 422, OutcomeConflict, false, "the key was already used with another payload"},
 	{429, 429, OutcomeRetryable, true, "rate limited; not performed"},
 	{400, 499, OutcomePermanent, false, "the downstream rejected the request; not performed"},
 	{500, 500, OutcomeUnknown, false, "the downstream failed; it may have performed the effect"},

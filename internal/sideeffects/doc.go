@@ -1,13 +1,19 @@
 // Package sideeffects runs the effects of claimed messages and sorts every
-// result into one of four outcomes (see Outcome and Classify):
+// result into one of six outcomes (see Outcome and Classify):
 //
 //   - ok: the effect happened — mark the claim processed, complete;
 //   - retryable: definitely not performed, may succeed later — release the
 //     claim, abandon;
-//   - permanent: definitely not performed, never will be — release the
-//     claim, dead-letter;
+//   - permanent: definitely not performed, never will be — dead-letter;
+//   - rejected: the downstream's final business answer for the key (a card
+//     decline): finished, possibly recorded downstream, never repeated —
+//     dead-letter once;
+//   - conflict: the key was already used with another payload — dead-letter
+//     once;
 //   - unknown: may or may not have happened — keep the claim with its last
 //     error; the reconciler flags it for an operator.
+//
+// Retryable and unknown are retried (RetryPolicy); the others are Final.
 //
 // There are two kinds of effect. An Effect calls something outside the
 // claims database (an HTTP API, a mailer) and receives the message's dedup
@@ -80,7 +86,7 @@
 //	| 3xx                                                 | permanent | redirects are not followed; the route URL is wrong                 |
 //	| 408 Request Timeout                                 | retryable | not performed; Retry-After honoured                                |
 //	| 409 Conflict                                        | unknown   | same key still in flight downstream; retry later with the same key |
-//	| 422 Unprocessable Entity                            | permanent | the key was already used with another payload                      |
+//	| 422 Unprocessable Entity                            | conflict  | the key was already used with another payload                      |
 //	| 429 Too Many Requests                               | retryable | rate limited, not performed; Retry-After honoured                  |
 //	| other 4xx                                           | permanent | the downstream rejected the request; not performed                 |
 //	| 500 Internal Server Error                           | unknown   | the downstream may have performed the effect                       |
@@ -98,6 +104,9 @@
 // and net.OpError's "dial" operation.
 //
 // Retryable and unknown outcomes are retried by RetryPolicy (same key, so
-// safe); ok and permanent stop it. After the last attempt, retryable
+// safe); ok, permanent, rejected and conflict stop it. Once an attempt was
+// unknown, a later retryable or permanent answer leaves the effect unknown,
+// while a later rejected or conflict answer — the downstream's own final
+// word about the key — ends it (see RetryPolicy.Do). After the last attempt, retryable
 // releases the claim and abandons the message, unknown keeps the claim.
 package sideeffects

@@ -214,7 +214,7 @@ func TestHTTPEffectStatuses(t *testing.T) {
 		{408, "3", OutcomeRetryable, 3 * time.Second},
 		{409, "", OutcomeUnknown, 0},
 		{410, "", OutcomePermanent, 0},
-		{422, "", OutcomePermanent, 0},
+		{422, "", OutcomeConflict, 0},
 		{429, "7", OutcomeRetryable, 7 * time.Second},
 		{429, httpDate, OutcomeRetryable, 60 * time.Second},
 		{429, "", OutcomeRetryable, 0},
