@@ -220,7 +220,11 @@ type Error struct {
 	Outcome Outcome
 	// RetryAfter is the downstream's Retry-After, when it gave one.
 	RetryAfter time.Duration
-	Err        error
+	// Answer is the downstream's answer to the failed attempt (nil when
+	// there was none: a transport error, or an effect that reported none).
+	// AnswerOf finds it anywhere in an error chain.
+	Answer *Answer
+	Err    error
 }
 
 func (e *Error) Error() string {

@@ -121,7 +121,8 @@ func (p RetryPolicy) Do(ctx context.Context, fn func(ctx context.Context) error,
 	}
 	switch Classify(err) {
 	case OutcomeRetryable, OutcomePermanent:
-		return Unknown(fmt.Errorf("an earlier attempt may have performed the effect; last attempt: %w", err))
+		return &Error{Outcome: OutcomeUnknown, Answer: AnswerOf(err),
+			Err: fmt.Errorf("an earlier attempt may have performed the effect; last attempt: %w", err)}
 	}
 	return err
 }
