@@ -11,10 +11,8 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
-	"strings"
 	"sync/atomic"
 	"time"
-	"unicode"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 )
@@ -38,6 +36,11 @@ func (r *HTTPRouter) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 	for _, rt := range r.routes {
 		if !rt.match.Matches(msg) {
 			continue
+		}
+		if msg.ContentType != nil {
+			if err := CheckContentType(*msg.ContentType); err != nil {
+				return Handler{}, err
+			}
 		}
 		if rt.jsonBody {
 			if err := checkJSONBody(rt.name, msg.Body); err != nil {
@@ -85,9 +88,21 @@ type httpRoute struct {
 type httpStep struct {
 	name    string // "" for a route without steps
 	method  string
-	url     string
+	url     string // never logged or put in an error: see host
+	host    string // what logs and errors say of the URL
+	origin  string // scheme://host, for net/http's *url.Error
 	headers []header
 	timeout time.Duration
+}
+
+// label names a step in errors: route, step and host, never the URL's
+// path or query.
+func (r *httpRoute) label(st *httpStep) string {
+	l := "route " + r.name
+	if st.name != "" {
+		l += " step " + st.name
+	}
+	return l + " at " + st.host
 }
 
 type header struct {
@@ -116,10 +131,7 @@ func (r *httpRoute) Perform(ctx context.Context, msg *azservicebus.ReceivedMessa
 		if err == nil {
 			continue
 		}
-		label := "route " + r.name
-		if st.name != "" {
-			label += " step " + st.name
-		}
+		label := r.label(st)
 		if i > 0 && Classify(err) != OutcomeUnknown {
 			// Whatever this step's answer, an earlier step happened:
 			// releasing the claim would say the effect never did.
@@ -135,7 +147,7 @@ func (r *httpRoute) send(ctx context.Context, msg *azservicebus.ReceivedMessage,
 	ctx, cancel := context.WithTimeout(ctx, st.timeout)
 	defer cancel()
 
-	var progress struct{ gotConn, wrote atomic.Bool }
+	var progress sendProgressTrace
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GotConn: func(httptrace.GotConnInfo) { progress.gotConn.Store(true) },
 		WroteRequest: func(info httptrace.WroteRequestInfo) {
@@ -144,65 +156,15 @@ func (r *httpRoute) send(ctx context.Context, msg *azservicebus.ReceivedMessage,
 			}
 		},
 	})
-	req, err := http.NewRequestWithContext(ctx, st.method, st.url, bytes.NewReader(msg.Body))
-	if err != nil {
-		return Permanent(fmt.Errorf("build request: %w", err))
-	}
-	for _, h := range st.headers {
-		req.Header.Set(h.name, h.value)
-	}
-	contentType := r.contentType
-	if msg.ContentType != nil && *msg.ContentType != "" {
-		contentType = *msg.ContentType
-	}
-	req.Header.Set("Content-Type", contentType)
-	req.Header.Set("Idempotency-Key", key)
-	for _, p := range forwardedProperties {
-		if v, ok := msg.ApplicationProperties[p]; ok {
-			if s := propertyText(v); s != "" && validHeaderValue(s) {
-				req.Header.Set(p, s)
-			}
-		}
-	}
-	if req.Header.Get("User-Agent") == "" {
-		req.Header.Set("User-Agent", "sbclaim")
-	}
-
 	start := time.Now()
-	resp, err := r.client.Do(req)
-	var result error
-	status := 0
-	if err != nil {
-		// net/http quotes the whole URL, query included (an API key in
-		// ?code= would end up in logs, the claim and the DLQ).
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			ue.URL = logURL(st.url)
-		}
-		p := sendProgress{gotConn: progress.gotConn.Load(), wroteRequest: progress.wrote.Load()}
-		msg := err.Error()
-		if p.wroteRequest && isTimeout(err) {
-			msg = fmt.Sprintf("no answer within %s after the request was written (the downstream may have performed it): %s", st.timeout, msg)
-		}
-		result = classifyTransportError(redacted(r.redact.String(msg), err), p)
-	} else {
-		status = resp.StatusCode
-		detail := ""
-		if status < 200 || status > 299 {
-			detail = r.redact.String(excerpt(resp.Body))
-		}
-		// Drain (bounded) so the connection can be reused.
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		_ = resp.Body.Close()
-		result = classifyResponse(resp, time.Now(), detail)
-	}
+	result, status := r.attempt(ctx, msg, st, key, &progress)
 
 	attrs := []slog.Attr{
 		slog.String("route", r.name),
 		slog.String("message_id", msg.MessageID),
 		slog.String("idempotency_key", key),
 		slog.String("method", st.method),
-		slog.String("url", logURL(st.url)),
+		slog.String("host", st.host),
 		slog.Int("status", status),
 		slog.String("outcome", Classify(result).String()),
 		slog.Duration("duration", time.Since(start)),
@@ -219,21 +181,80 @@ func (r *httpRoute) send(ctx context.Context, msg *azservicebus.ReceivedMessage,
 	return result
 }
 
-// excerpt reads a short, printable excerpt of a response body for an error
-// message.
-func excerpt(body io.Reader) string {
-	b, _ := io.ReadAll(io.LimitReader(body, 512))
-	s := strings.Map(func(r rune) rune {
-		if unicode.IsPrint(r) {
-			return r
-		}
-		return ' '
-	}, string(b))
-	s = strings.Join(strings.Fields(s), " ")
-	if r := []rune(s); len(r) > 200 {
-		s = string(r[:200]) + "…"
+// maxAnswerBody bounds what is read of a response body (for the excerpt,
+// and drained so the connection can be reused).
+const maxAnswerBody = 64 << 10
+
+// attempt builds and sends the request and classifies the answer; status
+// is 0 when there was none.
+func (r *httpRoute) attempt(ctx context.Context, msg *azservicebus.ReceivedMessage, st *httpStep, key string, progress *sendProgressTrace) (result error, status int) {
+	contentType := r.contentType
+	if msg.ContentType != nil && *msg.ContentType != "" {
+		contentType = *msg.ContentType
 	}
-	return s
+	// A second line of defence behind Route and the processor: net/http
+	// would refuse a CR/LF before connecting, which looks retryable and
+	// would loop until the broker dead-letters the message.
+	if err := CheckContentType(contentType); err != nil {
+		var ie *InputError
+		errors.As(err, &ie)
+		return Permanent(fmt.Errorf("not sent: %s", ie.Description)), 0
+	}
+	req, err := http.NewRequestWithContext(ctx, st.method, st.url, bytes.NewReader(msg.Body))
+	if err != nil {
+		return Permanent(fmt.Errorf("build request: %w", scrubURLError(err, st.origin))), 0
+	}
+	for _, h := range st.headers {
+		req.Header.Set(h.name, h.value)
+	}
+	req.Header.Set("Content-Type", contentType)
+	req.Header.Set("Idempotency-Key", key)
+	for _, p := range forwardedProperties {
+		if v, ok := msg.ApplicationProperties[p]; ok {
+			if s := propertyText(v); s != "" && validHeaderValue(s) {
+				req.Header.Set(p, s)
+			}
+		}
+	}
+	if req.Header.Get("User-Agent") == "" {
+		req.Header.Set("User-Agent", "sbclaim")
+	}
+
+	resp, err := r.client.Do(req)
+	if err != nil {
+		// net/http quotes the whole URL: its path (a webhook's secret) and
+		// query (an API key in ?code=) would end up in logs, the claim
+		// and the DLQ.
+		err = scrubURLError(err, st.origin)
+		p := sendProgress{gotConn: progress.gotConn.Load(), wroteRequest: progress.wrote.Load()}
+		msg := err.Error()
+		if p.wroteRequest && isTimeout(err) {
+			msg = fmt.Sprintf("no answer within %s after the request was written (the downstream may have performed it): %s", st.timeout, msg)
+		}
+		return classifyTransportError(redacted(r.redact.String(msg), err), p), 0
+	}
+	// Read (bounded) what the answer needs; the rest is not drained, so a
+	// huge body costs a connection, not memory.
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBody))
+	_ = resp.Body.Close()
+	detail := ""
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		detail = excerpt(r.redact.String(string(body)))
+	}
+	return classifyResponse(resp, time.Now(), detail), resp.StatusCode
+}
+
+// sendProgressTrace is filled in by httptrace while a request is sent.
+type sendProgressTrace struct{ gotConn, wrote atomic.Bool }
+
+// scrubURLError replaces the URL that a *url.Error in err's chain quotes
+// with origin (scheme://host).
+func scrubURLError(err error, origin string) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		ue.URL = origin
+	}
+	return err
 }
 
 // redactedError carries a redacted message and keeps the original error
@@ -247,20 +268,3 @@ func redacted(msg string, err error) error { return &redactedError{msg: msg, err
 
 func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
-
-// logURL is a route URL fit for logs and errors: query values are
-// replaced, since some APIs take their key there (Azure Functions' ?code=).
-func logURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "[unparseable URL]"
-	}
-	if u.RawQuery != "" {
-		q := u.Query()
-		for k := range q {
-			q[k] = []string{"REDACTED"}
-		}
-		u.RawQuery = q.Encode()
-	}
-	return u.Redacted()
-}

@@ -452,7 +452,8 @@ routes:
 }
 
 // TestURLQuerySecretsNeverLeak: an API key in a route URL's query string
-// (Azure Functions' ?code=) never appears in an error.
+// (Azure Functions' ?code=) never appears in an error; nor does the path
+// (TestURLPathSecretsNeverLeak).
 func TestURLQuerySecretsNeverLeak(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	addr := srv.URL
@@ -476,7 +477,10 @@ routes:
 	if strings.Contains(err.Error(), "SUPERSECRETKEY") {
 		t.Errorf("error leaks the URL's key: %v", err)
 	}
-	if !strings.Contains(err.Error(), "/api/charge") {
-		t.Errorf("error no longer says which URL failed: %v", err)
+	if strings.Contains(err.Error(), "/api/charge") {
+		t.Errorf("error shows the URL's path: %v", err)
+	}
+	if !strings.Contains(err.Error(), "route fn at 127.0.0.1:") {
+		t.Errorf("error does not say which route and host failed: %v", err)
 	}
 }

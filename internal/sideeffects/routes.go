@@ -324,6 +324,11 @@ func buildRouter(file *routesFile, getenv func(string) string, client *http.Clie
 			client:      &c,
 			logger:      logger,
 		}
+		if err := CheckContentType(r.contentType); err != nil {
+			var ie *InputError
+			errors.As(err, &ie)
+			fail(rs.Name, "contentType", "%s", strings.TrimPrefix(ie.Description, "ContentType "))
+		}
 		if r.contentType == "" {
 			r.contentType = "application/octet-stream"
 			if r.jsonBody {
@@ -364,7 +369,8 @@ func buildRouter(file *routesFile, getenv func(string) string, client *http.Clie
 			if err := checkURL(ss.URL); err != nil {
 				fail(rs.Name, prefix+"url", "%v", err)
 			}
-			st.url = ss.URL
+			st.url, st.host, st.origin = ss.URL, urlHost(ss.URL), urlOrigin(ss.URL)
+			secrets = append(secrets, urlSecrets(ss.URL)...)
 
 			// Route headers apply to every step; a step's own header of the
 			// same name replaces it.
@@ -439,23 +445,24 @@ func parseTimeout(s string) (time.Duration, error) {
 
 // checkURL refuses any URL that could take a value from the message: the
 // URL is fixed text in the routes file, absolute http(s), with no template
-// syntax (raw or percent-encoded) and no credentials.
+// syntax (raw or percent-encoded) and no credentials. Its errors name the
+// host at most: a webhook URL carries its secret in the path.
 func checkURL(raw string) error {
 	lower := strings.ToLower(raw)
 	for _, bad := range []string{"{", "}", "$", "%7b", "%7d", "%24", "<", ">", "%3c", "%3e"} {
 		if strings.Contains(lower, bad) {
-			return fmt.Errorf("URL %q contains template syntax %q: a route URL is fixed text and never takes a value from the message", logURL(raw), bad)
+			return fmt.Errorf("the URL contains template syntax %q: a route URL is fixed text and never takes a value from the message", bad)
 		}
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
-		return errors.New("URL does not parse")
+		return errors.New("the URL does not parse")
 	}
 	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
-		return fmt.Errorf("URL %q must be an absolute http:// or https:// URL", logURL(raw))
+		return errors.New("the URL must be an absolute http:// or https:// URL")
 	}
 	if u.User != nil {
-		return fmt.Errorf("URL %q must not carry credentials: put them in a header with fromEnv", logURL(raw))
+		return fmt.Errorf("the URL (host %s) must not carry credentials: put them in a header with fromEnv", u.Hostname())
 	}
 	return nil
 }
@@ -473,11 +480,42 @@ func validHeaderValue(v string) bool {
 type redactor struct{ r *strings.Replacer }
 
 func newRedactor(secrets []string) *redactor {
+	// Longest first, so a secret that contains another is replaced whole.
+	secrets = slices.Clone(secrets)
+	slices.SortStableFunc(secrets, func(a, b string) int { return len(b) - len(a) })
+	secrets = slices.Compact(secrets)
 	var pairs []string
 	for _, s := range secrets {
-		pairs = append(pairs, s, "[REDACTED]")
+		if s != "" {
+			pairs = append(pairs, s, "[REDACTED]")
+		}
 	}
 	return &redactor{r: strings.NewReplacer(pairs...)}
+}
+
+// urlSecrets are the parts of a route URL that a downstream echoing its
+// request must not put in an excerpt or a recorded answer: the path (a
+// webhook's secret) and the query values (an API key), when long enough
+// to be secrets (short ones would only garble the text).
+func urlSecrets(raw string) []string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, p := range []string{u.EscapedPath(), u.Path} {
+		if len(p) >= 4 {
+			out = append(out, p)
+		}
+	}
+	for _, vs := range u.Query() {
+		for _, v := range vs {
+			if len(v) >= 6 {
+				out = append(out, v, url.QueryEscape(v))
+			}
+		}
+	}
+	return out
 }
 
 func (r *redactor) String(s string) string {
