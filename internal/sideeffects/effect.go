@@ -66,6 +66,16 @@ type Handler struct {
 	// fingerprint; a take-over, recovery or redrive under another name or
 	// fingerprint is refused, so a key is never sent to another effect.
 	Fingerprint string
+	// AllowNewKey says an operator may redrive a claim of this route under
+	// a new idempotency key (the reconciler's redrive --new-key, key
+	// <key>:r<N>): for a downstream that stored a failure under the key
+	// and replays it to every retry (Stripe stores a 500). A new key is a
+	// new request to the downstream — it deduplicates nothing against the
+	// old one — so it is safe only after an operator checked the
+	// downstream did nothing under the old key; on a route with steps it
+	// repeats every step, performed ones included. Routes file:
+	// allowNewKey: true (default false).
+	AllowNewKey bool
 }
 
 // Manual reports whether the handler's route is RecoveryManual.

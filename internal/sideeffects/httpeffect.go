@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -47,7 +48,7 @@ func (r *HTTPRouter) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 				return Handler{}, err
 			}
 		}
-		return Handler{Name: rt.name, Effect: rt, Recovery: rt.recovery, Fingerprint: rt.fingerprint}, nil
+		return Handler{Name: rt.name, Effect: rt, Recovery: rt.recovery, Fingerprint: rt.fingerprint, AllowNewKey: rt.allowNewKey}, nil
 	}
 	return Handler{}, noRoute(msg)
 }
@@ -78,6 +79,8 @@ type httpRoute struct {
 	jsonBody    bool
 	contentType string
 	recovery    Recovery
+	allowNewKey bool
+	excerpt     bool   // put a response excerpt in error messages
 	fingerprint string // Fingerprint of the steps' names, methods and URLs
 	steps       []*httpStep
 	client      *http.Client
@@ -93,6 +96,10 @@ type httpStep struct {
 	origin  string // scheme://host, for net/http's *url.Error
 	headers []header
 	timeout time.Duration
+	rules   []answerRule // the step's, then the route's
+	record  recordRT
+	// needJSON: a rule or the record reads the JSON body.
+	needJSON bool
 }
 
 // label names a step in errors: route, step and host, never the URL's
@@ -115,12 +122,18 @@ type header struct {
 // (the processor's RetryPolicy retries the whole effect). The idempotency
 // key is key for a single-step route and key + ":" + step name per step, so
 // a retry that re-runs an already performed step 1 sends the same key and
-// the downstream replays its answer instead of acting twice.
+// the downstream replays its answer instead of acting twice. Every answer
+// is reported to the context's AnswerRecorder (see RecordAnswers), so the
+// last one reported is the last step's that got one.
 //
 // When a step fails after an earlier step was performed, the effect is
-// partial: that is reported as OutcomeUnknown (the claim is kept, retried
-// with the same keys, and flagged for an operator) rather than retryable or
-// permanent (which would release it).
+// partial. A retryable or permanent failure is then reported as
+// OutcomeUnknown (the claim is kept, retried with the same keys, and
+// flagged for an operator) rather than released. A rejected or conflict
+// answer stays what it is: the downstream's final word about that step's
+// key, which no retry can change (each would replay it), so the effect is
+// finished — partially — and the error names the steps that were
+// performed for the operator reading the dead letter.
 func (r *httpRoute) Perform(ctx context.Context, msg *azservicebus.ReceivedMessage, key string) error {
 	for i, st := range r.steps {
 		stepKey := key
@@ -132,12 +145,25 @@ func (r *httpRoute) Perform(ctx context.Context, msg *azservicebus.ReceivedMessa
 			continue
 		}
 		label := r.label(st)
-		if i > 0 && Classify(err) != OutcomeUnknown {
+		if i == 0 {
+			return fmt.Errorf("%s: %w", label, err)
+		}
+		done := make([]string, i)
+		for j := range i {
+			done[j] = r.steps[j].name
+		}
+		switch o := Classify(err); o {
+		case OutcomeUnknown:
+			return fmt.Errorf("%s: %w", label, err)
+		case OutcomeRejected, OutcomeConflict:
+			return &Error{Outcome: o, Answer: AnswerOf(err),
+				Err: fmt.Errorf("%s: final answer after earlier steps were performed (%s): %w", label, strings.Join(done, ", "), err)}
+		default:
 			// Whatever this step's answer, an earlier step happened:
 			// releasing the claim would say the effect never did.
-			return Unknown(fmt.Errorf("%s: partial effect, earlier steps were performed: %w", label, err))
+			return &Error{Outcome: OutcomeUnknown, Answer: AnswerOf(err),
+				Err: fmt.Errorf("%s: partial effect, earlier steps were performed (%s): %w", label, strings.Join(done, ", "), err)}
 		}
-		return fmt.Errorf("%s: %w", label, err)
 	}
 	return nil
 }
@@ -157,7 +183,7 @@ func (r *httpRoute) send(ctx context.Context, msg *azservicebus.ReceivedMessage,
 		},
 	})
 	start := time.Now()
-	result, status := r.attempt(ctx, msg, st, key, &progress)
+	status, rule, result := r.attempt(ctx, msg, st, key, &progress)
 
 	attrs := []slog.Attr{
 		slog.String("route", r.name),
@@ -172,6 +198,9 @@ func (r *httpRoute) send(ctx context.Context, msg *azservicebus.ReceivedMessage,
 	if st.name != "" {
 		attrs = append(attrs, slog.String("step", st.name))
 	}
+	if rule != "" {
+		attrs = append(attrs, slog.String("answer_rule", rule))
+	}
 	if result != nil {
 		attrs = append(attrs, slog.String("error", result.Error()))
 		r.logger.LogAttrs(ctx, slog.LevelInfo, "http effect attempt failed", attrs...)
@@ -185,9 +214,10 @@ func (r *httpRoute) send(ctx context.Context, msg *azservicebus.ReceivedMessage,
 // and drained so the connection can be reused).
 const maxAnswerBody = 64 << 10
 
-// attempt builds and sends the request and classifies the answer; status
-// is 0 when there was none.
-func (r *httpRoute) attempt(ctx context.Context, msg *azservicebus.ReceivedMessage, st *httpStep, key string, progress *sendProgressTrace) (result error, status int) {
+// attempt builds and sends the request, reports the answer (ReportAnswer)
+// and classifies it; status is 0 when there was none, rule the answer rule
+// that decided ("" for the default table).
+func (r *httpRoute) attempt(ctx context.Context, msg *azservicebus.ReceivedMessage, st *httpStep, key string, progress *sendProgressTrace) (status int, rule string, result error) {
 	contentType := r.contentType
 	if msg.ContentType != nil && *msg.ContentType != "" {
 		contentType = *msg.ContentType
@@ -198,11 +228,11 @@ func (r *httpRoute) attempt(ctx context.Context, msg *azservicebus.ReceivedMessa
 	if err := CheckContentType(contentType); err != nil {
 		var ie *InputError
 		errors.As(err, &ie)
-		return Permanent(fmt.Errorf("not sent: %s", ie.Description)), 0
+		return 0, "", Permanent(fmt.Errorf("not sent: %s", ie.Description))
 	}
 	req, err := http.NewRequestWithContext(ctx, st.method, st.url, bytes.NewReader(msg.Body))
 	if err != nil {
-		return Permanent(fmt.Errorf("build request: %w", scrubURLError(err, st.origin))), 0
+		return 0, "", Permanent(fmt.Errorf("build request: %w", scrubURLError(err, st.origin)))
 	}
 	for _, h := range st.headers {
 		req.Header.Set(h.name, h.value)
@@ -231,17 +261,54 @@ func (r *httpRoute) attempt(ctx context.Context, msg *azservicebus.ReceivedMessa
 		if p.wroteRequest && isTimeout(err) {
 			msg = fmt.Sprintf("no answer within %s after the request was written (the downstream may have performed it): %s", st.timeout, msg)
 		}
-		return classifyTransportError(redacted(r.redact.String(msg), err), p), 0
+		return 0, "", classifyTransportError(redacted(r.redact.String(msg), err), p)
 	}
 	// Read (bounded) what the answer needs; the rest is not drained, so a
 	// huge body costs a connection, not memory.
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBody))
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBody+1))
 	_ = resp.Body.Close()
+	complete := len(body) <= maxAnswerBody
+	if !complete {
+		body = body[:maxAnswerBody]
+	}
+	var doc any
+	hasDoc := false
+	if st.needJSON && complete {
+		doc, hasDoc = decodeJSON(body)
+	}
+	answer := r.answer(resp, st, doc, hasDoc)
+	ReportAnswer(ctx, answer)
 	detail := ""
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+	if r.excerpt {
 		detail = excerpt(r.redact.String(string(body)))
 	}
-	return classifyResponse(resp, time.Now(), detail), resp.StatusCode
+	rule, result = classifyAnswer(st.rules, resp.StatusCode, resp.Header, doc, hasDoc, time.Now(), detail, &answer)
+	return resp.StatusCode, rule, result
+}
+
+// answer is what the step keeps of a response: its status and the
+// recorded headers and fields, redacted and bounded.
+func (r *httpRoute) answer(resp *http.Response, st *httpStep, doc any, hasDoc bool) Answer {
+	a := Answer{Status: resp.StatusCode, Step: st.name}
+	for _, h := range st.record.headers {
+		if vs := resp.Header.Values(h); len(vs) > 0 {
+			if a.Headers == nil {
+				a.Headers = map[string]string{}
+			}
+			a.Headers[h] = r.redact.String(strings.Join(vs, ", "))
+		}
+	}
+	if hasDoc {
+		for _, f := range st.record.fields {
+			if v, ok := lookupPointer(doc, f.tokens); ok {
+				if a.Fields == nil {
+					a.Fields = map[string]string{}
+				}
+				a.Fields[f.pointer] = r.redact.String(jsonText(v))
+			}
+		}
+	}
+	return a.bounded()
 }
 
 // sendProgressTrace is filled in by httptrace while a request is sent.

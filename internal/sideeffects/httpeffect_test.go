@@ -354,8 +354,10 @@ routes:
 		t.Errorf("route header not sent on step: %q", got)
 	}
 
-	// A permanent failure in step 2 after step 1 was performed is partial:
-	// unknown, so the claim is kept for an operator.
+	// A conflict in step 2 after step 1 was performed is the downstream's
+	// final word about step 2's key: conflict (never repeated), naming the
+	// performed steps. (A permanent one is partial, unknown:
+	// TestLaterStepFailureIsUnknown.)
 	msg8 := newMsg("m8", "order.placed", `{"sku":"x"}`)
 	// Make step 2 conflict: same key, another payload, sent first.
 	req, _ := http.NewRequest(http.MethodPut, b.url+"/payments", strings.NewReader(`other`))
@@ -366,8 +368,8 @@ routes:
 	}
 	resp.Body.Close()
 	err = eff.Perform(context.Background(), msg8, "m8")
-	if Classify(err) != OutcomeUnknown || !strings.Contains(err.Error(), "partial") {
-		t.Errorf("permanent step 2 after step 1: %v (outcome %v), want unknown/partial", err, Classify(err))
+	if Classify(err) != OutcomeConflict || !strings.Contains(err.Error(), "earlier steps were performed (reserve)") {
+		t.Errorf("conflict in step 2 after step 1: %v (outcome %v), want conflict naming step reserve", err, Classify(err))
 	}
 }
 

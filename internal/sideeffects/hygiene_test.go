@@ -118,3 +118,72 @@ func TestSecretCutByTheExcerptNeverShows(t *testing.T) {
 		}
 	}
 }
+
+// TestURLPathSecretsNeverLeak: a webhook URL carrying its secret in the
+// path (Slack, Teams) and a key in the query never appear in a log line,
+// an error or an Answer — not even when the downstream echoes its URL.
+func TestURLPathSecretsNeverLeak(t *testing.T) {
+	t.Parallel()
+	const pathSecret, querySecret = "T0001/B0002/XyZsecretPATHtoken", "QUERYsecret123"
+	status := http.StatusOK
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Location", r.URL.String())
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		fmt.Fprintf(w, `{"url":%q,"path":%q,"error":"no_service at %s"}`, r.URL.String(), r.URL.Path, r.URL.RequestURI())
+	}))
+	t.Cleanup(srv.Close)
+	logger, logs := testLogger(t)
+	yml := fmt.Sprintf(`
+routes:
+  - name: alerts
+    match: {subject: alert}
+    url: "%s/services/%s?code=%s"
+    record: {headers: [Location], fields: [/url, /path, /error]}
+`, srv.URL, pathSecret, querySecret)
+	r := mustRouter(t, yml, nil, logger)
+	msg := newMsg("m", "alert", `{"text":"hi"}`)
+	eff := mustEffect(t, r, msg)
+
+	var texts []string
+	for _, st := range []int{200, 404, 500, 429} {
+		status = st
+		ctx, rec := RecordAnswers(context.Background())
+		err := eff.Perform(ctx, msg, "m")
+		if err != nil {
+			texts = append(texts, err.Error())
+		}
+		a := rec.Last()
+		if a == nil || a.Status != st {
+			t.Fatalf("status %d: answer %+v", st, a)
+		}
+		texts = append(texts, fmt.Sprint(a.Headers, a.Fields), fmt.Sprint(AnswerOf(err)))
+	}
+	// No answer at all: net/http's *url.Error quotes the URL.
+	srv.Close()
+	err := eff.Perform(context.Background(), msg, "m")
+	if err == nil {
+		t.Fatal("no error from a closed server")
+	}
+	texts = append(texts, err.Error())
+	if !strings.Contains(err.Error(), "route alerts at 127.0.0.1:") {
+		t.Errorf("the error does not name the route and host: %v", err)
+	}
+	all := strings.Join(texts, "\n") + "\n" + logs.String()
+	if !strings.Contains(all, "http effect attempt failed") || !strings.Contains(all, "host=127.0.0.1:") {
+		t.Fatalf("nothing captured:\n%s", all)
+	}
+	for _, secret := range []string{pathSecret, querySecret, "XyZsecret", "/services/"} {
+		if strings.Contains(all, secret) {
+			t.Errorf("%q leaked into logs, errors or answers:\n%s", secret, all)
+		}
+	}
+	// The route's URL problems at start-up do not show the URL either.
+	got := parseErr(t, fmt.Sprintf(`
+routes:
+  - {name: alerts, match: {subject: a}, url: "https://hooks.example.com/services/%s/{x}"}
+`, pathSecret), nil)
+	if strings.Contains(got, pathSecret) || !strings.Contains(got, `field "url"`) {
+		t.Errorf("start-up error: %s", got)
+	}
+}
