@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+
+	"github.com/sbclaim/sbclaim/internal/sideeffects/fakedownstream"
 )
 
 func TestJSONPointer(t *testing.T) {
@@ -456,5 +458,71 @@ routes:
 				}
 			}
 		})
+	}
+}
+
+// TestFakeDownstreamAnswersLikeAPaymentAPI runs the README's Stripe-style
+// rules against the fake's decline, conflict and cached-failure replies.
+func TestFakeDownstreamAnswersLikeAPaymentAPI(t *testing.T) {
+	t.Parallel()
+	b := setupFake(t, fakedownstream.Options{ConflictStyle: fakedownstream.ConflictStripe})
+	r := mustRouter(t, stripeRoute(b.url)+"    timeout: 300ms\n", map[string]string{"STRIPE_KEY": "Bearer sk_test_x"}, b.log)
+	perform := func(key, body string) (error, *Answer) {
+		msg := newMsg(key, "payment.requested", body)
+		ctx, rec := RecordAnswers(context.Background())
+		err := fastPolicy.Do(ctx, func(ctx context.Context) error {
+			return mustEffect(t, r, msg).Perform(ctx, msg, key)
+		}, nil)
+		return err, rec.Last()
+	}
+
+	// A charge: ok, its id recorded.
+	err, a := perform("ok-1", "amount=1")
+	if err != nil || a == nil || !strings.HasPrefix(a.Fields["/id"], "fx_") || !strings.HasPrefix(a.Headers["Request-Id"], "req_") {
+		t.Errorf("charge: %v, answer %+v", err, a)
+	}
+
+	// A decline: rejected, the failed charge recorded; every copy of the
+	// message gets the replayed decline and nothing more is performed.
+	b.fake.SetKeyReply("dec-1", fakedownstream.ReplyDecline)
+	for range 3 {
+		err, a = perform("dec-1", "amount=1")
+		if Classify(err) != OutcomeRejected || a.Status != 402 || !strings.HasPrefix(a.Fields["/error/charge"], "fx_") {
+			t.Errorf("decline: %v, answer %+v", err, a)
+		}
+	}
+	if b.fake.Rejections("dec-1") != 1 || b.fake.Effects("dec-1") != 0 || b.fake.Requests("dec-1") != 3 {
+		t.Errorf("decline counts: rejections %d effects %d requests %d", b.fake.Rejections("dec-1"), b.fake.Effects("dec-1"), b.fake.Requests("dec-1"))
+	}
+
+	// The decline whose first answer was lost: attempt 1 is unknown, the
+	// replayed 402 ends it (the downstream's final word about the key).
+	b.fake.SetKeyReply("dec-2", fakedownstream.ReplyDecline)
+	b.fake.FailKey("dec-2", 1, fakedownstream.FaultHang)
+	if err, _ := perform("dec-2", "amount=1"); Classify(err) != OutcomeRejected || b.fake.Rejections("dec-2") != 1 {
+		t.Errorf("lost decline: %v (outcome %v), rejections %d", err, Classify(err), b.fake.Rejections("dec-2"))
+	}
+
+	// The same key with other parameters: Stripe's 400 idempotency_error
+	// is a conflict.
+	if err, _ := perform("ok-1", "amount=2"); Classify(err) != OutcomeConflict {
+		t.Errorf("key reused: %v, want conflict", err)
+	}
+	b.fake.SetKeyReply("taken", fakedownstream.ReplyConflict)
+	if err, a := perform("taken", "amount=1"); Classify(err) != OutcomeConflict || a.Status != 400 {
+		t.Errorf("preset conflict: %v %+v", err, a)
+	}
+
+	// A cached 500: unknown on every attempt (the claim is kept and
+	// flagged); only a new key gets through.
+	b.fake.SetKeyReply("c-1", fakedownstream.ReplyCachedFailure)
+	if err, a := perform("c-1", "amount=1"); Classify(err) != OutcomeUnknown || a.Status != 500 {
+		t.Errorf("cached failure: %v %+v", err, a)
+	}
+	if b.fake.Requests("c-1") != fastPolicy.MaxAttempts || b.fake.Replays("c-1") != fastPolicy.MaxAttempts-1 || b.fake.CachedFailures("c-1") != 1 {
+		t.Errorf("cached failure: %d requests, %d replays", b.fake.Requests("c-1"), b.fake.Replays("c-1"))
+	}
+	if err, a := perform("c-1:r1", "amount=1"); err != nil || a.Status != 201 || b.fake.Effects("c-1:r1") != 1 {
+		t.Errorf("new key: %v %+v", err, a)
 	}
 }
