@@ -201,8 +201,9 @@ var alwaysSecretHeaders = []string{"Authorization", "Proxy-Authorization", "Cook
 
 // classifyAnswer classifies an answer with the step's rules, then the
 // default table. It returns the rule that decided ("" for the table) and
-// nil (ok) or a classified *Error carrying answer.
-func classifyAnswer(rules []answerRule, status int, header http.Header, doc any, hasDoc bool, now time.Time, detail string, answer *Answer) (string, error) {
+// nil (ok) or a classified *Error carrying answer; detail (called only for
+// an error) gives the excerpt for its message.
+func classifyAnswer(rules []answerRule, status int, header http.Header, doc any, hasDoc bool, now time.Time, detail func() string, answer *Answer) (string, error) {
 	for i := range rules {
 		r := &rules[i]
 		if !r.matches(status, doc, hasDoc) {
@@ -212,8 +213,8 @@ func classifyAnswer(rules []answerRule, status int, header http.Header, doc any,
 			return r.where, nil
 		}
 		msg := "HTTP " + strconv.Itoa(status) + " (" + r.where + "): " + ruleMeaning[r.outcome]
-		if detail != "" {
-			msg += ": " + detail
+		if d := detail(); d != "" {
+			msg += ": " + d
 		}
 		e := &Error{Outcome: r.outcome, Answer: answer, Err: errors.New(msg)}
 		// A retried outcome waits as long as the downstream asked.
@@ -222,7 +223,10 @@ func classifyAnswer(rules []answerRule, status int, header http.Header, doc any,
 		}
 		return r.where, e
 	}
-	err := classifyStatus(status, header, now, detail)
+	if r, ok := statusRuleFor(status); ok && r.outcome == OutcomeOK {
+		return "", nil
+	}
+	err := classifyStatus(status, header, now, detail())
 	var e *Error
 	if errors.As(err, &e) {
 		e.Answer = answer

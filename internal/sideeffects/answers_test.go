@@ -247,7 +247,7 @@ func TestAnswerRulesRetryAfter(t *testing.T) {
 	s := newScripted(t)
 	logger, _ := testLogger(t)
 	r := mustRouter(t, oneRoute(s.srv.URL, `    answers:
-      - {status: 402, outcome: rejected}
+      - {status: "402", outcome: rejected}   # a quoted code is a code
       - {status: 425, outcome: unknown}
       - {status: 420, outcome: retryable}
 `), nil, logger)

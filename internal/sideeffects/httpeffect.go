@@ -278,9 +278,11 @@ func (r *httpRoute) attempt(ctx context.Context, msg *azservicebus.ReceivedMessa
 	}
 	answer := r.answer(resp, st, doc, hasDoc)
 	ReportAnswer(ctx, answer)
-	detail := ""
-	if r.excerpt {
-		detail = excerpt(r.redact.String(string(body)))
+	detail := func() string {
+		if !r.excerpt {
+			return ""
+		}
+		return excerpt(r.redact.String(string(body)))
 	}
 	rule, result = classifyAnswer(st.rules, resp.StatusCode, resp.Header, doc, hasDoc, time.Now(), detail, &answer)
 	return resp.StatusCode, rule, result
