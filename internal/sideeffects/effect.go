@@ -207,13 +207,10 @@ func ParseOutcome(s string) (Outcome, error) {
 	return OutcomeUnknown, fmt.Errorf("unknown outcome %q (want ok, retryable, permanent, unknown, rejected or conflict)", s)
 }
 
-// MarshalText implements encoding.TextMarshaler: the outcome's name.
-func (o Outcome) MarshalText() ([]byte, error) {
-	if !o.Valid() {
-		return nil, fmt.Errorf("sideeffects: invalid Outcome(%d)", int(o))
-	}
-	return []byte(o.String()), nil
-}
+// MarshalText implements encoding.TextMarshaler: the outcome's name (an
+// invalid value marshals as "Outcome(n)", which UnmarshalText refuses, so
+// that a log line never fails).
+func (o Outcome) MarshalText() ([]byte, error) { return []byte(o.String()), nil }
 
 // UnmarshalText implements encoding.TextUnmarshaler (see ParseOutcome).
 func (o *Outcome) UnmarshalText(b []byte) error {

@@ -41,8 +41,12 @@ func TestOutcomeNamesAndText(t *testing.T) {
 	if _, err := ParseOutcome("maybe"); err == nil {
 		t.Error("ParseOutcome accepted maybe")
 	}
-	if _, err := Outcome(42).MarshalText(); err == nil || Outcome(42).Valid() {
-		t.Error("Outcome(42) marshals or is valid")
+	if b, err := Outcome(42).MarshalText(); err != nil || string(b) != "Outcome(42)" || Outcome(42).Valid() {
+		t.Errorf("Outcome(42): %q, %v, valid %v", b, err, Outcome(42).Valid())
+	}
+	var o Outcome
+	if err := o.UnmarshalText([]byte("Outcome(42)")); err == nil {
+		t.Error("UnmarshalText accepted Outcome(42)")
 	}
 	for o, final := range map[Outcome]bool{OutcomeOK: true, OutcomePermanent: true, OutcomeRejected: true, OutcomeConflict: true, OutcomeRetryable: false, OutcomeUnknown: false} {
 		if o.Final() != final {
