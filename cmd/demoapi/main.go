@@ -7,6 +7,9 @@
 //	GET    /_counts   effects and requests per key, as JSON
 //	POST   /_faults   add a fault rule, e.g. {"fault":"hang","times":3}
 //	DELETE /_faults   clear fault rules
+//	POST   /_replies  answer a key like a payment API, e.g.
+//	                  {"key":"order-42","reply":"decline"} (or conflict, cached-failure)
+//	DELETE /_replies  clear reply settings
 //	GET    /healthz   liveness
 //
 // Flags (and environment variables):
@@ -17,6 +20,9 @@
 //	                                         error-before, error-after, hang (default none)
 //	-fault-rate  SBCLAIM_DEMOAPI_FAULT_RATE  share of requests that get -fault (0..1)
 //	-seed        SBCLAIM_DEMOAPI_SEED        seed for the fault draws (default 1)
+//	-conflict-style SBCLAIM_DEMOAPI_CONFLICT_STYLE  how a key reused with another
+//	                                         payload is answered: 422 (default) or
+//	                                         stripe (400 idempotency_error)
 //
 // Every effect is logged as one JSON line (SBCLAIM_LOG_FORMAT=text for
 // text).
@@ -48,6 +54,7 @@ type config struct {
 	Fault     fakedownstream.Fault
 	FaultRate float64
 	Seed      uint64
+	Conflicts fakedownstream.ConflictStyle
 }
 
 // Validate names the field and the bad value.
@@ -74,6 +81,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fault := fs.String("fault", cmp.Or(getenv("SBCLAIM_DEMOAPI_FAULT"), "none"), "fault injected at -fault-rate: unavailable, error-before, error-after, hang (SBCLAIM_DEMOAPI_FAULT)")
 	rate := fs.String("fault-rate", cmp.Or(getenv("SBCLAIM_DEMOAPI_FAULT_RATE"), "0"), "share of requests that get -fault, 0..1 (SBCLAIM_DEMOAPI_FAULT_RATE)")
 	seed := fs.String("seed", cmp.Or(getenv("SBCLAIM_DEMOAPI_SEED"), "1"), "seed for fault draws (SBCLAIM_DEMOAPI_SEED)")
+	conflicts := fs.String("conflict-style", cmp.Or(getenv("SBCLAIM_DEMOAPI_CONFLICT_STYLE"), "422"), "answer to a key reused with another payload: 422 or stripe (SBCLAIM_DEMOAPI_CONFLICT_STYLE)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -91,6 +99,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	}
 	if c.Seed, err = strconv.ParseUint(*seed, 10, 64); err != nil {
 		return c, fmt.Errorf("seed (SBCLAIM_DEMOAPI_SEED) %q: %w", *seed, err)
+	}
+	if c.Conflicts, err = fakedownstream.ParseConflictStyle(*conflicts); err != nil {
+		return c, fmt.Errorf("conflict-style (SBCLAIM_DEMOAPI_CONFLICT_STYLE): %w", err)
 	}
 	return c, c.Validate()
 }
@@ -125,7 +136,7 @@ func main() {
 // run serves until ctx ends, then drains for up to 10s. ready (may be nil)
 // is called with the listening address.
 func run(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr string)) error {
-	fake := fakedownstream.New(fakedownstream.Options{Seed: cfg.Seed, Latency: cfg.Latency, Logger: logger})
+	fake := fakedownstream.New(fakedownstream.Options{Seed: cfg.Seed, Latency: cfg.Latency, Logger: logger, ConflictStyle: cfg.Conflicts})
 	if cfg.FaultRate > 0 {
 		fake.SetFaultRate(cfg.FaultRate, cfg.Fault)
 	}
@@ -141,7 +152,8 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr s
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	logger.Info("demoapi listening", slog.String("addr", ln.Addr().String()),
-		slog.Duration("latency", cfg.Latency), slog.String("fault", cfg.Fault.String()), slog.Float64("fault_rate", cfg.FaultRate))
+		slog.Duration("latency", cfg.Latency), slog.String("fault", cfg.Fault.String()), slog.Float64("fault_rate", cfg.FaultRate),
+		slog.String("conflict_style", cfg.Conflicts.String()))
 	if ready != nil {
 		ready(ln.Addr().String())
 	}

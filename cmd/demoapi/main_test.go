@@ -24,14 +24,19 @@ func TestParseConfig(t *testing.T) {
 		t.Errorf("config = %+v", c)
 	}
 	c, err = parseConfig(nil, func(string) string { return "" }, io.Discard)
-	if err != nil || c.Addr != ":8080" {
+	if err != nil || c.Addr != ":8080" || c.Conflicts != fakedownstream.Conflict422 {
 		t.Errorf("defaults: %+v, %v", c, err)
+	}
+	c, err = parseConfig([]string{"-conflict-style", "stripe"}, func(string) string { return "" }, io.Discard)
+	if err != nil || c.Conflicts != fakedownstream.ConflictStripe {
+		t.Errorf("-conflict-style stripe: %+v, %v", c, err)
 	}
 	for _, args := range [][]string{
 		{"-fault-rate", "2", "-fault", "hang"},
 		{"-fault-rate", "0.5"},
 		{"-fault", "boom"},
 		{"-latency", "soon"},
+		{"-conflict-style", "409"},
 	} {
 		if _, err := parseConfig(args, func(string) string { return "" }, io.Discard); err == nil {
 			t.Errorf("%v accepted", args)

@@ -26,7 +26,7 @@ var statusTable = []statusRule{
 	{300, 399, OutcomePermanent, false, "redirects are not followed; the route URL is wrong"},
 	{408, 408, OutcomeRetryable, true, "the downstream gave up reading the request; not performed"},
 	{409, 409, OutcomeUnknown, true, "the same key is still in flight downstream; retry later with the same key"},
-	{422, 422, OutcomePermanent, false, "the key was already used with another payload"},
+	{422, 422, OutcomeConflict, false, "the key was already used with another payload"},
 	{429, 429, OutcomeRetryable, true, "rate limited; not performed"},
 	{400, 499, OutcomePermanent, false, "the downstream rejected the request; not performed"},
 	{500, 500, OutcomeUnknown, false, "the downstream failed; it may have performed the effect"},
@@ -56,23 +56,29 @@ func statusRuleFor(status int) (statusRule, bool) {
 }
 
 // classifyResponse turns a downstream answer into nil or a classified
+// *Error by the default table (see classifyStatus).
+func classifyResponse(resp *http.Response, now time.Time, detail string) error {
+	return classifyStatus(resp.StatusCode, resp.Header, now, detail)
+}
+
+// classifyStatus classifies an answer by statusTable: nil or a classified
 // *Error. detail is appended to the message (a short, redacted excerpt of
 // the response body).
-func classifyResponse(resp *http.Response, now time.Time, detail string) error {
-	r, ok := statusRuleFor(resp.StatusCode)
+func classifyStatus(status int, header http.Header, now time.Time, detail string) error {
+	r, ok := statusRuleFor(status)
 	if !ok {
 		r = statusRule{outcome: OutcomeUnknown, meaning: "unexpected status"}
 	}
 	if r.outcome == OutcomeOK {
 		return nil
 	}
-	msg := "HTTP " + strconv.Itoa(resp.StatusCode) + ": " + r.meaning
+	msg := "HTTP " + strconv.Itoa(status) + ": " + r.meaning
 	if detail != "" {
 		msg += ": " + detail
 	}
 	e := &Error{Outcome: r.outcome, Err: errors.New(msg)}
 	if r.retryAfter {
-		e.RetryAfter = ParseRetryAfter(resp.Header.Get("Retry-After"), now)
+		e.RetryAfter = ParseRetryAfter(header.Get("Retry-After"), now)
 	}
 	return e
 }

@@ -19,7 +19,7 @@ func TestStatusOutcomeTable(t *testing.T) {
 		400: OutcomePermanent, 401: OutcomePermanent, 403: OutcomePermanent, 404: OutcomePermanent,
 		405: OutcomePermanent, 410: OutcomePermanent, 413: OutcomePermanent, 499: OutcomePermanent,
 		408: OutcomeRetryable, 429: OutcomeRetryable, 503: OutcomeRetryable,
-		409: OutcomeUnknown, 422: OutcomePermanent,
+		409: OutcomeUnknown, 422: OutcomeConflict,
 		500: OutcomeUnknown, 501: OutcomeUnknown, 502: OutcomeUnknown, 504: OutcomeUnknown,
 		505: OutcomeUnknown, 599: OutcomeUnknown,
 		100: OutcomeUnknown, 199: OutcomeUnknown, 600: OutcomeUnknown, 0: OutcomeUnknown,
@@ -111,7 +111,7 @@ func TestStatusTableMatchesDoc(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	row := regexp.MustCompile(`(?m)^//\t\| ([^|]+?)\s*\| (ok|retryable|permanent|unknown)\s*\|`)
+	row := regexp.MustCompile(`(?m)^//\t\| ([^|]+?)\s*\| (ok|retryable|permanent|unknown|rejected|conflict)\s*\|`)
 	code := regexp.MustCompile(`^(other )?([1-5])xx$|^([1-5][0-9][0-9])\b`)
 	rows := row.FindAllStringSubmatch(string(src), -1)
 	if len(rows) < 12 {

@@ -18,7 +18,9 @@ import (
 //
 // msg is the SDK's own message value; an effect must treat it as read-only.
 // The returned error is classified by Classify: wrap it with Retryable,
-// Permanent or Unknown to say what happened; an unwrapped error counts as
+// Permanent, Unknown, Rejected or Conflict to say what happened (and call
+// ReportAnswer to have the downstream's answer recorded on the claim); an
+// unwrapped error counts as
 // OutcomeUnknown (the safe default: a claim is only released when the effect
 // definitely did not happen).
 type Effect interface {
@@ -64,6 +66,16 @@ type Handler struct {
 	// fingerprint; a take-over, recovery or redrive under another name or
 	// fingerprint is refused, so a key is never sent to another effect.
 	Fingerprint string
+	// AllowNewKey says an operator may redrive a claim of this route under
+	// a new idempotency key (the reconciler's redrive --new-key, key
+	// <key>:r<N>): for a downstream that stored a failure under the key
+	// and replays it to every retry (Stripe stores a 500). A new key is a
+	// new request to the downstream — it deduplicates nothing against the
+	// old one — so it is safe only after an operator checked the
+	// downstream did nothing under the old key; on a route with steps it
+	// repeats every step, performed ones included. Routes file:
+	// allowNewKey: true (default false).
+	AllowNewKey bool
 }
 
 // Manual reports whether the handler's route is RecoveryManual.
@@ -129,7 +141,8 @@ const (
 )
 
 // Outcome is what an effect attempt did. Every effect error is sorted into
-// one of these in one place (Classify).
+// one of these in one place (Classify). Outcomes marshal as their names
+// (MarshalText), so logs and JSON say "rejected", never 4.
 type Outcome int
 
 const (
@@ -144,20 +157,69 @@ const (
 	// OutcomeUnknown: the effect may or may not have happened (keep the
 	// claim with its last error; the reconciler flags it).
 	OutcomeUnknown
+	// OutcomeRejected: the downstream gave its final business answer for
+	// this key (a card decline): the effect is finished — the downstream
+	// may have recorded it, as a failed charge — and must never be
+	// repeated with this key. Only an answer rule of a route says so; the
+	// default table never does.
+	OutcomeRejected
+	// OutcomeConflict: the downstream says the key was already used with
+	// another payload (422 in the default table; Stripe's 400
+	// idempotency_error through an answer rule). This payload was not
+	// performed under the key and never will be.
+	OutcomeConflict
 )
 
+var outcomeNames = [...]string{
+	OutcomeOK:        "ok",
+	OutcomeRetryable: "retryable",
+	OutcomePermanent: "permanent",
+	OutcomeUnknown:   "unknown",
+	OutcomeRejected:  "rejected",
+	OutcomeConflict:  "conflict",
+}
+
 func (o Outcome) String() string {
-	switch o {
-	case OutcomeOK:
-		return "ok"
-	case OutcomeRetryable:
-		return "retryable"
-	case OutcomePermanent:
-		return "permanent"
-	case OutcomeUnknown:
-		return "unknown"
+	if o >= 0 && int(o) < len(outcomeNames) {
+		return outcomeNames[o]
 	}
 	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// Valid reports whether o is one of the Outcome constants.
+func (o Outcome) Valid() bool { return o >= 0 && int(o) < len(outcomeNames) }
+
+// Final reports whether o ends the retry loop and settles the key for
+// good: ok, permanent, rejected and conflict. (Retryable and unknown are
+// retried.)
+func (o Outcome) Final() bool {
+	return o == OutcomeOK || o == OutcomePermanent || o == OutcomeRejected || o == OutcomeConflict
+}
+
+// ParseOutcome reads an outcome name: ok, retryable, permanent, unknown,
+// rejected or conflict.
+func ParseOutcome(s string) (Outcome, error) {
+	for o, n := range outcomeNames {
+		if n == s {
+			return Outcome(o), nil
+		}
+	}
+	return OutcomeUnknown, fmt.Errorf("unknown outcome %q (want ok, retryable, permanent, unknown, rejected or conflict)", s)
+}
+
+// MarshalText implements encoding.TextMarshaler: the outcome's name (an
+// invalid value marshals as "Outcome(n)", which UnmarshalText refuses, so
+// that a log line never fails).
+func (o Outcome) MarshalText() ([]byte, error) { return []byte(o.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler (see ParseOutcome).
+func (o *Outcome) UnmarshalText(b []byte) error {
+	v, err := ParseOutcome(string(b))
+	if err != nil {
+		return err
+	}
+	*o = v
+	return nil
 }
 
 // Error is a classified effect error.
@@ -165,7 +227,11 @@ type Error struct {
 	Outcome Outcome
 	// RetryAfter is the downstream's Retry-After, when it gave one.
 	RetryAfter time.Duration
-	Err        error
+	// Answer is the downstream's answer to the failed attempt (nil when
+	// there was none: a transport error, or an effect that reported none).
+	// AnswerOf finds it anywhere in an error chain.
+	Answer *Answer
+	Err    error
 }
 
 func (e *Error) Error() string {
@@ -185,6 +251,13 @@ func Permanent(err error) error { return &Error{Outcome: OutcomePermanent, Err: 
 
 // Unknown marks err as "may or may not have happened".
 func Unknown(err error) error { return &Error{Outcome: OutcomeUnknown, Err: err} }
+
+// Rejected marks err as the downstream's final business answer for the key
+// (a decline): finished, never to be repeated.
+func Rejected(err error) error { return &Error{Outcome: OutcomeRejected, Err: err} }
+
+// Conflict marks err as "the key was already used with another payload".
+func Conflict(err error) error { return &Error{Outcome: OutcomeConflict, Err: err} }
 
 // Classify sorts an effect's error into an Outcome: nil is OutcomeOK, an
 // *Error (anywhere in the chain) is its Outcome, anything else — including a

@@ -14,7 +14,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unicode"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 )
@@ -39,12 +38,17 @@ func (r *HTTPRouter) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 		if !rt.match.Matches(msg) {
 			continue
 		}
+		if msg.ContentType != nil {
+			if err := CheckContentType(*msg.ContentType); err != nil {
+				return Handler{}, err
+			}
+		}
 		if rt.jsonBody {
 			if err := checkJSONBody(rt.name, msg.Body); err != nil {
 				return Handler{}, err
 			}
 		}
-		return Handler{Name: rt.name, Effect: rt, Recovery: rt.recovery, Fingerprint: rt.fingerprint}, nil
+		return Handler{Name: rt.name, Effect: rt, Recovery: rt.recovery, Fingerprint: rt.fingerprint, AllowNewKey: rt.allowNewKey}, nil
 	}
 	return Handler{}, noRoute(msg)
 }
@@ -75,6 +79,8 @@ type httpRoute struct {
 	jsonBody    bool
 	contentType string
 	recovery    Recovery
+	allowNewKey bool
+	excerpt     bool   // put a response excerpt in error messages
 	fingerprint string // Fingerprint of the steps' names, methods and URLs
 	steps       []*httpStep
 	client      *http.Client
@@ -85,9 +91,25 @@ type httpRoute struct {
 type httpStep struct {
 	name    string // "" for a route without steps
 	method  string
-	url     string
+	url     string // never logged or put in an error: see host
+	host    string // what logs and errors say of the URL
+	origin  string // scheme://host, for net/http's *url.Error
 	headers []header
 	timeout time.Duration
+	rules   []answerRule // the step's, then the route's
+	record  recordRT
+	// needJSON: a rule or the record reads the JSON body.
+	needJSON bool
+}
+
+// label names a step in errors: route, step and host, never the URL's
+// path or query.
+func (r *httpRoute) label(st *httpStep) string {
+	l := "route " + r.name
+	if st.name != "" {
+		l += " step " + st.name
+	}
+	return l + " at " + st.host
 }
 
 type header struct {
@@ -100,12 +122,18 @@ type header struct {
 // (the processor's RetryPolicy retries the whole effect). The idempotency
 // key is key for a single-step route and key + ":" + step name per step, so
 // a retry that re-runs an already performed step 1 sends the same key and
-// the downstream replays its answer instead of acting twice.
+// the downstream replays its answer instead of acting twice. Every answer
+// is reported to the context's AnswerRecorder (see RecordAnswers), so the
+// last one reported is the last step's that got one.
 //
 // When a step fails after an earlier step was performed, the effect is
-// partial: that is reported as OutcomeUnknown (the claim is kept, retried
-// with the same keys, and flagged for an operator) rather than retryable or
-// permanent (which would release it).
+// partial. A retryable or permanent failure is then reported as
+// OutcomeUnknown (the claim is kept, retried with the same keys, and
+// flagged for an operator) rather than released. A rejected or conflict
+// answer stays what it is: the downstream's final word about that step's
+// key, which no retry can change (each would replay it), so the effect is
+// finished — partially — and the error names the steps that were
+// performed for the operator reading the dead letter.
 func (r *httpRoute) Perform(ctx context.Context, msg *azservicebus.ReceivedMessage, key string) error {
 	for i, st := range r.steps {
 		stepKey := key
@@ -116,16 +144,26 @@ func (r *httpRoute) Perform(ctx context.Context, msg *azservicebus.ReceivedMessa
 		if err == nil {
 			continue
 		}
-		label := "route " + r.name
-		if st.name != "" {
-			label += " step " + st.name
+		label := r.label(st)
+		if i == 0 {
+			return fmt.Errorf("%s: %w", label, err)
 		}
-		if i > 0 && Classify(err) != OutcomeUnknown {
+		done := make([]string, i)
+		for j := range i {
+			done[j] = r.steps[j].name
+		}
+		switch o := Classify(err); o {
+		case OutcomeUnknown:
+			return fmt.Errorf("%s: %w", label, err)
+		case OutcomeRejected, OutcomeConflict:
+			return &Error{Outcome: o, Answer: AnswerOf(err),
+				Err: fmt.Errorf("%s: final answer after earlier steps were performed (%s): %w", label, strings.Join(done, ", "), err)}
+		default:
 			// Whatever this step's answer, an earlier step happened:
 			// releasing the claim would say the effect never did.
-			return Unknown(fmt.Errorf("%s: partial effect, earlier steps were performed: %w", label, err))
+			return &Error{Outcome: OutcomeUnknown, Answer: AnswerOf(err),
+				Err: fmt.Errorf("%s: partial effect, earlier steps were performed (%s): %w", label, strings.Join(done, ", "), err)}
 		}
-		return fmt.Errorf("%s: %w", label, err)
 	}
 	return nil
 }
@@ -135,7 +173,7 @@ func (r *httpRoute) send(ctx context.Context, msg *azservicebus.ReceivedMessage,
 	ctx, cancel := context.WithTimeout(ctx, st.timeout)
 	defer cancel()
 
-	var progress struct{ gotConn, wrote atomic.Bool }
+	var progress sendProgressTrace
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GotConn: func(httptrace.GotConnInfo) { progress.gotConn.Store(true) },
 		WroteRequest: func(info httptrace.WroteRequestInfo) {
@@ -144,16 +182,60 @@ func (r *httpRoute) send(ctx context.Context, msg *azservicebus.ReceivedMessage,
 			}
 		},
 	})
-	req, err := http.NewRequestWithContext(ctx, st.method, st.url, bytes.NewReader(msg.Body))
-	if err != nil {
-		return Permanent(fmt.Errorf("build request: %w", err))
+	start := time.Now()
+	status, rule, result := r.attempt(ctx, msg, st, key, &progress)
+
+	attrs := []slog.Attr{
+		slog.String("route", r.name),
+		slog.String("message_id", msg.MessageID),
+		slog.String("idempotency_key", key),
+		slog.String("method", st.method),
+		slog.String("host", st.host),
+		slog.Int("status", status),
+		slog.String("outcome", Classify(result).String()),
+		slog.Duration("duration", time.Since(start)),
 	}
-	for _, h := range st.headers {
-		req.Header.Set(h.name, h.value)
+	if st.name != "" {
+		attrs = append(attrs, slog.String("step", st.name))
 	}
+	if rule != "" {
+		attrs = append(attrs, slog.String("answer_rule", rule))
+	}
+	if result != nil {
+		attrs = append(attrs, slog.String("error", result.Error()))
+		r.logger.LogAttrs(ctx, slog.LevelInfo, "http effect attempt failed", attrs...)
+	} else {
+		r.logger.LogAttrs(ctx, slog.LevelDebug, "http effect attempt", attrs...)
+	}
+	return result
+}
+
+// maxAnswerBody bounds what is read of a response body (for the excerpt,
+// and drained so the connection can be reused).
+const maxAnswerBody = 64 << 10
+
+// attempt builds and sends the request, reports the answer (ReportAnswer)
+// and classifies it; status is 0 when there was none, rule the answer rule
+// that decided ("" for the default table).
+func (r *httpRoute) attempt(ctx context.Context, msg *azservicebus.ReceivedMessage, st *httpStep, key string, progress *sendProgressTrace) (status int, rule string, result error) {
 	contentType := r.contentType
 	if msg.ContentType != nil && *msg.ContentType != "" {
 		contentType = *msg.ContentType
+	}
+	// A second line of defence behind Route and the processor: net/http
+	// would refuse a CR/LF before connecting, which looks retryable and
+	// would loop until the broker dead-letters the message.
+	if err := CheckContentType(contentType); err != nil {
+		var ie *InputError
+		errors.As(err, &ie)
+		return 0, "", Permanent(fmt.Errorf("not sent: %s", ie.Description))
+	}
+	req, err := http.NewRequestWithContext(ctx, st.method, st.url, bytes.NewReader(msg.Body))
+	if err != nil {
+		return 0, "", Permanent(fmt.Errorf("build request: %w", scrubURLError(err, st.origin)))
+	}
+	for _, h := range st.headers {
+		req.Header.Set(h.name, h.value)
 	}
 	req.Header.Set("Content-Type", contentType)
 	req.Header.Set("Idempotency-Key", key)
@@ -168,72 +250,80 @@ func (r *httpRoute) send(ctx context.Context, msg *azservicebus.ReceivedMessage,
 		req.Header.Set("User-Agent", "sbclaim")
 	}
 
-	start := time.Now()
 	resp, err := r.client.Do(req)
-	var result error
-	status := 0
 	if err != nil {
-		// net/http quotes the whole URL, query included (an API key in
-		// ?code= would end up in logs, the claim and the DLQ).
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			ue.URL = logURL(st.url)
-		}
+		// net/http quotes the whole URL: its path (a webhook's secret) and
+		// query (an API key in ?code=) would end up in logs, the claim
+		// and the DLQ.
+		err = scrubURLError(err, st.origin)
 		p := sendProgress{gotConn: progress.gotConn.Load(), wroteRequest: progress.wrote.Load()}
 		msg := err.Error()
 		if p.wroteRequest && isTimeout(err) {
 			msg = fmt.Sprintf("no answer within %s after the request was written (the downstream may have performed it): %s", st.timeout, msg)
 		}
-		result = classifyTransportError(redacted(r.redact.String(msg), err), p)
-	} else {
-		status = resp.StatusCode
-		detail := ""
-		if status < 200 || status > 299 {
-			detail = r.redact.String(excerpt(resp.Body))
+		return 0, "", classifyTransportError(redacted(r.redact.String(msg), err), p)
+	}
+	// Read (bounded) what the answer needs; the rest is not drained, so a
+	// huge body costs a connection, not memory.
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBody+1))
+	_ = resp.Body.Close()
+	complete := len(body) <= maxAnswerBody
+	if !complete {
+		body = body[:maxAnswerBody]
+	}
+	var doc any
+	hasDoc := false
+	if st.needJSON && complete {
+		doc, hasDoc = decodeJSON(body)
+	}
+	answer := r.answer(resp, st, doc, hasDoc)
+	ReportAnswer(ctx, answer)
+	detail := func() string {
+		if !r.excerpt {
+			return ""
 		}
-		// Drain (bounded) so the connection can be reused.
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		_ = resp.Body.Close()
-		result = classifyResponse(resp, time.Now(), detail)
+		return excerpt(r.redact.String(string(body)))
 	}
-
-	attrs := []slog.Attr{
-		slog.String("route", r.name),
-		slog.String("message_id", msg.MessageID),
-		slog.String("idempotency_key", key),
-		slog.String("method", st.method),
-		slog.String("url", logURL(st.url)),
-		slog.Int("status", status),
-		slog.String("outcome", Classify(result).String()),
-		slog.Duration("duration", time.Since(start)),
-	}
-	if st.name != "" {
-		attrs = append(attrs, slog.String("step", st.name))
-	}
-	if result != nil {
-		attrs = append(attrs, slog.String("error", result.Error()))
-		r.logger.LogAttrs(ctx, slog.LevelInfo, "http effect attempt failed", attrs...)
-	} else {
-		r.logger.LogAttrs(ctx, slog.LevelDebug, "http effect attempt", attrs...)
-	}
-	return result
+	rule, result = classifyAnswer(st.rules, resp.StatusCode, resp.Header, doc, hasDoc, time.Now(), detail, &answer)
+	return resp.StatusCode, rule, result
 }
 
-// excerpt reads a short, printable excerpt of a response body for an error
-// message.
-func excerpt(body io.Reader) string {
-	b, _ := io.ReadAll(io.LimitReader(body, 512))
-	s := strings.Map(func(r rune) rune {
-		if unicode.IsPrint(r) {
-			return r
+// answer is what the step keeps of a response: its status and the
+// recorded headers and fields, redacted and bounded.
+func (r *httpRoute) answer(resp *http.Response, st *httpStep, doc any, hasDoc bool) Answer {
+	a := Answer{Status: resp.StatusCode, Step: st.name}
+	for _, h := range st.record.headers {
+		if vs := resp.Header.Values(h); len(vs) > 0 {
+			if a.Headers == nil {
+				a.Headers = map[string]string{}
+			}
+			a.Headers[h] = r.redact.String(strings.Join(vs, ", "))
 		}
-		return ' '
-	}, string(b))
-	s = strings.Join(strings.Fields(s), " ")
-	if r := []rune(s); len(r) > 200 {
-		s = string(r[:200]) + "…"
 	}
-	return s
+	if hasDoc {
+		for _, f := range st.record.fields {
+			if v, ok := lookupPointer(doc, f.tokens); ok {
+				if a.Fields == nil {
+					a.Fields = map[string]string{}
+				}
+				a.Fields[f.pointer] = r.redact.String(jsonText(v))
+			}
+		}
+	}
+	return a.bounded()
+}
+
+// sendProgressTrace is filled in by httptrace while a request is sent.
+type sendProgressTrace struct{ gotConn, wrote atomic.Bool }
+
+// scrubURLError replaces the URL that a *url.Error in err's chain quotes
+// with origin (scheme://host).
+func scrubURLError(err error, origin string) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		ue.URL = origin
+	}
+	return err
 }
 
 // redactedError carries a redacted message and keeps the original error
@@ -247,20 +337,3 @@ func redacted(msg string, err error) error { return &redactedError{msg: msg, err
 
 func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
-
-// logURL is a route URL fit for logs and errors: query values are
-// replaced, since some APIs take their key there (Azure Functions' ?code=).
-func logURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "[unparseable URL]"
-	}
-	if u.RawQuery != "" {
-		q := u.Query()
-		for k := range q {
-			q[k] = []string{"REDACTED"}
-		}
-		u.RawQuery = q.Encode()
-	}
-	return u.Redacted()
-}

@@ -214,7 +214,7 @@ func TestHTTPEffectStatuses(t *testing.T) {
 		{408, "3", OutcomeRetryable, 3 * time.Second},
 		{409, "", OutcomeUnknown, 0},
 		{410, "", OutcomePermanent, 0},
-		{422, "", OutcomePermanent, 0},
+		{422, "", OutcomeConflict, 0},
 		{429, "7", OutcomeRetryable, 7 * time.Second},
 		{429, httpDate, OutcomeRetryable, 60 * time.Second},
 		{429, "", OutcomeRetryable, 0},
@@ -354,8 +354,10 @@ routes:
 		t.Errorf("route header not sent on step: %q", got)
 	}
 
-	// A permanent failure in step 2 after step 1 was performed is partial:
-	// unknown, so the claim is kept for an operator.
+	// A conflict in step 2 after step 1 was performed is the downstream's
+	// final word about step 2's key: conflict (never repeated), naming the
+	// performed steps. (A permanent one is partial, unknown:
+	// TestLaterStepFailureIsUnknown.)
 	msg8 := newMsg("m8", "order.placed", `{"sku":"x"}`)
 	// Make step 2 conflict: same key, another payload, sent first.
 	req, _ := http.NewRequest(http.MethodPut, b.url+"/payments", strings.NewReader(`other`))
@@ -366,8 +368,8 @@ routes:
 	}
 	resp.Body.Close()
 	err = eff.Perform(context.Background(), msg8, "m8")
-	if Classify(err) != OutcomeUnknown || !strings.Contains(err.Error(), "partial") {
-		t.Errorf("permanent step 2 after step 1: %v (outcome %v), want unknown/partial", err, Classify(err))
+	if Classify(err) != OutcomeConflict || !strings.Contains(err.Error(), "earlier steps were performed (reserve)") {
+		t.Errorf("conflict in step 2 after step 1: %v (outcome %v), want conflict naming step reserve", err, Classify(err))
 	}
 }
 
@@ -452,7 +454,8 @@ routes:
 }
 
 // TestURLQuerySecretsNeverLeak: an API key in a route URL's query string
-// (Azure Functions' ?code=) never appears in an error.
+// (Azure Functions' ?code=) never appears in an error; nor does the path
+// (TestURLPathSecretsNeverLeak).
 func TestURLQuerySecretsNeverLeak(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	addr := srv.URL
@@ -476,7 +479,10 @@ routes:
 	if strings.Contains(err.Error(), "SUPERSECRETKEY") {
 		t.Errorf("error leaks the URL's key: %v", err)
 	}
-	if !strings.Contains(err.Error(), "/api/charge") {
-		t.Errorf("error no longer says which URL failed: %v", err)
+	if strings.Contains(err.Error(), "/api/charge") {
+		t.Errorf("error shows the URL's path: %v", err)
+	}
+	if !strings.Contains(err.Error(), "route fn at 127.0.0.1:") {
+		t.Errorf("error does not say which route and host failed: %v", err)
 	}
 }

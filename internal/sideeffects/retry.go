@@ -24,7 +24,8 @@ const (
 //
 // Every attempt passes the same idempotency key, so retrying an effect whose
 // outcome is unknown is safe: the downstream deduplicates it. Retryable and
-// Unknown outcomes are retried; OK and Permanent stop the loop.
+// Unknown outcomes are retried; OK, Permanent, Rejected and Conflict (the
+// Final outcomes) stop the loop.
 //
 // Budget is the time Do may spend from its start until it begins the last
 // attempt; it must leave the last attempt (one route timeout) inside the
@@ -93,6 +94,19 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 // later attempt that fails as retryable or permanent cannot undo that, so Do
 // then returns an OutcomeUnknown error wrapping the last one. (Releasing the
 // claim would tell the next delivery the effect never ran.)
+//
+// A later rejected or conflict answer does end the unknown-ness: it is the
+// downstream's own final word about the key. Every attempt sends the same
+// key and payload, so an idempotent downstream answers a repeat from what
+// it stored for the key: a rejected answer is the stored decline, whether
+// the first attempt reached it or not, and a conflict says the key is held
+// by another payload, so this payload was never performed under it. Either
+// way nothing further can happen with this key, and keeping the claim
+// "unknown" would only leave it flagged forever. Do returns that error
+// unchanged. (This is why an answer rule should map to rejected only the
+// downstream's decision about the request — a decline — and never an
+// answer given before its idempotency layer, such as 401 after a key
+// rotation: see the README.)
 func (p RetryPolicy) Do(ctx context.Context, fn func(ctx context.Context) error, onAttempt func(attempt int, err error)) error {
 	mayHaveHappened := false
 	err := p.do(ctx, func(ctx context.Context) error {
@@ -102,8 +116,13 @@ func (p RetryPolicy) Do(ctx context.Context, fn func(ctx context.Context) error,
 		}
 		return err
 	}, onAttempt)
-	if err != nil && mayHaveHappened && Classify(err) != OutcomeUnknown {
-		return Unknown(fmt.Errorf("an earlier attempt may have performed the effect; last attempt: %w", err))
+	if err == nil || !mayHaveHappened {
+		return err
+	}
+	switch Classify(err) {
+	case OutcomeRetryable, OutcomePermanent:
+		return &Error{Outcome: OutcomeUnknown, Answer: AnswerOf(err),
+			Err: fmt.Errorf("an earlier attempt may have performed the effect; last attempt: %w", err)}
 	}
 	return err
 }
@@ -140,7 +159,7 @@ func (p RetryPolicy) do(ctx context.Context, fn func(ctx context.Context) error,
 			onAttempt(attempt, err)
 		}
 		switch Classify(err) {
-		case OutcomePermanent:
+		case OutcomePermanent, OutcomeRejected, OutcomeConflict:
 			return err
 		case OutcomeUnknown:
 			if p.StopOnUnknown {

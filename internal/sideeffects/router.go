@@ -81,6 +81,8 @@ type Route struct {
 	// when the effect changes in a way that must not meet claims taken
 	// under the old one.
 	Version string
+	// AllowNewKey is Handler.AllowNewKey.
+	AllowNewKey bool
 }
 
 // Routes is an in-code Router: the first route whose Match selects the
@@ -131,7 +133,7 @@ func (rs Routes) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 			}
 		}
 		return Handler{Name: r.Name, Effect: r.Effect, TxEffect: r.TxEffect,
-			Recovery: cmp.Or(r.Recovery, RecoveryAuto), Fingerprint: Fingerprint("go", r.Name, r.Version)}, nil
+			Recovery: cmp.Or(r.Recovery, RecoveryAuto), Fingerprint: Fingerprint("go", r.Name, r.Version), AllowNewKey: r.AllowNewKey}, nil
 	}
 	return Handler{}, noRoute(msg)
 }

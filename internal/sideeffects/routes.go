@@ -77,7 +77,31 @@ type routeSpec struct {
 	Method      string                `yaml:"method"`
 	URL         string                `yaml:"url"`
 	Headers     map[string]headerSpec `yaml:"headers"`
+	Answers     []answerSpec          `yaml:"answers"`
+	Record      *recordSpec           `yaml:"record"`
+	Excerpt     *bool                 `yaml:"excerpt"`
+	AllowNewKey bool                  `yaml:"allowNewKey"`
 	Steps       []stepSpec            `yaml:"steps"`
+}
+
+type answerSpec struct {
+	Status  statusSpec `yaml:"status"`
+	Field   string     `yaml:"field"`
+	Equals  any        `yaml:"equals"`
+	Outcome string     `yaml:"outcome"`
+}
+
+// statusSpec is a rule's status as written: 402, "400-499" or "4xx".
+type statusSpec string
+
+func (s *statusSpec) UnmarshalYAML(n *yaml.Node) error {
+	*s = statusSpec(n.Value)
+	return nil
+}
+
+type recordSpec struct {
+	Headers []string `yaml:"headers"`
+	Fields  []string `yaml:"fields"`
 }
 
 type matchSpec struct {
@@ -91,6 +115,8 @@ type stepSpec struct {
 	URL     string                `yaml:"url"`
 	Headers map[string]headerSpec `yaml:"headers"`
 	Timeout string                `yaml:"timeout"`
+	Answers []answerSpec          `yaml:"answers"`
+	Record  *recordSpec           `yaml:"record"`
 }
 
 type headerSpec struct {
@@ -211,7 +237,22 @@ func validateSchema(doc any) []error {
 			return
 		}
 		loc := e.InstanceLocation
+		last := ""
+		if len(loc) > 0 {
+			last = loc[len(loc)-1]
+		}
+		if last == "status" && len(loc) >= 3 && loc[len(loc)-3] == "answers" {
+			switch e.ErrorKind.(type) {
+			case *kind.Type, *kind.Minimum, *kind.Maximum, *kind.Pattern:
+				errs = append(errs, schemaError(doc, loc, fmt.Sprintf(`%s is not a status: write a code (402), a range ("400-499") or a class ("4xx"), within 100-599`, instanceText(doc, loc))))
+				return
+			}
+		}
 		switch k := e.ErrorKind.(type) {
+		case *kind.DependentRequired:
+			for _, m := range k.Missing {
+				errs = append(errs, schemaError(doc, append(slices.Clone(loc), m), fmt.Sprintf("missing: %s needs %s (a rule narrowed by a JSON field names the field and the value it must equal)", k.Prop, m)))
+			}
 		case *kind.Required:
 			for _, m := range k.Missing {
 				errs = append(errs, schemaError(doc, append(slices.Clone(loc), m), "missing (required)"))
@@ -223,6 +264,10 @@ func validateSchema(doc any) []error {
 		case *kind.FalseSchema:
 			errs = append(errs, schemaError(doc, loc, "not allowed in a route with steps (set it on each step)"))
 		case *kind.MinProperties, *kind.MaxProperties:
+			if last == "record" {
+				errs = append(errs, schemaError(doc, loc, "list headers, fields or both"))
+				break
+			}
 			if len(loc) >= 2 && loc[len(loc)-2] == "headers" {
 				errs = append(errs, schemaError(doc, loc, "set exactly one of fromEnv (a secret, read from the environment) or value (fixed text)"))
 				break
@@ -250,10 +295,38 @@ func patternProblem(loc []string, k *kind.Pattern) string {
 		return fmt.Sprintf("%q is not a valid name (letters, digits, '.', '_', '-'; at most 64)", k.Got)
 	case last == "fromEnv":
 		return fmt.Sprintf("%q is not an environment variable name", k.Got)
+	case last == "field" || len(loc) >= 2 && loc[len(loc)-2] == "fields":
+		return fmt.Sprintf(`%q is not a JSON Pointer (RFC 6901): write it like /error/type, starting with "/", with "~" as ~0 and a "/" inside a name as ~1`, k.Got)
 	case len(loc) >= 2 && loc[len(loc)-2] == "headers":
 		return "not a valid HTTP header name"
 	}
 	return k.LocalizedString(schemaPrinter)
+}
+
+// instanceText renders the value at loc in doc for an error message.
+func instanceText(doc any, loc []string) string {
+	v := doc
+	for _, t := range loc {
+		switch c := v.(type) {
+		case map[string]any:
+			v = c[t]
+		case []any:
+			i, err := strconv.Atoi(t)
+			if err != nil || i < 0 || i >= len(c) {
+				return "the value"
+			}
+			v = c[i]
+		default:
+			return "the value"
+		}
+	}
+	switch v := v.(type) {
+	case string:
+		return strconv.Quote(v)
+	case nil:
+		return "null"
+	}
+	return fmt.Sprint(v)
 }
 
 // schemaError names the route (by its name when it has one) and the field
@@ -321,8 +394,27 @@ func buildRouter(file *routesFile, getenv func(string) string, client *http.Clie
 			jsonBody:    rs.Body == "json",
 			contentType: rs.ContentType,
 			recovery:    cmp.Or(Recovery(rs.Recovery), RecoveryAuto),
+			allowNewKey: rs.AllowNewKey,
+			excerpt:     rs.Excerpt == nil || *rs.Excerpt,
 			client:      &c,
 			logger:      logger,
+		}
+		// Headers configured from the environment (anywhere in the route)
+		// are secrets: a downstream echoing one must not have it recorded.
+		secretHeaders := slices.Clone(alwaysSecretHeaders)
+		for _, hs := range append([]map[string]headerSpec{rs.Headers}, stepHeaders(rs.Steps)...) {
+			for n, h := range hs {
+				if h.FromEnv != nil {
+					secretHeaders = append(secretHeaders, http.CanonicalHeaderKey(n))
+				}
+			}
+		}
+		routeRules := buildRules(rs.Answers, "", func(field, problem string) { fail(rs.Name, field, "%s", problem) })
+		routeRecord := buildRecord(rs.Record, "", secretHeaders, func(field, problem string) { fail(rs.Name, field, "%s", problem) })
+		if err := CheckContentType(r.contentType); err != nil {
+			var ie *InputError
+			errors.As(err, &ie)
+			fail(rs.Name, "contentType", "%s", strings.TrimPrefix(ie.Description, "ContentType "))
 		}
 		if r.contentType == "" {
 			r.contentType = "application/octet-stream"
@@ -354,6 +446,17 @@ func buildRouter(file *routesFile, getenv func(string) string, client *http.Clie
 				stepNames[ss.Name] = true
 			}
 			st := &httpStep{name: ss.Name, method: cmp.Or(ss.Method, http.MethodPost), timeout: routeTimeout}
+			// A step's rules are tried before the route's; its record
+			// replaces the route's.
+			st.rules = append(buildRules(ss.Answers, prefix, func(field, problem string) { fail(rs.Name, field, "%s", problem) }), routeRules...)
+			st.record = routeRecord
+			if ss.Record != nil {
+				st.record = buildRecord(ss.Record, prefix, secretHeaders, func(field, problem string) { fail(rs.Name, field, "%s", problem) })
+			}
+			st.needJSON = len(st.record.fields) > 0
+			for _, ar := range st.rules {
+				st.needJSON = st.needJSON || ar.field != ""
+			}
 			if ss.Timeout != "" {
 				d, err := parseTimeout(ss.Timeout)
 				if err != nil {
@@ -364,7 +467,8 @@ func buildRouter(file *routesFile, getenv func(string) string, client *http.Clie
 			if err := checkURL(ss.URL); err != nil {
 				fail(rs.Name, prefix+"url", "%v", err)
 			}
-			st.url = ss.URL
+			st.url, st.host, st.origin = ss.URL, urlHost(ss.URL), urlOrigin(ss.URL)
+			secrets = append(secrets, urlSecrets(ss.URL)...)
 
 			// Route headers apply to every step; a step's own header of the
 			// same name replaces it.
@@ -426,6 +530,88 @@ func buildRouter(file *routesFile, getenv func(string) string, client *http.Clie
 	return router, nil
 }
 
+func stepHeaders(steps []stepSpec) []map[string]headerSpec {
+	var out []map[string]headerSpec
+	for _, s := range steps {
+		out = append(out, s.Headers)
+	}
+	return out
+}
+
+// buildRules checks and resolves answer rules; prefix is "" or
+// "steps[i].".
+func buildRules(specs []answerSpec, prefix string, fail func(field, problem string)) []answerRule {
+	var rules []answerRule
+	for i, as := range specs {
+		where := fmt.Sprintf("%sanswers[%d]", prefix, i)
+		r := answerRule{where: where, field: as.Field}
+		var err error
+		if r.from, r.to, err = parseStatus(string(as.Status)); err != nil {
+			fail(where+".status", err.Error())
+			continue
+		}
+		if r.outcome, err = ParseOutcome(as.Outcome); err != nil {
+			fail(where+".outcome", err.Error())
+			continue
+		}
+		if as.Field != "" {
+			if r.tokens, err = parsePointer(as.Field); err != nil {
+				fail(where+".field", err.Error())
+				continue
+			}
+			switch v := as.Equals.(type) {
+			case string, bool, float64:
+				r.equals = v
+			case int:
+				r.equals = int64(v)
+			case int64:
+				r.equals = v
+			case uint64:
+				r.equals = float64(v)
+			default:
+				fail(where+".equals", "want a string, a number or true/false")
+				continue
+			}
+		}
+		rules = append(rules, r)
+	}
+	return rules
+}
+
+// buildRecord checks and resolves what a step records of its answers.
+func buildRecord(spec *recordSpec, prefix string, secretHeaders []string, fail func(field, problem string)) recordRT {
+	var rec recordRT
+	if spec == nil {
+		return rec
+	}
+	if n := len(spec.Headers) + len(spec.Fields); n > MaxAnswerEntries {
+		fail(prefix+"record", fmt.Sprintf("at most %d headers and fields together can be recorded (got %d)", MaxAnswerEntries, n))
+	}
+	seen := map[string]bool{}
+	for i, h := range spec.Headers {
+		field := fmt.Sprintf("%srecord.headers[%d]", prefix, i)
+		c := http.CanonicalHeaderKey(h)
+		switch {
+		case slices.Contains(secretHeaders, c):
+			fail(field, fmt.Sprintf("header %s carries a secret (a credential, or a header this route sets from the environment) and is never recorded", c))
+		case seen[c]:
+			fail(field, fmt.Sprintf("header %s is listed twice", c))
+		default:
+			seen[c] = true
+			rec.headers = append(rec.headers, c)
+		}
+	}
+	for i, p := range spec.Fields {
+		tokens, err := parsePointer(p)
+		if err != nil {
+			fail(fmt.Sprintf("%srecord.fields[%d]", prefix, i), err.Error())
+			continue
+		}
+		rec.fields = append(rec.fields, recordField{pointer: p, tokens: tokens})
+	}
+	return rec
+}
+
 func parseTimeout(s string) (time.Duration, error) {
 	d, err := time.ParseDuration(s)
 	if err != nil {
@@ -439,23 +625,24 @@ func parseTimeout(s string) (time.Duration, error) {
 
 // checkURL refuses any URL that could take a value from the message: the
 // URL is fixed text in the routes file, absolute http(s), with no template
-// syntax (raw or percent-encoded) and no credentials.
+// syntax (raw or percent-encoded) and no credentials. Its errors name the
+// host at most: a webhook URL carries its secret in the path.
 func checkURL(raw string) error {
 	lower := strings.ToLower(raw)
 	for _, bad := range []string{"{", "}", "$", "%7b", "%7d", "%24", "<", ">", "%3c", "%3e"} {
 		if strings.Contains(lower, bad) {
-			return fmt.Errorf("URL %q contains template syntax %q: a route URL is fixed text and never takes a value from the message", logURL(raw), bad)
+			return fmt.Errorf("the URL contains template syntax %q: a route URL is fixed text and never takes a value from the message", bad)
 		}
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
-		return errors.New("URL does not parse")
+		return errors.New("the URL does not parse")
 	}
 	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
-		return fmt.Errorf("URL %q must be an absolute http:// or https:// URL", logURL(raw))
+		return errors.New("the URL must be an absolute http:// or https:// URL")
 	}
 	if u.User != nil {
-		return fmt.Errorf("URL %q must not carry credentials: put them in a header with fromEnv", logURL(raw))
+		return fmt.Errorf("the URL (host %s) must not carry credentials: put them in a header with fromEnv", u.Hostname())
 	}
 	return nil
 }
@@ -473,11 +660,42 @@ func validHeaderValue(v string) bool {
 type redactor struct{ r *strings.Replacer }
 
 func newRedactor(secrets []string) *redactor {
+	// Longest first, so a secret that contains another is replaced whole.
+	secrets = slices.Clone(secrets)
+	slices.SortStableFunc(secrets, func(a, b string) int { return len(b) - len(a) })
+	secrets = slices.Compact(secrets)
 	var pairs []string
 	for _, s := range secrets {
-		pairs = append(pairs, s, "[REDACTED]")
+		if s != "" {
+			pairs = append(pairs, s, "[REDACTED]")
+		}
 	}
 	return &redactor{r: strings.NewReplacer(pairs...)}
+}
+
+// urlSecrets are the parts of a route URL that a downstream echoing its
+// request must not put in an excerpt or a recorded answer: the path (a
+// webhook's secret) and the query values (an API key), when long enough
+// to be secrets (short ones would only garble the text).
+func urlSecrets(raw string) []string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, p := range []string{u.EscapedPath(), u.Path} {
+		if len(p) >= 4 {
+			out = append(out, p)
+		}
+	}
+	for _, vs := range u.Query() {
+		for _, v := range vs {
+			if len(v) >= 6 {
+				out = append(out, v, url.QueryEscape(v))
+			}
+		}
+	}
+	return out
 }
 
 func (r *redactor) String(s string) string {

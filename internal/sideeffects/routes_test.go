@@ -378,6 +378,10 @@ func TestLoadRoutesExampleFile(t *testing.T) {
 	if len(r.Names()) == 0 {
 		t.Error("no routes")
 	}
+	h, err := r.Route(newMsg("m", "payment.requested", `{}`))
+	if err != nil || !h.AllowNewKey {
+		t.Errorf("payments: %v, AllowNewKey %v (the example allows a new key)", err, h.AllowNewKey)
+	}
 	if _, err := LoadRoutes(path, mapEnv(nil), logger); err == nil || !strings.Contains(err.Error(), "PAYMENTS_TOKEN") {
 		t.Errorf("missing env var not reported: %v", err)
 	}

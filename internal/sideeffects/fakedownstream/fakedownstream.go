@@ -11,11 +11,32 @@
 //     409;
 //   - a request without Idempotency-Key is answered 400.
 //
+// Every answer carries Request-Id (req_<n>); a performed effect's body has
+// an "id" (fx_<n>).
+//
+// It can also answer like a payment API that stores failures under the
+// key (see Reply, SetKeyReply and ConflictStyle):
+//
+//   - ReplyDecline: the first request records a declined charge and is
+//     answered 402 {"error":{"type":"card_error","code":"card_declined",
+//     ...,"charge":"fx_<n>"}}, stored under the key and replayed to every
+//     repeat (a final answer: Rejections counts it, once);
+//   - ReplyCachedFailure: the first request fails inside: 500, stored
+//     under the key and replayed to every repeat, so only a request with
+//     a new key (<key>:r1) can succeed;
+//   - ReplyConflict: the key is already held by another payload: every
+//     request with it is answered as a conflict;
+//   - ConflictStripe answers the same key with another payload 400
+//     {"error":{"type":"idempotency_error",...}} instead of 422.
+//
 // Keys are scoped by URL path, so /payments and /emails keep separate
-// stores; counters are per key across paths. It counts effects and raw
-// requests per key, records the headers of every request, and injects
-// faults on demand (see Fault and FaultRule). Control endpoints: GET
-// /_counts (JSON), POST /_faults (a FaultRule as JSON) and DELETE /_faults.
+// stores; counters are per key across paths. It counts effects, raw
+// requests, replays, declines, conflicts and stored failures per key,
+// keeps the stored answer per path and key (StoredAnswer), records the
+// headers of every request, and injects faults on demand (see Fault and
+// FaultRule). Control endpoints: GET /_counts (JSON), POST /_faults (a
+// FaultRule as JSON), DELETE /_faults, POST /_replies ({"key": "k",
+// "reply": "decline"}) and DELETE /_replies.
 package fakedownstream
 
 import (
@@ -89,6 +110,103 @@ func (f *Fault) UnmarshalText(b []byte) error {
 	return err
 }
 
+// Reply is how the fake answers the first request with a key (while
+// nothing is stored under it); repeats get the stored answer.
+type Reply int
+
+const (
+	// ReplyNormal performs the effect: 201, stored, replayed.
+	ReplyNormal Reply = iota
+	// ReplyDecline records a declined charge (the downstream did
+	// something: a failed charge exists) and answers 402 with a Stripe-like
+	// card_error body, stored under the key and replayed to every repeat.
+	// No effect is performed; Rejections counts the decline.
+	ReplyDecline
+	// ReplyConflict treats the key as already used with another payload:
+	// every request with it is answered as a conflict (422, or 400
+	// idempotency_error with ConflictStripe). Nothing is performed.
+	ReplyConflict
+	// ReplyCachedFailure fails inside the endpoint: 500, stored under the
+	// key and replayed to every repeat with it (Stripe's rule), so same-key
+	// retries can never succeed; a new key can. Nothing is performed.
+	ReplyCachedFailure
+)
+
+var replyNames = map[Reply]string{
+	ReplyNormal:        "normal",
+	ReplyDecline:       "decline",
+	ReplyConflict:      "conflict",
+	ReplyCachedFailure: "cached-failure",
+}
+
+func (r Reply) String() string {
+	if s, ok := replyNames[r]; ok {
+		return s
+	}
+	return "Reply(" + strconv.Itoa(int(r)) + ")"
+}
+
+// ParseReply reads a reply name: normal, decline, conflict,
+// cached-failure.
+func ParseReply(s string) (Reply, error) {
+	for r, n := range replyNames {
+		if n == s {
+			return r, nil
+		}
+	}
+	return ReplyNormal, fmt.Errorf("unknown reply %q (want normal, decline, conflict or cached-failure)", s)
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (r Reply) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (r *Reply) UnmarshalText(b []byte) error {
+	v, err := ParseReply(string(b))
+	*r = v
+	return err
+}
+
+// ConflictStyle is how the fake answers a key reused with another payload.
+type ConflictStyle int
+
+const (
+	// Conflict422 answers 422 {"error": "..."} (the default).
+	Conflict422 ConflictStyle = iota
+	// ConflictStripe answers 400 {"error":{"type":"idempotency_error",
+	// "message":...}}, as Stripe does.
+	ConflictStripe
+)
+
+var conflictStyleNames = map[ConflictStyle]string{Conflict422: "422", ConflictStripe: "stripe"}
+
+func (c ConflictStyle) String() string {
+	if s, ok := conflictStyleNames[c]; ok {
+		return s
+	}
+	return "ConflictStyle(" + strconv.Itoa(int(c)) + ")"
+}
+
+// ParseConflictStyle reads a conflict style name: 422 or stripe.
+func ParseConflictStyle(s string) (ConflictStyle, error) {
+	for c, n := range conflictStyleNames {
+		if n == s {
+			return c, nil
+		}
+	}
+	return Conflict422, fmt.Errorf("unknown conflict style %q (want 422 or stripe)", s)
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (c ConflictStyle) MarshalText() ([]byte, error) { return []byte(c.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (c *ConflictStyle) UnmarshalText(b []byte) error {
+	v, err := ParseConflictStyle(string(b))
+	*c = v
+	return err
+}
+
 // FaultRule says when to inject a fault. Rules are checked in the order
 // they were added; the first that applies to a request fires.
 type FaultRule struct {
@@ -116,6 +234,8 @@ type Options struct {
 	Latency time.Duration
 	// Logger receives one Info line per effect; nil discards.
 	Logger *slog.Logger
+	// ConflictStyle is how a key reused with another payload is answered.
+	ConflictStyle ConflictStyle
 }
 
 // Server is the fake downstream, an http.Handler. It is safe for
@@ -123,15 +243,20 @@ type Options struct {
 type Server struct {
 	logger *slog.Logger
 
-	mu       sync.Mutex
-	latency  time.Duration
-	rand     *rand.Rand
-	rules    []*FaultRule
-	entries  map[entryKey]*entry
-	counts   map[string]*KeyCounts
-	headers  map[string][]http.Header
-	effects  int
-	requests int
+	mu        sync.Mutex
+	latency   time.Duration
+	conflicts ConflictStyle
+	rand      *rand.Rand
+	rules     []*FaultRule
+	replies   map[string]Reply
+	replyFunc func(key string) Reply
+	entries   map[entryKey]*entry
+	counts    map[string]*KeyCounts
+	headers   map[string][]http.Header
+	effects   int
+	requests  int
+	seq       int // ids of what was recorded (effects and declines)
+	totals    struct{ rejections, conflicts, cachedFailures int }
 }
 
 type entryKey struct{ path, key string }
@@ -141,6 +266,15 @@ type entry struct {
 	running bool
 	status  int
 	body    []byte
+	reply   Reply
+}
+
+// StoredAnswer is what the fake stored under a key at a path: the answer
+// every repeat with the key (and the same payload) gets.
+type StoredAnswer struct {
+	Status int    `json:"status"`
+	Body   string `json:"body"`
+	Reply  Reply  `json:"reply"` // how the first request was answered
 }
 
 // KeyCounts are the counters of one idempotency key.
@@ -151,6 +285,19 @@ type KeyCounts struct {
 	// store, so two consumers posting the same key to /invoices and
 	// /emails perform one effect each).
 	Paths map[string]int `json:"paths,omitempty"`
+	// Rejections counts declines recorded (ReplyDecline): at most one per
+	// path — a repeat gets the stored 402, a replay.
+	Rejections int `json:"rejections,omitempty"`
+	// CachedFailures counts failures stored (ReplyCachedFailure), at most
+	// one per path.
+	CachedFailures int `json:"cachedFailures,omitempty"`
+	// Conflicts counts requests answered as a conflict (another payload
+	// under the key).
+	Conflicts int `json:"conflicts,omitempty"`
+	// Replays counts requests answered from the store (Idempotent-Replayed).
+	Replays int `json:"replays,omitempty"`
+	// Stored maps each path to the status stored under the key there.
+	Stored map[string]int `json:"stored,omitempty"`
 }
 
 // New returns a Server.
@@ -160,12 +307,14 @@ func New(opts Options) *Server {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	return &Server{
-		logger:  logger,
-		latency: opts.Latency,
-		rand:    rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15)),
-		entries: map[entryKey]*entry{},
-		counts:  map[string]*KeyCounts{},
-		headers: map[string][]http.Header{},
+		logger:    logger,
+		latency:   opts.Latency,
+		conflicts: opts.ConflictStyle,
+		rand:      rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15)),
+		replies:   map[string]Reply{},
+		entries:   map[entryKey]*entry{},
+		counts:    map[string]*KeyCounts{},
+		headers:   map[string][]http.Header{},
 	}
 }
 
@@ -190,6 +339,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(http.StatusNoContent)
 			return
 		}
+	case "/_replies":
+		switch r.Method {
+		case http.MethodPost:
+			s.serveSetReply(w, r)
+			return
+		case http.MethodDelete:
+			s.ClearReplies()
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
 	}
 	s.serveEffect(w, r)
 }
@@ -209,6 +368,7 @@ func (s *Server) serveEffect(w http.ResponseWriter, r *http.Request) {
 
 	s.mu.Lock()
 	s.requests++
+	w.Header().Set("Request-Id", "req_"+strconv.Itoa(s.requests))
 	if key == "" {
 		s.mu.Unlock()
 		http.Error(w, "Idempotency-Key header is required", http.StatusBadRequest)
@@ -259,19 +419,42 @@ func (s *Server) perform(r *http.Request, key string, body []byte) (status int, 
 	ek := entryKey{path: r.URL.Path, key: key}
 
 	s.mu.Lock()
-	if e, ok := s.entries[ek]; ok {
+	c := s.countsFor(key)
+	e, ok := s.entries[ek]
+	if !ok && s.replyForLocked(key) == ReplyConflict {
+		// The key's first request (another payload) was performed
+		// earlier: store it so that this one and every repeat conflict.
+		e = &entry{hash: sha256.Sum256([]byte("another payload for " + key)), status: http.StatusCreated,
+			body: jsonLine(map[string]any{"note": "performed earlier for another payload", "idempotencyKey": key}), reply: ReplyConflict}
+		s.entries[ek] = e
+		s.storedLocked(c, r.URL.Path, e.status)
+		ok = true
+	}
+	if ok {
 		// Copy under the lock: the first request fills the entry in.
 		seen := *e
-		s.mu.Unlock()
 		switch {
 		case seen.hash != hash:
+			c.Conflicts++
+			s.totals.conflicts++
+			style := s.conflicts
+			s.mu.Unlock()
+			if style == ConflictStripe {
+				return http.StatusBadRequest, jsonLine(map[string]any{"error": map[string]any{
+					"type":    "idempotency_error",
+					"message": "Keys for idempotent requests can only be used with the same parameters they were first used with.",
+				}}), false
+			}
 			return http.StatusUnprocessableEntity, jsonError("Idempotency-Key was already used with another payload"), false
 		case seen.running:
+			s.mu.Unlock()
 			return http.StatusConflict, jsonError("a request with this Idempotency-Key is in progress"), false
 		}
+		c.Replays++
+		s.mu.Unlock()
 		return seen.status, seen.body, true
 	}
-	e := &entry{hash: hash, running: true}
+	e = &entry{hash: hash, running: true, reply: s.replyForLocked(key)}
 	s.entries[ek] = e
 	latency := s.latency
 	s.mu.Unlock()
@@ -290,33 +473,87 @@ func (s *Server) perform(r *http.Request, key string, body []byte) (status int, 
 	}
 
 	s.mu.Lock()
-	s.effects++
-	n := s.effects
-	c := s.countsFor(key)
-	c.Effects++
-	if c.Paths == nil {
-		c.Paths = map[string]int{}
-	}
-	c.Paths[r.URL.Path]++
+	c = s.countsFor(key)
+	s.seq++
+	id := "fx_" + strconv.Itoa(s.seq)
+	msg := "effect performed"
 	e.running = false
-	e.status = http.StatusCreated
-	e.body, _ = json.Marshal(map[string]any{
-		"effect":         n,
-		"idempotencyKey": key,
-		"path":           r.URL.Path,
-		"bytes":          len(body),
-	})
-	e.body = append(e.body, '\n')
+	switch e.reply {
+	case ReplyDecline:
+		c.Rejections++
+		s.totals.rejections++
+		msg = "decline recorded"
+		e.status = http.StatusPaymentRequired
+		e.body = jsonLine(map[string]any{"error": map[string]any{
+			"type":         "card_error",
+			"code":         "card_declined",
+			"decline_code": "generic_decline",
+			"message":      "Your card was declined.",
+			"charge":       id,
+		}})
+	case ReplyCachedFailure:
+		c.CachedFailures++
+		s.totals.cachedFailures++
+		msg = "failure stored under the key"
+		e.status = http.StatusInternalServerError
+		e.body = jsonLine(map[string]any{"error": map[string]any{
+			"type":    "api_error",
+			"message": "An error occurred while processing the request; this answer is stored under the Idempotency-Key.",
+		}})
+	default:
+		s.effects++
+		c.Effects++
+		if c.Paths == nil {
+			c.Paths = map[string]int{}
+		}
+		c.Paths[r.URL.Path]++
+		e.status = http.StatusCreated
+		e.body = jsonLine(map[string]any{
+			"id":             id,
+			"effect":         s.effects,
+			"idempotencyKey": key,
+			"path":           r.URL.Path,
+			"bytes":          len(body),
+		})
+	}
+	s.storedLocked(c, r.URL.Path, e.status)
 	status, respBody = e.status, e.body
+	n := s.effects
 	s.mu.Unlock()
 
-	s.logger.LogAttrs(r.Context(), slog.LevelInfo, "effect performed",
+	s.logger.LogAttrs(r.Context(), slog.LevelInfo, msg,
 		slog.Int("effect", n),
+		slog.String("id", id),
 		slog.String("idempotency_key", key),
 		slog.String("method", r.Method),
 		slog.String("path", r.URL.Path),
+		slog.Int("status", status),
 		slog.Int("bytes", len(body)))
 	return status, respBody, false
+}
+
+// replyForLocked is the reply for the first request with key. Called with
+// s.mu held.
+func (s *Server) replyForLocked(key string) Reply {
+	if r, ok := s.replies[key]; ok {
+		return r
+	}
+	if s.replyFunc != nil {
+		return s.replyFunc(key)
+	}
+	return ReplyNormal
+}
+
+func (s *Server) storedLocked(c *KeyCounts, path string, status int) {
+	if c.Stored == nil {
+		c.Stored = map[string]int{}
+	}
+	c.Stored[path] = status
+}
+
+func jsonLine(v any) []byte {
+	b, _ := json.Marshal(v)
+	return append(b, '\n')
 }
 
 func jsonError(msg string) []byte {
@@ -388,6 +625,86 @@ func (s *Server) ClearFaults() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.rules = nil
+}
+
+// SetKeyReply sets how the first request with key is answered (see
+// Reply); ReplyNormal is the default. It takes effect for keys with
+// nothing stored yet.
+func (s *Server) SetKeyReply(key string, r Reply) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.replies[key] = r
+}
+
+// SetReplyFunc sets a function deciding the reply for keys without one set
+// by SetKeyReply (nil: ReplyNormal). It is called, with the server's lock
+// held, on a key's first request at a path; it must be quick and must not
+// call the server.
+func (s *Server) SetReplyFunc(f func(key string) Reply) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.replyFunc = f
+}
+
+// ClearReplies removes every SetKeyReply setting and the reply function
+// (what is already stored stays stored).
+func (s *Server) ClearReplies() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.replies = map[string]Reply{}
+	s.replyFunc = nil
+}
+
+// SetConflictStyle changes how a key reused with another payload is
+// answered.
+func (s *Server) SetConflictStyle(c ConflictStyle) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.conflicts = c
+}
+
+// StoredAnswer returns what is stored under key at path (ok false when
+// nothing is, or the first request is still running).
+func (s *Server) StoredAnswer(path, key string) (StoredAnswer, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.entries[entryKey{path: path, key: key}]
+	if !ok || e.running {
+		return StoredAnswer{}, false
+	}
+	return StoredAnswer{Status: e.status, Body: string(e.body), Reply: e.reply}, true
+}
+
+// Rejections returns how many declines were recorded for key (ReplyDecline;
+// one per path at most, whatever the number of requests).
+func (s *Server) Rejections(key string) int {
+	return s.keyCount(key, func(c *KeyCounts) int { return c.Rejections })
+}
+
+// CachedFailures returns how many failures were stored for key
+// (ReplyCachedFailure; one per path at most).
+func (s *Server) CachedFailures(key string) int {
+	return s.keyCount(key, func(c *KeyCounts) int { return c.CachedFailures })
+}
+
+// Conflicts returns how many requests with key were answered as a
+// conflict.
+func (s *Server) Conflicts(key string) int {
+	return s.keyCount(key, func(c *KeyCounts) int { return c.Conflicts })
+}
+
+// Replays returns how many requests with key were answered from the store.
+func (s *Server) Replays(key string) int {
+	return s.keyCount(key, func(c *KeyCounts) int { return c.Replays })
+}
+
+func (s *Server) keyCount(key string, f func(*KeyCounts) int) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c, ok := s.counts[key]; ok {
+		return f(c)
+	}
+	return 0
 }
 
 // SetLatency changes how long an effect takes.
@@ -487,19 +804,25 @@ func (s *Server) Duplicates() []string {
 
 // Counts is the JSON served at GET /_counts.
 type Counts struct {
-	TotalEffects  int                   `json:"totalEffects"`
-	TotalRequests int                   `json:"totalRequests"`
-	Keys          map[string]*KeyCounts `json:"keys"`
+	TotalEffects        int                   `json:"totalEffects"`
+	TotalRequests       int                   `json:"totalRequests"`
+	TotalRejections     int                   `json:"totalRejections,omitempty"`
+	TotalConflicts      int                   `json:"totalConflicts,omitempty"`
+	TotalCachedFailures int                   `json:"totalCachedFailures,omitempty"`
+	Keys                map[string]*KeyCounts `json:"keys"`
 }
 
 // Snapshot returns the current counters.
 func (s *Server) Snapshot() Counts {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := Counts{TotalEffects: s.effects, TotalRequests: s.requests, Keys: make(map[string]*KeyCounts, len(s.counts))}
+	c := Counts{TotalEffects: s.effects, TotalRequests: s.requests,
+		TotalRejections: s.totals.rejections, TotalConflicts: s.totals.conflicts, TotalCachedFailures: s.totals.cachedFailures,
+		Keys: make(map[string]*KeyCounts, len(s.counts))}
 	for k, v := range s.counts {
 		cp := *v
 		cp.Paths = maps.Clone(v.Paths)
+		cp.Stored = maps.Clone(v.Stored)
 		c.Keys[k] = &cp
 	}
 	return c
@@ -523,5 +846,27 @@ func (s *Server) serveAddFault(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.AddFault(rule)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// ReplyRule is the JSON of POST /_replies.
+type ReplyRule struct {
+	Key   string `json:"key"`
+	Reply Reply  `json:"reply"`
+}
+
+func (s *Server) serveSetReply(w http.ResponseWriter, r *http.Request) {
+	var rule ReplyRule
+	dec := json.NewDecoder(io.LimitReader(r.Body, 64<<10))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&rule); err != nil || rule.Key == "" {
+		msg := "reply rule: a key is required"
+		if err != nil {
+			msg = "reply rule: " + err.Error()
+		}
+		http.Error(w, msg, http.StatusBadRequest)
+		return
+	}
+	s.SetKeyReply(rule.Key, rule.Reply)
 	w.WriteHeader(http.StatusNoContent)
 }
