@@ -33,12 +33,18 @@ type Config struct {
 	PurgeBatchSize    int
 	PurgeMaxPerTick   int
 	QueryTimeout      time.Duration
-	RoutesPath        string
-	Operator          string
-	HTTPAddr          string
-	LogFormat         string // json | text
-	LogLevel          slog.Level
-	ShutdownTimeout   time.Duration
+	// RoutesPath is SBCLAIM_ROUTES: one routes file for every consumer, or
+	// consumer=path pairs separated by commas.
+	RoutesPath          string
+	RecoveryMaxAttempts int
+	RecoveryBackoff     time.Duration
+	RecoveryBackoffMax  time.Duration
+	RecoveryConcurrency int
+	Operator            string
+	HTTPAddr            string
+	LogFormat           string // json | text
+	LogLevel            slog.Level
+	ShutdownTimeout     time.Duration
 }
 
 // ConfigError is an invalid setting: it names the environment variable (and
@@ -122,11 +128,23 @@ var settings = []setting{
 			return nil
 		}},
 	durationSetting("SBCLAIM_STALE_AFTER", "stale-after", "5m",
-		fmt.Sprintf("flag a claim with no heartbeat (or released and not taken over) for this long; at least %d × the heartbeat interval", StaleFactor),
+		fmt.Sprintf("recover (or, when it cannot be, flag) a claim with no heartbeat, or released and not taken over, for this long; at least %d × the heartbeat interval and not less than the processors' SBCLAIM_TAKEOVER_AFTER", StaleFactor),
 		func(c *Config) *time.Duration { return &c.StaleAfter }),
 	durationSetting("SBCLAIM_HEARTBEAT_INTERVAL", "heartbeat-interval", "30s",
-		"the processors' heartbeat interval (used only to validate the stale-after setting)",
+		"the processors' heartbeat interval: the reconciler heartbeats the claims it recovers as often, and stale-after is checked against it",
 		func(c *Config) *time.Duration { return &c.HeartbeatInterval }),
+	intSetting("SBCLAIM_RECOVERY_MAX_ATTEMPTS", "recovery-max-attempts", strconv.Itoa(reconciler.DefaultRecoveryMaxAttempts),
+		"recovery attempts whose outcome may stay unknown before the claim is flagged for an operator",
+		func(c *Config) *int { return &c.RecoveryMaxAttempts }),
+	durationSetting("SBCLAIM_RECOVERY_BACKOFF", "recovery-backoff", reconciler.DefaultRecoveryBackoff.String(),
+		"wait before the next recovery attempt of a claim that recovery did not settle; doubled per attempt",
+		func(c *Config) *time.Duration { return &c.RecoveryBackoff }),
+	durationSetting("SBCLAIM_RECOVERY_BACKOFF_MAX", "recovery-backoff-max", "1h",
+		"longest wait between two recovery attempts of a claim",
+		func(c *Config) *time.Duration { return &c.RecoveryBackoffMax }),
+	intSetting("SBCLAIM_RECOVERY_CONCURRENCY", "recovery-concurrency", strconv.Itoa(reconciler.DefaultRecoveryConcurrency),
+		"effects the recovery pass runs at once",
+		func(c *Config) *int { return &c.RecoveryConcurrency }),
 	durationSetting("SBCLAIM_RETENTION", "retention", "168h",
 		"purge finished claims older than this; at least lock duration × max delivery count",
 		func(c *Config) *time.Duration { return &c.Retention }),
@@ -148,9 +166,15 @@ var settings = []setting{
 	durationSetting("SBCLAIM_QUERY_TIMEOUT", "query-timeout", "30s",
 		"timeout of each database query",
 		func(c *Config) *time.Duration { return &c.QueryTimeout }),
-	stringSetting("SBCLAIM_ROUTES", "routes", "",
-		"routes file of the processors (needed by redrive)",
-		func(c *Config) *string { return &c.RoutesPath }),
+	{env: "SBCLAIM_ROUTES", flag: "routes",
+		usage: "the processors' routes file, or consumer=path pairs separated by commas (one file per consumer); needed by recovery and redrive (without it the tick flags every stale claim)",
+		set: func(c *Config, v string) error {
+			if _, err := parseRoutesSpec(v); err != nil {
+				return err
+			}
+			c.RoutesPath = v
+			return nil
+		}},
 	stringSetting("SBCLAIM_OPERATOR", "operator", "",
 		"operator name recorded on resolve/redrive (default: the OS user)",
 		func(c *Config) *string { return &c.Operator }),
@@ -246,6 +270,10 @@ func (c *Config) Validate() error {
 				"not comfortably longer than the heartbeat, it would flag claims whose processor is alive and still running the effect",
 			StaleFactor, StaleFactor, c.HeartbeatInterval, floor)})
 	}
+	if c.RecoveryBackoffMax < c.RecoveryBackoff {
+		errs = append(errs, &ConfigError{Field: "SBCLAIM_RECOVERY_BACKOFF_MAX", Value: c.RecoveryBackoffMax.String(), Err: fmt.Errorf(
+			"must be at least SBCLAIM_RECOVERY_BACKOFF (%s)", c.RecoveryBackoff)})
+	}
 	if c.PurgeMaxPerTick < c.PurgeBatchSize {
 		errs = append(errs, &ConfigError{Field: "SBCLAIM_PURGE_MAX_PER_TICK", Value: strconv.Itoa(c.PurgeMaxPerTick), Err: fmt.Errorf(
 			"must be at least SBCLAIM_PURGE_BATCH_SIZE (%d)", c.PurgeBatchSize)})
@@ -254,15 +282,47 @@ func (c *Config) Validate() error {
 }
 
 // reconcilerConfig is the tick's configuration.
-func (c *Config) reconcilerConfig() reconciler.Config {
+func (c *Config) reconcilerConfig(routes reconciler.Routes) reconciler.Config {
 	return reconciler.Config{
-		StaleAfter:      c.StaleAfter,
-		Retention:       c.Retention,
-		FlagBatchSize:   c.FlagBatchSize,
-		PurgeBatchSize:  c.PurgeBatchSize,
-		MaxPurgePerTick: c.PurgeMaxPerTick,
-		QueryTimeout:    c.QueryTimeout,
-		Schedule:        c.Schedule,
-		ShutdownTimeout: c.ShutdownTimeout,
+		StaleAfter:          c.StaleAfter,
+		Retention:           c.Retention,
+		FlagBatchSize:       c.FlagBatchSize,
+		PurgeBatchSize:      c.PurgeBatchSize,
+		MaxPurgePerTick:     c.PurgeMaxPerTick,
+		QueryTimeout:        c.QueryTimeout,
+		Schedule:            c.Schedule,
+		ShutdownTimeout:     c.ShutdownTimeout,
+		Routes:              routes,
+		RecoveryMaxAttempts: c.RecoveryMaxAttempts,
+		RecoveryBackoff:     c.RecoveryBackoff,
+		RecoveryBackoffMax:  c.RecoveryBackoffMax,
+		RecoveryConcurrency: c.RecoveryConcurrency,
+		HeartbeatInterval:   c.HeartbeatInterval,
 	}
+}
+
+// parseRoutesSpec reads SBCLAIM_ROUTES: "" (none), a path (every
+// consumer), or consumer=path pairs separated by commas. It returns the
+// paths by consumer ("" for every consumer).
+func parseRoutesSpec(v string) (map[string]string, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return nil, nil
+	}
+	if !strings.Contains(v, "=") {
+		return map[string]string{"": v}, nil
+	}
+	out := map[string]string{}
+	for part := range strings.SplitSeq(v, ",") {
+		consumer, path, ok := strings.Cut(strings.TrimSpace(part), "=")
+		consumer, path = strings.TrimSpace(consumer), strings.TrimSpace(path)
+		switch {
+		case !ok || consumer == "" || path == "":
+			return nil, fmt.Errorf("%q is not consumer=path (write one path for every consumer, or billing=/etc/sbclaim/billing.yaml,notifications=/etc/sbclaim/notify.yaml)", part)
+		case out[consumer] != "":
+			return nil, fmt.Errorf("consumer %q is given twice", consumer)
+		}
+		out[consumer] = path
+	}
+	return out, nil
 }

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,6 +17,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
+	"github.com/sbclaim/sbclaim/internal/sideeffects"
 	"github.com/sbclaim/sbclaim/internal/store"
 )
 
@@ -28,7 +32,10 @@ func cmdRun(ctx context.Context, e *env, _ []string) int {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	rec := reconciler.New(st, e.cfg.reconcilerConfig(), e.logger, reconciler.NewMetrics(reg))
+	rec, err := e.newReconciler(st, reconciler.NewMetrics(reg))
+	if err != nil {
+		return e.fail("run", err)
+	}
 
 	var srv *http.Server
 	if e.cfg.HTTPAddr != "" {
@@ -84,7 +91,10 @@ func cmdOnce(ctx context.Context, e *env, _ []string) int {
 		return e.fail("once", err)
 	}
 	defer st.Close()
-	rec := reconciler.New(st, e.cfg.reconcilerConfig(), e.logger, nil)
+	rec, err := e.newReconciler(st, nil)
+	if err != nil {
+		return e.fail("once", err)
+	}
 	res, err := rec.RunOnce(ctx)
 	if err != nil {
 		return e.fail("once", err)
@@ -93,6 +103,45 @@ func cmdOnce(ctx context.Context, e *env, _ []string) int {
 		e.logger.Info("another reconciler holds the lock; nothing to do", "lock", reconciler.LockName)
 	}
 	return exitOK
+}
+
+// newReconciler builds the tick from the configuration: with routes,
+// recovery is on; without, it says so (every stale claim goes to
+// operators).
+func (e *env) newReconciler(st claim.Store, m *reconciler.Metrics) (*reconciler.Reconciler, error) {
+	routes, err := e.routes()
+	if err != nil {
+		return nil, err
+	}
+	cfg := e.cfg.reconcilerConfig(routes)
+	if !cfg.Recovering() {
+		e.logger.Warn("SBCLAIM_ROUTES is not set: recovery is off, every stale claim is flagged for an operator")
+	} else {
+		var consumers []string
+		for _, c := range slices.Sorted(maps.Keys(routes)) {
+			consumers = append(consumers, cmp.Or(c, "(every other consumer)"))
+		}
+		e.logger.Info("recovery on: stale claims are re-run with the same idempotency key",
+			"consumers", consumers, "max_attempts", cfg.RecoveryMaxAttempts)
+	}
+	return reconciler.New(st, cfg, e.logger, m)
+}
+
+// routes loads SBCLAIM_ROUTES (nil when it is not set).
+func (e *env) routes() (reconciler.Routes, error) {
+	paths, err := parseRoutesSpec(e.cfg.RoutesPath)
+	if err != nil || len(paths) == 0 {
+		return nil, err
+	}
+	routes := reconciler.Routes{}
+	for consumer, path := range paths {
+		r, err := sideeffects.LoadRoutes(path, e.getenv, e.logger)
+		if err != nil {
+			return nil, fmt.Errorf("load routes from SBCLAIM_ROUTES (%s): %w", path, err)
+		}
+		routes[consumer] = r
+	}
+	return routes, nil
 }
 
 // cmdMigrate applies the claims schema.

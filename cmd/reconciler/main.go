@@ -51,7 +51,7 @@ type command struct {
 var (
 	dbEnvs  = []string{"SBCLAIM_DATABASE_URL", "SBCLAIM_LOG_FORMAT", "SBCLAIM_LOG_LEVEL"}
 	opEnvs  = append(dbEnvs[:len(dbEnvs):len(dbEnvs)], "SBCLAIM_OPERATOR")
-	redrive = append(opEnvs[:len(opEnvs):len(opEnvs)], "SBCLAIM_ROUTES")
+	redrive = append(opEnvs[:len(opEnvs):len(opEnvs)], "SBCLAIM_ROUTES", "SBCLAIM_HEARTBEAT_INTERVAL", "SBCLAIM_QUERY_TIMEOUT")
 )
 
 func commands() []command {
@@ -62,7 +62,8 @@ func commands() []command {
 			envs: []string{"SBCLAIM_DATABASE_URL", "SBCLAIM_STALE_AFTER", "SBCLAIM_HEARTBEAT_INTERVAL",
 				"SBCLAIM_RETENTION", "SBCLAIM_LOCK_DURATION", "SBCLAIM_MAX_DELIVERY_COUNT",
 				"SBCLAIM_FLAG_BATCH_SIZE", "SBCLAIM_PURGE_BATCH_SIZE", "SBCLAIM_PURGE_MAX_PER_TICK",
-				"SBCLAIM_QUERY_TIMEOUT", "SBCLAIM_LOG_FORMAT", "SBCLAIM_LOG_LEVEL"},
+				"SBCLAIM_QUERY_TIMEOUT", "SBCLAIM_ROUTES", "SBCLAIM_RECOVERY_MAX_ATTEMPTS", "SBCLAIM_RECOVERY_BACKOFF",
+				"SBCLAIM_RECOVERY_BACKOFF_MAX", "SBCLAIM_RECOVERY_CONCURRENCY", "SBCLAIM_LOG_FORMAT", "SBCLAIM_LOG_LEVEL"},
 			flags: func(*flag.FlagSet) func(context.Context, *env, []string) int { return cmdOnce }},
 		{name: "migrate", summary: "apply the claims schema to the database",
 			envs:  []string{"SBCLAIM_DATABASE_URL", "SBCLAIM_LOG_FORMAT", "SBCLAIM_LOG_LEVEL"},
@@ -166,9 +167,11 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 func usage(w io.Writer, getenv func(string) string) {
 	fmt.Fprint(w, `Usage: reconciler <command> [flags] [args]
 
-The sbclaim reconciler flags claims whose processor stopped (no heartbeat,
-or released and not taken over) for operators, purges old finished claims,
-and lets operators review, redrive and resolve flagged claims.
+The sbclaim reconciler recovers claims whose processor stopped (no
+heartbeat, or released and not taken over) by re-running their effect with
+the same idempotency key, flags for operators only what recovery cannot
+settle, purges old finished claims, and lets operators review, redrive and
+resolve flagged claims.
 
 Commands:
 `)

@@ -167,7 +167,13 @@ func TestCLIEndToEnd(t *testing.T) {
 		if err := st.Heartbeat(ctx, &claim.HeartbeatParams{ID: live.ID, Owner: live.Owner}); err != nil {
 			t.Fatal(err)
 		}
-		c.mustRun("once")
+		// Without SBCLAIM_ROUTES recovery is off (and said so): every
+		// stale claim goes to operators.
+		delete(c.env, "SBCLAIM_ROUTES")
+		if r := c.mustRun("once"); !strings.Contains(r.stderr, "recovery is off") {
+			t.Errorf("once without routes does not say recovery is off: %q", r.stderr)
+		}
+		c.env["SBCLAIM_ROUTES"] = routes
 		for _, id := range []int64{toResolve.ID, toRedrive.ID, noPayload.ID} {
 			if got, _ := st.Get(ctx, id); got.State != claim.StateFlagged {
 				t.Fatalf("claim %d is %s after once, want flagged", id, got.State)
@@ -258,14 +264,64 @@ func TestCLIEndToEnd(t *testing.T) {
 		if got.State != claim.StateResolved || got.Resolution != claim.ResolutionRedriven || got.ProcessedAt == nil || got.ResolvedBy != "tester" {
 			t.Errorf("after redrive: %+v", got)
 		}
-		if r := c.run("redrive", strconv.FormatInt(toRedrive.ID, 10)); r.code != exitFailure || !strings.Contains(r.stderr, "not flagged") {
+		if r := c.run("redrive", strconv.FormatInt(toRedrive.ID, 10)); r.code != exitFailure || !strings.Contains(r.stderr, "resolved (redriven by tester") ||
+			!strings.Contains(r.stderr, "nothing was changed") {
 			t.Errorf("second redrive: %d %q", r.code, r.stderr)
 		}
-		if r := c.run("redrive", strconv.FormatInt(noPayload.ID, 10)); r.code != exitFailure || !strings.Contains(r.stderr, "no stored payload") {
+		if r := c.run("redrive", strconv.FormatInt(noPayload.ID, 10)); r.code != exitFailure || !strings.Contains(r.stderr, "payload was not stored") {
 			t.Errorf("redrive without payload: %d %q", r.code, r.stderr)
 		}
 		if n := fake.TotalRequests(); n != 2 {
 			t.Errorf("refused redrives reached the downstream: %d requests in all", n)
+		}
+	})
+}
+
+// TestOnceRecoversWithRoutes: with the processors' routes, a tick takes
+// stale claims over and re-runs them with the same idempotency key; only
+// what it cannot re-run (no stored payload) is flagged, with a reason.
+func TestOnceRecoversWithRoutes(t *testing.T) {
+	eachDatabase(t, func(t *testing.T, url string) {
+		fake := fakedownstream.New(fakedownstream.Options{})
+		srv := httptest.NewServer(fake)
+		t.Cleanup(srv.Close)
+		routes := filepath.Join(t.TempDir(), "routes.yaml")
+		writeFile(t, routes, fmt.Sprintf("version: 1\nroutes:\n  - name: payments\n    match: {subject: payment}\n    url: %q\n    body: json\n", srv.URL+"/payments"))
+		c := newCLI(t, map[string]string{
+			"SBCLAIM_DATABASE_URL": url, "SBCLAIM_STALE_AFTER": "1s", "SBCLAIM_HEARTBEAT_INTERVAL": "300ms",
+			"SBCLAIM_ROUTES": "billing=" + routes, "SBCLAIM_HTTP_ADDR": "",
+		})
+		c.mustRun("migrate")
+		st := openStore(t, url)
+		ctx := context.Background()
+		payload := []byte(`{"amount":42}`)
+		performed := claimMessage(t, st, "msg-performed", "payment", payload, true)
+		notYet := claimMessage(t, st, "msg-not-yet", "payment", payload, true)
+		noPayload := claimMessage(t, st, "msg-nopayload", "payment", payload, false)
+		postEffect(t, srv.URL+"/payments", performed.MessageID, payload) // the crashed attempt got this far
+		waitStale(t, st, time.Second, performed, notYet, noPayload)
+		r := c.mustRun("once")
+		if !strings.Contains(r.stderr, "recovery on") {
+			t.Errorf("once with routes does not say recovery is on: %q", r.stderr)
+		}
+		for _, cl := range []*claim.Claim{performed, notYet} {
+			got, _ := st.Get(ctx, cl.ID)
+			if got.State != claim.StateProcessed || got.TakeOverPath != claim.PathReconciler || got.Recoveries != 1 {
+				t.Errorf("%s after once: %s, path %q, recoveries %d; want processed by the reconciler's recovery", cl.MessageID, got.State, got.TakeOverPath, got.Recoveries)
+			}
+			if e := fake.Effects(cl.MessageID); e != 1 {
+				t.Errorf("%s: %d effects, want exactly 1 (the same key)", cl.MessageID, e)
+			}
+		}
+		got, _ := st.Get(ctx, noPayload.ID)
+		if got.State != claim.StateFlagged || !strings.Contains(got.FlagReason, "no stored payload") {
+			t.Errorf("no payload: %s %q; want flagged with the reason", got.State, got.FlagReason)
+		}
+		for _, bad := range []string{"billing=", "=x.yaml", "a=x.yaml,a=y.yaml"} {
+			c.env["SBCLAIM_ROUTES"] = bad
+			if r := c.run("once"); r.code != exitUsage || !strings.Contains(r.stderr, "SBCLAIM_ROUTES") {
+				t.Errorf("SBCLAIM_ROUTES=%q: %d %q, want a usage error naming the variable", bad, r.code, r.stderr)
+			}
 		}
 	})
 }

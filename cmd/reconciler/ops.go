@@ -15,6 +15,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
@@ -151,8 +153,12 @@ func writeClaim(w io.Writer, c *claim.Claim, now time.Time) {
 	} else {
 		row("properties:", "-")
 	}
+	row("route:", dash(printable(c.Route, 0))+fingerprintNote(c))
 	row("owner:", c.Owner.String())
 	row("claimed by:", dash(printable(c.ClaimedBy, 0)))
+	row("take-overs:", strconv.Itoa(c.TakeOvers))
+	row("recoveries:", strconv.Itoa(c.Recoveries))
+	row("next attempt:", stamp(now, c.NextAttemptAt))
 	row("delivery count:", strconv.Itoa(c.DeliveryCount))
 	row("claimed at:", stamp(now, &c.ClaimedAt))
 	row("heartbeat at:", stamp(now, &c.HeartbeatAt)+heartbeatNote(c))
@@ -163,12 +169,31 @@ func writeClaim(w io.Writer, c *claim.Claim, now time.Time) {
 	row("payload hash:", "sha256:"+hex.EncodeToString(c.PayloadHash))
 	row("payload:", payloadPreview(c))
 	fmt.Fprintln(tw, "Audit trail")
-	fmt.Fprintf(tw, "  %s\tclaimed\tby %s (delivery %d)\n", ts(c.ClaimedAt), dash(printable(c.ClaimedBy, 0)), c.DeliveryCount)
+	first := printable(c.ClaimedBy, 0)
+	switch {
+	case c.TakeOvers == 1:
+		first = printable(c.PreviousHolder, 0)
+	case c.TakeOvers > 1:
+		first = "(not kept: taken over since)"
+	}
+	fmt.Fprintf(tw, "  %s\tclaimed\tby %s\n", ts(c.ClaimedAt), dash(first))
 	if c.ReleasedAt != nil {
 		fmt.Fprintf(tw, "  %s\treleased\t%s\n", ts(*c.ReleasedAt), printable(c.LastError, 0))
 	}
+	if c.TakenOverAt != nil {
+		more := ""
+		if c.TakeOvers > 1 {
+			more = fmt.Sprintf(" (the last of %d take-overs)", c.TakeOvers)
+		}
+		fmt.Fprintf(tw, "  %s\ttaken over\tby %s via %s from %s (owner %s)%s: %s\n", ts(*c.TakenOverAt), printable(c.ClaimedBy, 0),
+			c.TakeOverPath, dash(printable(c.PreviousHolder, 0)), c.PreviousOwner, more, printable(c.TakeOverReason, 0))
+	}
 	if c.FlaggedAt != nil {
 		fmt.Fprintf(tw, "  %s\tflagged\t%s\n", ts(*c.FlaggedAt), dash(printable(c.FlagReason, 0)))
+	}
+	if c.LateSuccessAt != nil {
+		fmt.Fprintf(tw, "  %s\tlate success\tthe effect of %s succeeded after it had lost the claim: the effect DID happen\n",
+			ts(*c.LateSuccessAt), printable(c.LateSuccessBy, 0))
 	}
 	if c.ProcessedAt != nil && (c.ResolvedAt == nil || c.Resolution != claim.ResolutionRedriven) {
 		fmt.Fprintf(tw, "  %s\tprocessed\t\n", ts(*c.ProcessedAt))
@@ -178,6 +203,13 @@ func writeClaim(w io.Writer, c *claim.Claim, now time.Time) {
 			printable(c.ResolvedBy, 0), printable(c.ResolutionNote, 0))
 	}
 	tw.Flush()
+}
+
+func fingerprintNote(c *claim.Claim) string {
+	if c.Fingerprint == "" {
+		return ""
+	}
+	return "  (effect fingerprint " + c.Fingerprint + ")"
 }
 
 func heartbeatNote(c *claim.Claim) string {
@@ -235,9 +267,9 @@ func resolveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 			return e.fail("resolve", err)
 		}
 		defer st.Close()
-		c, err := st.Resolve(ctx, &claim.ResolveParams{ID: id, Resolution: res, By: operator, Note: *note})
+		c, err := reconciler.Resolve(ctx, st, &reconciler.ResolveParams{ID: id, Resolution: res, By: operator, Note: *note})
 		if err != nil {
-			return e.refuse(ctx, st, "resolve", id, err)
+			return e.refuse("resolve", id, err)
 		}
 		e.logger.Info("claim resolved", "claim_id", c.ID, "message_id", c.MessageID, "consumer", c.Consumer,
 			"resolution", c.Resolution, "by", c.ResolvedBy)
@@ -255,7 +287,7 @@ func redriveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 			return exitUsage
 		}
 		if e.cfg.RoutesPath == "" {
-			fmt.Fprintln(e.stderr, "reconciler redrive: SBCLAIM_ROUTES (--routes) is required: the processors' routes file")
+			fmt.Fprintln(e.stderr, "reconciler redrive: SBCLAIM_ROUTES (--routes) is required: the processors' routes file (or consumer=path pairs)")
 			return exitUsage
 		}
 		operator, err := e.operator(*by)
@@ -263,9 +295,9 @@ func redriveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 			fmt.Fprintf(e.stderr, "reconciler redrive: %v\n", err)
 			return exitUsage
 		}
-		router, err := sideeffects.LoadRoutes(e.cfg.RoutesPath, e.getenv, e.logger)
+		routes, err := e.routes()
 		if err != nil {
-			return e.fail("redrive", fmt.Errorf("load routes from SBCLAIM_ROUTES=%s: %w", e.cfg.RoutesPath, err))
+			return e.fail("redrive", err)
 		}
 		st, err := e.openStore(ctx)
 		if err != nil {
@@ -274,46 +306,56 @@ func redriveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 		defer st.Close()
 
 		c, err := reconciler.Redrive(ctx, st, &reconciler.RedriveParams{
-			ID: id, By: operator, Note: *note, Router: router, Logger: e.logger,
+			ID: id, By: operator, Note: *note, Routes: routes, Logger: e.logger,
+			HeartbeatInterval: e.cfg.HeartbeatInterval, StoreTimeout: e.cfg.QueryTimeout,
 		})
-		var effErr *reconciler.EffectError
+		var (
+			effErr *reconciler.EffectError
+			recErr *reconciler.RecordError
+		)
 		switch {
 		case err == nil:
 			fmt.Fprintf(e.stdout, "claim %d redriven: the effect succeeded with idempotency key %s; resolved as %s by %s\n",
 				c.ID, printable(c.MessageID, 0), c.Resolution, printable(c.ResolvedBy, 0))
 			return exitOK
 		case errors.As(err, &effErr):
-			fmt.Fprintf(e.stderr, "reconciler redrive: refused to resolve claim %d: the effect failed (outcome %s after %d attempt(s)): %v\n"+
-				"The claim stays flagged. Retry the redrive later, or resolve it by hand.\n",
-				id, effErr.Outcome, effErr.Attempts, effErr.Err)
+			back := "The claim is flagged again with this failure as its reason."
+			if !effErr.Reflagged {
+				back = "Flagging it again failed too: the reconciler flags it again within SBCLAIM_STALE_AFTER."
+			}
+			maybe := ""
+			if effErr.Outcome == sideeffects.OutcomeUnknown {
+				maybe = " The outcome is unknown: the effect MAY have been performed; check the downstream before you resolve it."
+			}
+			fmt.Fprintf(e.stderr, "reconciler redrive: claim %d: the effect failed (outcome %s after %d attempt(s)): %v\n%s%s\n"+
+				"Redrive it again later, or resolve it by hand: reconciler resolve %d --as done|discarded --note '...'\n",
+				id, effErr.Outcome, effErr.Attempts, effErr.Err, back, maybe, id)
 			return exitFailure
-		case errors.Is(err, reconciler.ErrNotFlagged), errors.Is(err, reconciler.ErrNoPayload),
-			errors.Is(err, reconciler.ErrNotRedrivable):
-			fmt.Fprintf(e.stderr, "reconciler redrive: refused: %v\n", err)
+		case errors.As(err, &recErr):
+			fmt.Fprintf(e.stderr, "reconciler redrive: claim %d: the effect WAS performed (idempotency key %s), but recording it failed: %v\n"+
+				"Do NOT redrive it again to be sure: it happened. The claim stays held by this redrive until its hold lapses;\n"+
+				"within SBCLAIM_STALE_AFTER the reconciler flags it again (\"redrive ... stopped\"), then record it:\n"+
+				"  reconciler resolve %d --as done --note 'redrive performed the effect; recording failed'\n",
+				id, printable(recErr.Key, 0), recErr.Err, id)
 			return exitFailure
 		}
-		return e.refuse(ctx, st, "redrive", id, err)
+		return e.refuse("redrive", id, err)
 	}
 }
 
-// refuse explains a failed guarded update: a claim that is no longer
-// flagged is a refusal (someone else acted first), described as it is now.
-func (e *env) refuse(ctx context.Context, st claim.Store, cmd string, id int64, err error) int {
-	if !errors.Is(err, claim.ErrStateChanged) {
-		if errors.Is(err, claim.ErrNotFound) {
-			return e.fail(cmd, fmt.Errorf("claim %d not found", id))
-		}
-		return e.fail(cmd, err)
+// refuse explains an action that did not happen: a refusal (someone else
+// acted first, or the claim cannot take the action) says what the claim
+// is now, and that nothing was changed.
+func (e *env) refuse(cmd string, id int64, err error) int {
+	var refused *reconciler.RefusedError
+	switch {
+	case errors.As(err, &refused):
+		fmt.Fprintf(e.stderr, "reconciler %s: refused: %s\n", cmd, printable(refused.Error(), 0))
+		return exitFailure
+	case errors.Is(err, claim.ErrNotFound):
+		return e.fail(cmd, fmt.Errorf("claim %d not found", id))
 	}
-	msg := fmt.Sprintf("refused: claim %d is no longer flagged", id)
-	if c, gerr := st.Get(ctx, id); gerr == nil {
-		msg = fmt.Sprintf("refused: claim %d is %s, not flagged", id, c.State)
-		if c.ResolvedAt != nil {
-			msg += fmt.Sprintf(" (resolved as %s by %s at %s)", c.Resolution, printable(c.ResolvedBy, 0), ts(*c.ResolvedAt))
-		}
-	}
-	fmt.Fprintf(e.stderr, "reconciler %s: %s; nothing was changed\n", cmd, msg)
-	return exitFailure
+	return e.fail(cmd, err)
 }
 
 func (e *env) claimID(cmd string, args []string) (int64, bool) {
@@ -380,6 +422,18 @@ type claimJSON struct {
 	ResolvedBy     string            `json:"resolved_by"`
 	Resolution     claim.Resolution  `json:"resolution"`
 	ResolutionNote string            `json:"resolution_note"`
+	Route          string            `json:"route"`
+	Fingerprint    string            `json:"fingerprint"`
+	TakeOvers      int               `json:"take_overs"`
+	TakenOverAt    *time.Time        `json:"taken_over_at"`
+	TakeOverPath   string            `json:"take_over_path"`
+	TakeOverReason string            `json:"take_over_reason"`
+	PreviousOwner  string            `json:"previous_owner"`
+	PreviousHolder string            `json:"previous_holder"`
+	Recoveries     int               `json:"recoveries"`
+	NextAttemptAt  *time.Time        `json:"next_attempt_at"`
+	LateSuccessAt  *time.Time        `json:"late_success_at"`
+	LateSuccessBy  string            `json:"late_success_by"`
 }
 
 func toJSON(claims ...*claim.Claim) []claimJSON {
@@ -392,6 +446,12 @@ func toJSON(claims ...*claim.Claim) []claimJSON {
 			ClaimedAt: c.ClaimedAt, HeartbeatAt: c.HeartbeatAt, ProcessedAt: c.ProcessedAt, ReleasedAt: c.ReleasedAt,
 			Attempts: c.Attempts, LastError: c.LastError, FlaggedAt: c.FlaggedAt, FlagReason: c.FlagReason,
 			ResolvedAt: c.ResolvedAt, ResolvedBy: c.ResolvedBy, Resolution: c.Resolution, ResolutionNote: c.ResolutionNote,
+			Route: c.Route, Fingerprint: c.Fingerprint, TakeOvers: c.TakeOvers, TakenOverAt: c.TakenOverAt,
+			TakeOverPath: string(c.TakeOverPath), TakeOverReason: c.TakeOverReason, PreviousHolder: c.PreviousHolder,
+			Recoveries: c.Recoveries, NextAttemptAt: c.NextAttemptAt, LateSuccessAt: c.LateSuccessAt, LateSuccessBy: c.LateSuccessBy,
+		}
+		if c.PreviousOwner != uuid.Nil {
+			j.PreviousOwner = c.PreviousOwner.String()
 		}
 		if c.Payload != nil {
 			n := len(c.Payload)

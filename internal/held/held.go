@@ -30,6 +30,7 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/cenkalti/backoff/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
@@ -52,6 +53,10 @@ type Params struct {
 	// ignores its context, so a hung effect cannot keep its claim fresh
 	// forever and block its take-over.
 	Deadline time.Time
+
+	// NextAttemptIn, when positive, is recorded with every failed attempt
+	// (the reconciler's recovery backoff: claim.RecordAttemptParams).
+	NextAttemptIn time.Duration
 
 	Logger *slog.Logger // nil discards
 	// OnHeartbeat, when set, is called after every heartbeat write with
@@ -120,7 +125,8 @@ func Run(ctx context.Context, p Params) Result {
 		log.Warn("effect attempt failed", "attempt", attempt, "effect_outcome", sideeffects.Classify(err).String(), "error", err)
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.StoreTimeout)
 		defer cancel()
-		werr := p.Store.RecordAttempt(wctx, &claim.RecordAttemptParams{ID: p.Claim.ID, Owner: p.Claim.Owner, Error: claim.ErrorText(err)})
+		werr := p.Store.RecordAttempt(wctx, &claim.RecordAttemptParams{ID: p.Claim.ID, Owner: p.Claim.Owner,
+			Error: claim.ErrorText(err), NextAttemptIn: p.NextAttemptIn})
 		switch {
 		case errors.Is(werr, claim.ErrStateChanged):
 			loseClaim(werr)
@@ -194,9 +200,10 @@ func heartbeat(ctx context.Context, p Params, log *slog.Logger, lose func(error)
 // Write runs a store write that records an outcome already known (mark
 // processed, release, resolve). Each try runs on its own StoreTimeout
 // context, detached from ctx, so a shutdown does not cut a write off; a
-// store outage (claim.ErrUnavailable) is retried with backoff for up to
-// window, but no new try starts once ctx has ended. Any other error ends
-// it at once. It returns what the store last said.
+// transient failure (claim.Transient: the store unavailable, or this call
+// aborted as a deadlock victim) is retried with backoff for up to window,
+// but no new try starts once ctx has ended. Any other error ends it at
+// once. It returns what the store last said.
 func Write(ctx context.Context, storeTimeout, window time.Duration, write func(ctx context.Context) error) error {
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval = 100 * time.Millisecond
@@ -207,7 +214,7 @@ func Write(ctx context.Context, storeTimeout, window time.Duration, write func(c
 		wctx, cancel := context.WithTimeout(detached, storeTimeout)
 		defer cancel()
 		last = write(wctx)
-		if last != nil && !errors.Is(last, claim.ErrUnavailable) {
+		if last != nil && !claim.Transient(last) {
 			return struct{}{}, backoff.Permanent(last)
 		}
 		return struct{}{}, last
@@ -216,4 +223,14 @@ func Write(ctx context.Context, storeTimeout, window time.Duration, write func(c
 		return last // not the context's error: what the store said
 	}
 	return err
+}
+
+// NewTakeOversCounter is sbclaim_takeovers_total, by path (redelivery,
+// reconciler, operator): the processor counts redeliveries, the reconciler
+// its recoveries and operators' redrives.
+func NewTakeOversCounter() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sbclaim_takeovers_total",
+		Help: "Claims taken over from their previous holder, by path (redelivery, reconciler, operator).",
+	}, []string{"path"})
 }

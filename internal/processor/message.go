@@ -139,8 +139,8 @@ func (p *Processor) handleBatch(ctx, work context.Context, lr *liveReceiver, msg
 			res := results[i]
 			run(d, func() verdict { return p.afterClaim(ctx, work, d, res) })
 		}
-	case errors.Is(err, claim.ErrUnavailable) || len(batch) == 1:
-		if errors.Is(err, claim.ErrUnavailable) {
+	case claim.StoreWide(err) || len(batch) == 1:
+		if claim.StoreWide(err) {
 			p.storeDown.Store(true)
 		}
 		// Whatever this call may have committed carries this delivery's
@@ -171,7 +171,7 @@ func (p *Processor) claimOne(ctx, work context.Context, d *delivery) verdict {
 		err = fmt.Errorf("store returned %d results for 1 claim", len(results))
 	}
 	if err != nil {
-		if errors.Is(err, claim.ErrUnavailable) {
+		if claim.StoreWide(err) {
 			p.storeDown.Store(true)
 		}
 		return abandoned(ResultAbandoned, "why", "claim failed", "error", err)
@@ -342,7 +342,7 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 				// were recorded, taken over meanwhile): decide again.
 				again, c = true, taken
 			default:
-				if errors.Is(err, claim.ErrUnavailable) {
+				if claim.StoreWide(err) {
 					p.storeDown.Store(true)
 				}
 				return abandoned(ResultAbandoned, "why", "take-over failed", "error", err)
@@ -446,7 +446,7 @@ func (p *Processor) flagRouteChanged(work context.Context, d *delivery, c *claim
 	case errors.Is(err, claim.ErrStateChanged):
 		return verdict{}, false
 	}
-	if errors.Is(err, claim.ErrUnavailable) {
+	if claim.StoreWide(err) {
 		p.storeDown.Store(true)
 	}
 	return abandoned(ResultAbandoned, "why", "flagging a route change failed", "error", err), true
@@ -587,7 +587,7 @@ func (p *Processor) runTx(work context.Context, d *delivery) verdict {
 		})
 	if err != nil {
 		eo := sideeffects.Classify(err)
-		if errors.Is(err, claim.ErrUnavailable) {
+		if claim.StoreWide(err) {
 			eo = sideeffects.OutcomeRetryable
 			p.storeDown.Store(true)
 		}

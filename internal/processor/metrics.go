@@ -2,6 +2,8 @@ package processor
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sbclaim/sbclaim/internal/held"
 )
 
 // Result is how the processor finished with one delivery of a message. It
@@ -77,7 +79,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time spent in an effect including retries, by route and effect outcome.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 		}, []string{"route", "outcome"}),
-		TakeOvers: NewTakeOversCounter(),
+		TakeOvers: held.NewTakeOversCounter(),
 		LockRenewals: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sbclaim_lock_renewals_total",
 			Help: "Message locks renewed.",
@@ -120,14 +122,4 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			m.LockLosses, m.Heartbeats, m.HeartbeatFailures, m.DuplicateWaits, m.LateEffects, m.ClaimsInFlight, m.Receivers)
 	}
 	return m
-}
-
-// NewTakeOversCounter is sbclaim_takeovers_total, by path (redelivery,
-// reconciler, operator): the processor counts redeliveries, the reconciler
-// its recoveries and operators' redrives.
-func NewTakeOversCounter() *prometheus.CounterVec {
-	return prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sbclaim_takeovers_total",
-		Help: "Claims taken over from their previous holder, by path (redelivery, reconciler, operator).",
-	}, []string{"path"})
 }

@@ -19,12 +19,15 @@ func ExampleReconciler_RunOnce() {
 	}
 	defer st.Close()
 
-	rec := reconciler.New(st, reconciler.Config{
+	rec, err := reconciler.New(st, reconciler.Config{
 		StaleAfter:     5 * time.Minute,
 		Retention:      7 * 24 * time.Hour,
 		FlagBatchSize:  100,
 		PurgeBatchSize: 500,
 	}, nil, nil)
+	if err != nil {
+		panic(err)
+	}
 	res, err := rec.RunOnce(ctx)
 	if err != nil {
 		panic(err)

@@ -96,6 +96,22 @@ func (tdb *testDB) backdateHeartbeat(t *testing.T, d time.Duration, ids ...int64
 	}
 }
 
+// backdateNextAttempt moves a claim's next attempt time d into the past.
+func (tdb *testDB) backdateNextAttempt(t *testing.T, d time.Duration, ids ...int64) {
+	t.Helper()
+	for _, id := range ids {
+		q := `UPDATE claims SET next_attempt_utc = strftime('%Y-%m-%dT%H:%M:%f', next_attempt_utc, ?1) WHERE id = ?2`
+		args := []any{fmt.Sprintf("-%.3f seconds", d.Seconds()), id}
+		if tdb.dialect != "sqlite" {
+			q = `UPDATE claims SET next_attempt_utc = next_attempt_utc - $1 * interval '1 millisecond' WHERE id = $2`
+			args = []any{d.Milliseconds(), id}
+		}
+		if _, err := tdb.db.ExecContext(context.Background(), q, args...); err != nil {
+			t.Fatalf("backdate next attempt of claim %d: %v", id, err)
+		}
+	}
+}
+
 // markAllProcessedAgo turns every claimed claim whose message id starts
 // with prefix into a processed claim finished d ago (one statement: fast
 // for 10 000 rows).

@@ -4,12 +4,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/held"
 )
 
 // Metrics are the reconciler's Prometheus metrics. A nil *Metrics is valid
 // and records nothing (tests and the chaos harness need none).
 type Metrics struct {
 	Flagged          prometheus.Counter
+	Recovered        prometheus.Counter
+	RecoveryAttempts *prometheus.CounterVec // outcome of each recovery attempt
+	TakeOvers        *prometheus.CounterVec // path: reconciler (recovery), operator (redrive)
 	Purged           prometheus.Counter
 	TickDuration     prometheus.Histogram
 	TickErrors       prometheus.Counter
@@ -24,8 +28,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		Flagged: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sbclaim_reconciler_flagged_total",
-			Help: "Claims the reconciler flagged as stale (no heartbeat, or released and not taken over).",
+			Help: "Claims the reconciler flagged for operators (what recovery cannot settle; every stale claim when recovery is off).",
 		}),
+		Recovered: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sbclaim_reconciler_recovered_total",
+			Help: "Stale claims the reconciler took over, re-ran with the same idempotency key and marked processed.",
+		}),
+		RecoveryAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sbclaim_reconciler_recovery_attempts_total",
+			Help: "Recovery attempts by effect outcome (ok, retryable, unknown, permanent, ...).",
+		}, []string{"outcome"}),
+		TakeOvers: held.NewTakeOversCounter(),
 		Purged: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sbclaim_reconciler_purged_total",
 			Help: "Finished claims deleted after the retention period.",
@@ -52,7 +65,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Flagged claims waiting for an operator, at the last tick.",
 		}),
 	}
-	reg.MustRegister(m.Flagged, m.Purged, m.TickDuration, m.TickErrors,
+	reg.MustRegister(m.Flagged, m.Recovered, m.RecoveryAttempts, m.TakeOvers, m.Purged, m.TickDuration, m.TickErrors,
 		m.Unfinished, m.OldestUnfinished, m.FlaggedNow)
 	return m
 }

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/sideeffects"
 )
 
 // LockName is the database lock a tick holds, so that one reconciler
@@ -25,6 +27,12 @@ const (
 	DefaultQueryTimeout    = 30 * time.Second
 	DefaultSchedule        = "@every 1m"
 	DefaultShutdownTimeout = 25 * time.Second // under Container Apps' 30 s grace period
+
+	DefaultRecoveryMaxAttempts = 5
+	DefaultRecoveryBackoff     = time.Minute
+	DefaultRecoveryBackoffMax  = time.Hour
+	DefaultRecoveryConcurrency = 8
+	DefaultHeartbeatInterval   = 30 * time.Second
 )
 
 // Config tunes a Reconciler. Zero values take the defaults above. The
@@ -33,8 +41,30 @@ const (
 // Config itself only needs positive values.
 type Config struct {
 	// StaleAfter: a claimed claim without a heartbeat, or a released claim
-	// not taken over, for this long is flagged.
+	// not taken over, for this long is recovered (or, when it cannot be,
+	// flagged).
 	StaleAfter time.Duration
+	// Routes are the processors' routers by consumer. With none, recovery
+	// is off and the tick flags every stale claim for operators (the flag
+	// pass).
+	Routes Routes
+	// RecoveryMaxAttempts is how many recovery attempts may end with an
+	// unknown outcome before the claim is flagged.
+	RecoveryMaxAttempts int
+	// RecoveryBackoff is the wait after a recovery attempt that did not
+	// settle the claim, doubled per attempt up to RecoveryBackoffMax
+	// (NextAttemptAt on the claim).
+	RecoveryBackoff, RecoveryBackoffMax time.Duration
+	// RecoveryConcurrency bounds the effects the recovery pass runs at once.
+	RecoveryConcurrency int
+	// MaxRecoverPerTick bounds the stale claims one tick looks at.
+	MaxRecoverPerTick int
+	// HeartbeatInterval is how often the reconciler's heartbeat is written
+	// on a claim it holds while re-running its effect: the processors'
+	// SBCLAIM_HEARTBEAT_INTERVAL, so their TakeoverAfter sees it alive.
+	HeartbeatInterval time.Duration
+	// Host names the reconciler as a claim's holder ("reconciler@<host>").
+	Host string
 	// Retention: finished claims older than this are purged.
 	Retention time.Duration
 	// FlagBatchSize bounds one FlagStale call; the flag pass loops until a
@@ -65,7 +95,65 @@ func (c Config) withDefaults() Config {
 	c.QueryTimeout = cmp.Or(c.QueryTimeout, DefaultQueryTimeout)
 	c.Schedule = cmp.Or(c.Schedule, DefaultSchedule)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
+	c.RecoveryMaxAttempts = cmp.Or(c.RecoveryMaxAttempts, DefaultRecoveryMaxAttempts)
+	c.RecoveryBackoff = cmp.Or(c.RecoveryBackoff, DefaultRecoveryBackoff)
+	c.RecoveryBackoffMax = cmp.Or(c.RecoveryBackoffMax, max(DefaultRecoveryBackoffMax, c.RecoveryBackoff))
+	c.RecoveryConcurrency = cmp.Or(c.RecoveryConcurrency, DefaultRecoveryConcurrency)
+	c.MaxRecoverPerTick = cmp.Or(c.MaxRecoverPerTick, 10*c.FlagBatchSize)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
+	if c.Host == "" {
+		h, _ := os.Hostname()
+		c.Host = "reconciler@" + cmp.Or(h, "unknown")
+	}
 	return c
+}
+
+// Validate reports the first setting that is out of range (after defaults).
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	for name, d := range map[string]time.Duration{
+		"StaleAfter": c.StaleAfter, "Retention": c.Retention, "QueryTimeout": c.QueryTimeout, "ShutdownTimeout": c.ShutdownTimeout,
+		"RecoveryBackoff": c.RecoveryBackoff, "RecoveryBackoffMax": c.RecoveryBackoffMax, "HeartbeatInterval": c.HeartbeatInterval,
+	} {
+		if d <= 0 {
+			return fmt.Errorf("reconciler: %s must be positive, got %s", name, d)
+		}
+	}
+	for name, n := range map[string]int{
+		"FlagBatchSize": c.FlagBatchSize, "PurgeBatchSize": c.PurgeBatchSize, "MaxPurgePerTick": c.MaxPurgePerTick,
+		"RecoveryMaxAttempts": c.RecoveryMaxAttempts, "RecoveryConcurrency": c.RecoveryConcurrency, "MaxRecoverPerTick": c.MaxRecoverPerTick,
+	} {
+		if n <= 0 {
+			return fmt.Errorf("reconciler: %s must be at least 1, got %d", name, n)
+		}
+	}
+	if c.RecoveryBackoffMax < c.RecoveryBackoff {
+		return fmt.Errorf("reconciler: RecoveryBackoffMax (%s) cannot be less than RecoveryBackoff (%s)", c.RecoveryBackoffMax, c.RecoveryBackoff)
+	}
+	if c.StaleAfter < 3*c.HeartbeatInterval {
+		return fmt.Errorf("reconciler: StaleAfter (%s) must be at least 3 × HeartbeatInterval (%s): a live holder that missed two heartbeats would be taken over",
+			c.StaleAfter, 3*c.HeartbeatInterval)
+	}
+	if _, err := ParseSchedule(c.Schedule); err != nil {
+		return fmt.Errorf("reconciler: Schedule %q: %w", c.Schedule, err)
+	}
+	return nil
+}
+
+// Recovering reports whether the tick recovers stale claims (routes are
+// configured) rather than flagging them all.
+func (c Config) Recovering() bool { return len(c.Routes) > 0 }
+
+// Routes are the processors' routers by consumer name; the "" entry serves
+// consumers that have no entry of their own.
+type Routes map[string]sideeffects.Router
+
+// For returns the router of consumer's claims, nil when there is none.
+func (r Routes) For(consumer string) sideeffects.Router {
+	if rt, ok := r[consumer]; ok {
+		return rt
+	}
+	return r[""]
 }
 
 // Reconciler flags stale claims and purges old finished ones, one tick at
@@ -79,12 +167,19 @@ type Reconciler struct {
 	metrics *Metrics
 }
 
-// New returns a Reconciler over store. logger and metrics may be nil.
-func New(store claim.Store, cfg Config, logger *slog.Logger, metrics *Metrics) *Reconciler {
+// New returns a Reconciler over store, or an error naming the first
+// setting out of range. logger and metrics may be nil.
+func New(store claim.Store, cfg Config, logger *slog.Logger, metrics *Metrics) (*Reconciler, error) {
+	if store == nil {
+		return nil, errors.New("reconciler: a store is required")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Reconciler{store: store, cfg: cfg.withDefaults(), logger: logger, metrics: metrics}
+	return &Reconciler{store: store, cfg: cfg.withDefaults(), logger: logger, metrics: metrics}, nil
 }
 
 // Config returns the configuration in effect (defaults filled in).
@@ -97,6 +192,12 @@ type TickResult struct {
 	Locked bool
 	// Flagged are the claims this tick flagged.
 	Flagged []*claim.Claim
+	// Recovered counts the claims the recovery pass re-ran and marked
+	// processed; Postponed those it re-ran without settling them (retried
+	// later, by backoff).
+	Recovered, Postponed int
+	// RecoveryBatches counts the recovery pass's FindStale calls.
+	RecoveryBatches int
 	// Purged is how many finished claims this tick deleted.
 	Purged int64
 	// FlagBatches and PurgeBatches count the store calls of each pass.
@@ -108,12 +209,13 @@ type TickResult struct {
 	Duration time.Duration
 }
 
-// RunOnce runs one tick: under the database lock, the flag pass then the
-// purge pass, then it reads the table's stats for the gauges. When the lock
-// is held elsewhere it returns a result with Locked false and no error.
+// RunOnce runs one tick: under the database lock, the recovery pass (or,
+// with no routes configured, the flag pass) then the purge pass, then it
+// reads the table's stats for the gauges. When the lock is held elsewhere
+// it returns a result with Locked false and no error.
 //
-// A failing flag pass does not stop the purge pass (they touch disjoint
-// rows); the errors are joined.
+// A failing recovery or flag pass does not stop the purge pass (they touch
+// disjoint rows); the errors are joined.
 func (r *Reconciler) RunOnce(ctx context.Context) (res *TickResult, err error) {
 	start := time.Now()
 	res = &TickResult{}
@@ -153,20 +255,30 @@ func (r *Reconciler) RunOnce(ctx context.Context) (res *TickResult, err error) {
 		}
 	}()
 
-	flagErr := r.flagPass(ctx, res)
+	var flagErr error
+	if r.cfg.Recovering() {
+		flagErr = r.recoverPass(ctx, res)
+	} else {
+		flagErr = r.flagPass(ctx, res)
+	}
 	var purgeErr error
 	if ctx.Err() == nil {
 		purgeErr = r.purgePass(ctx, res)
 	}
 	r.readStats(ctx, res)
 
-	if len(res.Flagged) > 0 || res.Purged > 0 {
+	if len(res.Flagged) > 0 || res.Purged > 0 || res.Recovered > 0 || res.Postponed > 0 {
 		r.logger.Info("reconciler tick",
-			"flagged", len(res.Flagged), "purged", res.Purged,
-			"flag_batches", res.FlagBatches, "purge_batches", res.PurgeBatches,
+			"recovered", res.Recovered, "postponed", res.Postponed, "flagged", len(res.Flagged), "purged", res.Purged,
 			"duration", time.Since(start))
 	}
 	return res, errors.Join(flagErr, purgeErr)
+}
+
+func (r *Reconciler) logFlagged(c *claim.Claim) {
+	r.logger.Warn("claim flagged for operators",
+		"claim_id", c.ID, "message_id", c.MessageID, "consumer", c.Consumer,
+		"reason", c.FlagReason, "claimed_by", c.ClaimedBy, "last_error", c.LastError)
 }
 
 // flagPass flags stale claims in bounded batches until a batch is short.
@@ -190,9 +302,7 @@ func (r *Reconciler) flagPass(ctx context.Context, res *TickResult) error {
 			r.metrics.Flagged.Add(float64(len(batch)))
 		}
 		for _, c := range batch {
-			r.logger.Warn("claim flagged for operators",
-				"claim_id", c.ID, "message_id", c.MessageID, "consumer", c.Consumer,
-				"reason", c.FlagReason, "claimed_by", c.ClaimedBy, "last_error", c.LastError)
+			r.logFlagged(c)
 		}
 		if len(batch) < limit || ctx.Err() != nil {
 			return nil

@@ -18,7 +18,15 @@ import (
 )
 
 func newRec(t *testing.T, st claim.Store, cfg reconciler.Config) *reconciler.Reconciler {
-	return reconciler.New(st, cfg, testLogger(t), nil)
+	t.Helper()
+	if cfg.HeartbeatInterval == 0 && cfg.StaleAfter > 0 {
+		cfg.HeartbeatInterval = min(cfg.StaleAfter/3, reconciler.DefaultHeartbeatInterval)
+	}
+	r, err := reconciler.New(st, cfg, testLogger(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 // A claim whose processor keeps heartbeating is never flagged; one whose
@@ -373,7 +381,10 @@ func TestMetrics(t *testing.T) {
 		claimN(t, tdb.store, "m-old", 3, nil)
 		tdb.markAllProcessedAgo(t, "m-old", 30*24*time.Hour)
 
-		rec := reconciler.New(tdb.store, reconciler.Config{StaleAfter: time.Minute}, testLogger(t), m)
+		rec, err := reconciler.New(tdb.store, reconciler.Config{StaleAfter: time.Minute, HeartbeatInterval: 20 * time.Second}, testLogger(t), m)
+		if err != nil {
+			t.Fatal(err)
+		}
 		if _, err := rec.RunOnce(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -7,12 +7,20 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/held"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
 )
+
+// The operator actions: Redrive and Resolve. The CLI and the console call
+// these, so an action means the same whatever front end an operator uses,
+// and every one of them is a guarded, audited write: an action never races
+// a processor, the reconciler or another operator silently.
 
 // Reasons Redrive refuses a claim without running anything.
 var (
@@ -26,13 +34,33 @@ var (
 	ErrNotRedrivable = errors.New("route cannot be redriven")
 )
 
-// EffectError is a redrive whose effect failed: the claim stays flagged.
+// RefusedError is an action refused because the claim is not (or no longer)
+// in a state that allows it. Nothing was changed. Claim is the claim as it
+// is now (nil if it could not be read).
+type RefusedError struct {
+	ID    int64
+	Claim *claim.Claim
+	Why   string
+	Err   error // ErrNotFlagged, ErrNoPayload, ErrNotRedrivable, claim.ErrRouteChanged, claim.ErrStateChanged, ...
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("claim %d: %s; nothing was changed", e.ID, e.Why)
+}
+
+func (e *RefusedError) Unwrap() error { return e.Err }
+
+// EffectError is a redrive whose effect failed. The claim was handed back
+// to operators (flagged again, with this failure as its reason) unless
+// Reflagged is false; then the redrive's hold on it lapses and the
+// reconciler flags it again within its stale window.
 type EffectError struct {
-	ClaimID  int64
-	Route    string
-	Outcome  sideeffects.Outcome // classified by sideeffects.Classify
-	Attempts int
-	Err      error
+	ClaimID   int64
+	Route     string
+	Outcome   sideeffects.Outcome // classified by sideeffects.Classify
+	Attempts  int
+	Reflagged bool
+	Err       error
 }
 
 func (e *EffectError) Error() string {
@@ -42,83 +70,214 @@ func (e *EffectError) Error() string {
 
 func (e *EffectError) Unwrap() error { return e.Err }
 
+// RecordError is a redrive whose effect WAS performed, but whose final write
+// (resolving the claim as redriven) failed. The claim stays held by the
+// redrive until its hold lapses; the reconciler then flags it again
+// ("redrive interrupted"), and an operator resolves it as done.
+type RecordError struct {
+	ClaimID int64
+	Key     string // the idempotency key the effect was performed with
+	Err     error
+}
+
+func (e *RecordError) Error() string {
+	return fmt.Sprintf("redrive claim %d: the effect WAS performed (idempotency key %q), but recording it failed: %v", e.ClaimID, e.Key, e.Err)
+}
+
+func (e *RecordError) Unwrap() error { return e.Err }
+
 // RedriveParams is the input of Redrive.
 type RedriveParams struct {
 	ID     int64              // the flagged claim
-	By     string             // operator, recorded on the resolution
-	Note   string             // defaults to "redriven"
-	Router sideeffects.Router // the processor's routes
+	By     string             // operator, recorded as the holder and on the resolution
+	Note   string // recorded on the resolution; defaults to "redriven"
+	// Routes are the processors' routes; the claim's consumer's are used.
+	Routes Routes
 	Retry  sideeffects.RetryPolicy
-	Logger *slog.Logger // may be nil
+	// HeartbeatInterval is how often the redrive's hold on the claim is
+	// renewed while the effect runs; default 30s (the processors').
+	HeartbeatInterval time.Duration
+	// StoreTimeout bounds each store call; default DefaultQueryTimeout.
+	StoreTimeout time.Duration
+	Logger       *slog.Logger // may be nil
+	Metrics      *Metrics     // may be nil
 }
 
 // Redrive re-runs the effect of a flagged claim with the same idempotency
 // key (the claim's MessageID), so that an effect the original attempt had
-// already performed is deduplicated downstream, and on success resolves the
-// claim as redriven (which marks it processed).
+// already performed is deduplicated downstream.
 //
-// It refuses, without running anything, a claim that is not flagged
-// (ErrNotFlagged), has no stored payload (ErrNoPayload) or routes to a
-// TxEffect (ErrNotRedrivable). When the effect fails it returns an
-// *EffectError and leaves the claim flagged. When the claim was resolved
-// by someone else while the effect ran, it returns claim.ErrStateChanged
-// (the effect, being idempotent, did no harm).
+// It refuses, changing nothing (a *RefusedError), a claim that is not
+// flagged (ErrNotFlagged, also when another redrive holds it), has no
+// stored payload (ErrNoPayload), routes to a TxEffect (ErrNotRedrivable), or
+// whose route in params.Router is not the one it was taken for
+// (claim.ErrRouteChanged: a wrong routes file would send the key to another
+// effect). Then it takes the claim over (path operator: guarded on the
+// claim still being flagged, so of two concurrent redrives one runs and
+// the other is refused, and Resolve refuses while it runs), runs the effect
+// holding it, and resolves it as redriven. When the effect fails it flags
+// the claim again and returns an *EffectError; when the effect succeeded
+// but the resolution could not be written, a *RecordError.
 func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (*claim.Claim, error) {
-	logger := p.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
+	logger := cmp.Or(p.Logger, slog.New(slog.DiscardHandler))
+	timeout := cmp.Or(p.StoreTimeout, DefaultQueryTimeout)
+	if len(p.Routes) == 0 {
+		return nil, errors.New("redrive: no routes (the processors' routes file) configured")
 	}
-	if p.Router == nil {
-		return nil, errors.New("redrive: no router (routes file) configured")
+	if p.By == "" {
+		return nil, errors.New("redrive: By (the operator) is required")
 	}
-	c, err := store.Get(ctx, p.ID)
+	c, err := get(ctx, store, timeout, p.ID)
 	if err != nil {
 		return nil, fmt.Errorf("redrive claim %d: %w", p.ID, err)
 	}
 	if c.State != claim.StateFlagged {
-		return c, fmt.Errorf("redrive claim %d: %w (state %s)", c.ID, ErrNotFlagged, c.State)
+		return c, &RefusedError{ID: c.ID, Claim: c, Why: notFlagged(c), Err: ErrNotFlagged}
 	}
 	if c.Payload == nil {
-		return c, fmt.Errorf("redrive claim %d: %w (payload storage was off when it was claimed); resolve it by hand", c.ID, ErrNoPayload)
+		return c, &RefusedError{ID: c.ID, Claim: c, Err: ErrNoPayload,
+			Why: "its payload was not stored (payload storage was off when it was claimed), so it cannot be re-run; resolve it by hand"}
 	}
-
+	router := p.Routes.For(c.Consumer)
+	if router == nil {
+		return c, &RefusedError{ID: c.ID, Claim: c, Err: claim.ErrRouteChanged,
+			Why: fmt.Sprintf("no routes are configured for its consumer %q", c.Consumer)}
+	}
 	msg := MessageFromClaim(c)
-	h, err := p.Router.Route(msg)
+	h, err := router.Route(msg)
 	if err != nil {
-		return c, fmt.Errorf("redrive claim %d: route message: %w", c.ID, err)
+		return c, &RefusedError{ID: c.ID, Claim: c, Err: err, Why: fmt.Sprintf("the routes file routes no effect to it: %v", err)}
 	}
 	if h.Effect == nil {
-		return c, fmt.Errorf("redrive claim %d: %w: route %q is a database-only (transactional) effect", c.ID, ErrNotRedrivable, h.Name)
+		return c, &RefusedError{ID: c.ID, Claim: c, Err: ErrNotRedrivable,
+			Why: fmt.Sprintf("route %q is a database-only (transactional) effect, which cannot be re-run alone", h.Name)}
+	}
+	if c.RouteDiffers(h.Name, h.Fingerprint) {
+		return c, &RefusedError{ID: c.ID, Claim: c, Err: claim.ErrRouteChanged,
+			Why: fmt.Sprintf("it was taken for route %q (fingerprint %s), but this routes file routes it to %q (fingerprint %s): give the routes file of consumer %q as it was",
+				c.Route, c.Fingerprint, h.Name, h.Fingerprint, c.Consumer)}
 	}
 
-	log := logger.With("claim_id", c.ID, "message_id", c.MessageID, "consumer", c.Consumer, "route", h.Name)
-	log.Info("redriving claim")
-	attempts := 0
-	err = p.Retry.Do(ctx, func(ctx context.Context) error {
-		attempts++
-		return h.Effect.Perform(ctx, msg, c.MessageID)
-	}, func(attempt int, err error) {
-		log.Warn("redrive attempt failed", "attempt", attempt, "outcome", sideeffects.Classify(err), "err", err)
+	log := logger.With("claim_id", c.ID, "message_id", c.MessageID, "consumer", c.Consumer, "route", h.Name, "by", p.By)
+	holder := "operator:" + p.By
+	tctx, cancel := context.WithTimeout(ctx, timeout)
+	taken, err := store.TakeOver(tctx, &claim.TakeOverParams{
+		ID: c.ID, PreviousOwner: c.Owner, Owner: uuid.New(), Path: claim.PathOperator,
+		By: holder, Reason: "redrive by " + p.By + ": " + cmp.Or(p.Note, "redriven"),
+		Route: h.Name, Fingerprint: h.Fingerprint,
 	})
+	cancel()
 	if err != nil {
-		return c, &EffectError{ClaimID: c.ID, Route: h.Name, Outcome: sideeffects.Classify(err), Attempts: attempts, Err: err}
+		if errors.Is(err, claim.ErrStateChanged) || errors.Is(err, claim.ErrRouteChanged) {
+			now := cmp.Or(taken, c)
+			return now, &RefusedError{ID: c.ID, Claim: now, Err: err, Why: "someone acted first: " + notFlagged(now)}
+		}
+		return c, fmt.Errorf("redrive claim %d: take it over: %w", c.ID, err)
+	}
+	if p.Metrics != nil {
+		p.Metrics.TakeOvers.WithLabelValues(string(claim.PathOperator)).Inc()
+	}
+	log.Info("redriving claim")
+	res := held.Run(ctx, held.Params{
+		Store: store, Claim: taken, Effect: h.Effect, Message: msg, Key: c.MessageID, Retry: p.Retry,
+		HeartbeatInterval: cmp.Or(p.HeartbeatInterval, 30*time.Second), StoreTimeout: timeout, Logger: log,
+	})
+	if res.Lost != nil {
+		return taken, fmt.Errorf("redrive claim %d: the claim was taken from this redrive while its effect ran (effect outcome %s): %w",
+			c.ID, res.Outcome, res.Lost)
+	}
+	if res.Outcome != sideeffects.OutcomeOK {
+		reason := fmt.Sprintf("redrive by %s failed after %d attempt(s), outcome %s: %s", p.By, res.Attempts, res.Outcome, claim.ErrorText(res.Err))
+		ferr := held.Write(ctx, timeout, time.Minute, func(ctx context.Context) error {
+			_, err := store.Flag(ctx, &claim.FlagParams{ID: c.ID, Owner: taken.Owner, State: claim.StateClaimed, Reason: reason})
+			return err
+		})
+		if ferr != nil {
+			log.Warn("redrive failed and flagging the claim again failed; its hold lapses and the reconciler flags it", "error", ferr)
+		}
+		return taken, &EffectError{ClaimID: c.ID, Route: h.Name, Outcome: res.Outcome, Attempts: res.Attempts, Reflagged: ferr == nil, Err: res.Err}
 	}
 
 	// The effect happened; record it even if the caller's context ended
-	// just now, or the claim would wrongly stay flagged.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultQueryTimeout)
-	defer cancel()
-	resolved, err := store.Resolve(rctx, &claim.ResolveParams{
-		ID:         c.ID,
-		Resolution: claim.ResolutionRedriven,
-		By:         p.By,
-		Note:       cmp.Or(p.Note, "redriven"),
+	// just now, or the claim would wrongly look unfinished.
+	var resolved *claim.Claim
+	err = held.Write(ctx, timeout, time.Minute, func(ctx context.Context) error {
+		var err error
+		resolved, err = store.Resolve(ctx, &claim.ResolveParams{
+			ID: c.ID, Owner: taken.Owner, Resolution: claim.ResolutionRedriven, By: p.By, Note: cmp.Or(p.Note, "redriven"),
+		})
+		return err
 	})
 	if err != nil {
-		return c, fmt.Errorf("redrive claim %d: effect succeeded but resolving the claim failed: %w", c.ID, err)
+		return taken, &RecordError{ClaimID: c.ID, Key: c.MessageID, Err: err}
 	}
-	log.Info("claim redriven", "by", p.By, "attempts", attempts)
+	log.Info("claim redriven", "attempts", res.Attempts)
 	return resolved, nil
+}
+
+// ResolveParams is the input of Resolve.
+type ResolveParams struct {
+	ID           int64
+	Resolution   claim.Resolution // ResolutionDone or ResolutionDiscarded
+	By, Note     string           // both required
+	StoreTimeout time.Duration    // default DefaultQueryTimeout
+}
+
+// Resolve closes a flagged claim by hand, audited (who, when, which note).
+// It is guarded on the claim being flagged: a claim a redrive holds, or
+// that someone resolved first, is refused with a *RefusedError that says
+// what the claim is now.
+func Resolve(ctx context.Context, store claim.Store, p *ResolveParams) (*claim.Claim, error) {
+	if p.Resolution != claim.ResolutionDone && p.Resolution != claim.ResolutionDiscarded {
+		return nil, fmt.Errorf("resolve claim %d: resolution must be %s or %s (a redrive resolves as %s), got %q",
+			p.ID, claim.ResolutionDone, claim.ResolutionDiscarded, claim.ResolutionRedriven, p.Resolution)
+	}
+	if p.By == "" || p.Note == "" {
+		return nil, fmt.Errorf("resolve claim %d: who (By) and why (Note) are required", p.ID)
+	}
+	timeout := cmp.Or(p.StoreTimeout, DefaultQueryTimeout)
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	c, err := store.Resolve(rctx, &claim.ResolveParams{ID: p.ID, Resolution: p.Resolution, By: p.By, Note: p.Note})
+	if errors.Is(err, claim.ErrStateChanged) {
+		now, gerr := get(ctx, store, timeout, p.ID)
+		if gerr != nil {
+			return nil, &RefusedError{ID: p.ID, Err: err, Why: "it is no longer flagged"}
+		}
+		return now, &RefusedError{ID: p.ID, Claim: now, Err: err, Why: notFlagged(now)}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("resolve claim %d: %w", p.ID, err)
+	}
+	return c, nil
+}
+
+// notFlagged says what a claim is instead of flagged.
+func notFlagged(c *claim.Claim) string {
+	switch {
+	case c.State == claim.StateFlagged:
+		return "it is flagged"
+	case c.State == claim.StateClaimed && c.TakeOverPath == claim.PathOperator:
+		return fmt.Sprintf("it is being redriven by %s (since %s)", c.ClaimedBy, stamp(c.TakenOverAt))
+	case c.State == claim.StateResolved:
+		return fmt.Sprintf("it is resolved (%s by %s at %s)", c.Resolution, c.ResolvedBy, stamp(c.ResolvedAt))
+	case c.State == claim.StateClaimed:
+		return fmt.Sprintf("it is claimed by %s, not flagged", c.ClaimedBy)
+	}
+	return fmt.Sprintf("it is %s, not flagged", c.State)
+}
+
+func stamp(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return t.UTC().Format("2006-01-02 15:04:05.000Z")
+}
+
+func get(ctx context.Context, store claim.Store, timeout time.Duration, id int64) (*claim.Claim, error) {
+	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	return store.Get(gctx, id)
 }
 
 // MessageFromClaim rebuilds the message a claim was taken for, as the SDK's

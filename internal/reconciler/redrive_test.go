@@ -76,7 +76,7 @@ func TestRedriveAfterPerformedEffectIsOneEffect(t *testing.T) {
 			t.Fatalf("flag: err=%v flagged=%d", err, len(res.Flagged))
 		}
 
-		got, err := reconciler.Redrive(ctx, tdb.store, &reconciler.RedriveParams{ID: c.ID, By: "alice", Router: router, Retry: fastRetry, Logger: testLogger(t)})
+		got, err := reconciler.Redrive(ctx, tdb.store, &reconciler.RedriveParams{ID: c.ID, By: "alice", Routes: reconciler.Routes{"": router}, Retry: fastRetry, Logger: testLogger(t)})
 		if err != nil {
 			t.Fatalf("redrive: %v", err)
 		}
@@ -88,7 +88,7 @@ func TestRedriveAfterPerformedEffectIsOneEffect(t *testing.T) {
 			t.Errorf("after redrive: %+v, want resolved/redriven by alice, processed", got)
 		}
 		// A second redrive is refused: the claim is no longer flagged.
-		if _, err := reconciler.Redrive(ctx, tdb.store, &reconciler.RedriveParams{ID: c.ID, By: "bob", Router: router, Retry: fastRetry}); !errors.Is(err, reconciler.ErrNotFlagged) {
+		if _, err := reconciler.Redrive(ctx, tdb.store, &reconciler.RedriveParams{ID: c.ID, By: "bob", Routes: reconciler.Routes{"": router}, Retry: fastRetry}); !errors.Is(err, reconciler.ErrNotFlagged) {
 			t.Errorf("second redrive: %v, want ErrNotFlagged", err)
 		}
 		if r := fake.Requests(c.MessageID); r != 2 {
@@ -104,13 +104,13 @@ func TestRedriveRefusals(t *testing.T) {
 
 		t.Run("not flagged", func(t *testing.T) {
 			c := claimN(t, tdb.store, "claimed", 1, nil)[0]
-			_, err := reconciler.Redrive(ctx, tdb.store, &reconciler.RedriveParams{ID: c.ID, By: "a", Router: router, Retry: fastRetry})
+			_, err := reconciler.Redrive(ctx, tdb.store, &reconciler.RedriveParams{ID: c.ID, By: "a", Routes: reconciler.Routes{"": router}, Retry: fastRetry})
 			if !errors.Is(err, reconciler.ErrNotFlagged) {
 				t.Fatalf("err = %v, want ErrNotFlagged", err)
 			}
 		})
 		t.Run("not found", func(t *testing.T) {
-			_, err := reconciler.Redrive(ctx, tdb.store, &reconciler.RedriveParams{ID: 987654, By: "a", Router: router, Retry: fastRetry})
+			_, err := reconciler.Redrive(ctx, tdb.store, &reconciler.RedriveParams{ID: 987654, By: "a", Routes: reconciler.Routes{"": router}, Retry: fastRetry})
 			if !errors.Is(err, claim.ErrNotFound) {
 				t.Fatalf("err = %v, want ErrNotFound", err)
 			}
@@ -129,7 +129,7 @@ func TestRedriveRefusals(t *testing.T) {
 			if _, err := newRec(t, tdb.store, reconciler.Config{StaleAfter: time.Minute}).RunOnce(ctx); err != nil {
 				t.Fatal(err)
 			}
-			_, err = reconciler.Redrive(ctx, tdb.store, &reconciler.RedriveParams{ID: id, By: "a", Router: router, Retry: fastRetry})
+			_, err = reconciler.Redrive(ctx, tdb.store, &reconciler.RedriveParams{ID: id, By: "a", Routes: reconciler.Routes{"": router}, Retry: fastRetry})
 			if !errors.Is(err, reconciler.ErrNoPayload) {
 				t.Fatalf("err = %v, want ErrNoPayload", err)
 			}
@@ -141,7 +141,7 @@ func TestRedriveRefusals(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = reconciler.Redrive(ctx, tdb.store, &reconciler.RedriveParams{ID: c.ID, By: "a", Router: txRouter, Retry: fastRetry})
+			_, err = reconciler.Redrive(ctx, tdb.store, &reconciler.RedriveParams{ID: c.ID, By: "a", Routes: reconciler.Routes{"": txRouter}, Retry: fastRetry})
 			if !errors.Is(err, reconciler.ErrNotRedrivable) {
 				t.Fatalf("err = %v, want ErrNotRedrivable", err)
 			}
@@ -152,7 +152,7 @@ func TestRedriveRefusals(t *testing.T) {
 		t.Run("effect fails", func(t *testing.T) {
 			c := flaggedClaim(t, tdb, "fails")
 			fake.FailKey(c.MessageID, 0, fakedownstream.FaultErrorBefore)
-			_, err := reconciler.Redrive(ctx, tdb.store, &reconciler.RedriveParams{ID: c.ID, By: "a", Router: router, Retry: fastRetry})
+			_, err := reconciler.Redrive(ctx, tdb.store, &reconciler.RedriveParams{ID: c.ID, By: "a", Routes: reconciler.Routes{"": router}, Retry: fastRetry})
 			var ee *reconciler.EffectError
 			if !errors.As(err, &ee) || ee.Attempts != 2 || ee.Outcome == sideeffects.OutcomeOK {
 				t.Fatalf("err = %v, want an EffectError after 2 attempts", err)

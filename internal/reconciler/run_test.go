@@ -3,6 +3,7 @@ package reconciler_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,7 +41,7 @@ func newBlocking(st claim.Store) *blockingStore {
 func TestRunWaitsForRunningTick(t *testing.T) {
 	tdb := openSQLite(t)
 	bs := newBlocking(tdb.store)
-	rec := reconciler.New(bs, reconciler.Config{Schedule: "@every 1s", ShutdownTimeout: time.Minute, QueryTimeout: time.Minute}, testLogger(t), nil)
+	rec := newRec(t, bs, reconciler.Config{Schedule: "@every 1s", ShutdownTimeout: time.Minute, QueryTimeout: time.Minute})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- rec.Run(ctx) }()
@@ -65,7 +66,7 @@ func TestRunWaitsForRunningTick(t *testing.T) {
 func TestRunShutdownTimeoutCancelsTick(t *testing.T) {
 	tdb := openSQLite(t)
 	bs := newBlocking(tdb.store)
-	rec := reconciler.New(bs, reconciler.Config{Schedule: "@every 1s", ShutdownTimeout: 100 * time.Millisecond, QueryTimeout: time.Hour}, testLogger(t), nil)
+	rec := newRec(t, bs, reconciler.Config{Schedule: "@every 1s", ShutdownTimeout: 100 * time.Millisecond, QueryTimeout: time.Hour})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- rec.Run(ctx) }()
@@ -82,9 +83,8 @@ func TestRunShutdownTimeoutCancelsTick(t *testing.T) {
 
 func TestRunRejectsBadSchedule(t *testing.T) {
 	tdb := openSQLite(t)
-	rec := reconciler.New(tdb.store, reconciler.Config{Schedule: "every minute"}, nil, nil)
-	if err := rec.Run(context.Background()); err == nil {
-		t.Fatal("Run accepted a bad schedule")
+	if _, err := reconciler.New(tdb.store, reconciler.Config{Schedule: "every minute"}, nil, nil); err == nil || !strings.Contains(err.Error(), "Schedule") {
+		t.Fatalf("New with a bad schedule: %v, want an error naming Schedule", err)
 	}
 }
 

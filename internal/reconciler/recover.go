@@ -1,0 +1,246 @@
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/held"
+	"github.com/sbclaim/sbclaim/internal/sideeffects"
+)
+
+// The recovery pass: claims stale for StaleAfter (claimed with no
+// heartbeat, or released and not taken over) are taken over by the
+// reconciler and their effect re-run with the same idempotency key, when
+// that is safe without a person: the route allows automatic recovery, the
+// payload is stored, the route is still the one the claim was taken for.
+// Only what recovery cannot settle is flagged for operators.
+
+// Flag reasons of the recovery pass. Each names what an operator must
+// decide.
+const (
+	reasonNoRoutes       = "no routes for consumer %q: recovery needs the processors' routes file (SBCLAIM_ROUTES)"
+	reasonNoPayload      = "no stored payload (payload storage was off when it was claimed): it cannot be re-run; check the downstream and resolve it by hand"
+	reasonNoRoute        = "the routes file routes no effect to it: %v"
+	reasonTransactional  = "route %q is a database-only (transactional) effect, which cannot be re-run alone"
+	reasonRouteChanged   = "route changed: the claim was taken for route %q (fingerprint %s), the routes file now routes it to %q (fingerprint %s)"
+	reasonManual         = "route %q is manual (its downstream does not honour the idempotency key) and the last attempt's outcome is unknown: check the downstream, then redrive or resolve"
+	reasonRedriveStopped = "redrive by %s stopped without recording an outcome (no heartbeat since %s): check the downstream, then redrive or resolve"
+	reasonStillUnknown   = "recovery: the outcome is still unknown after %d attempt(s): %s"
+	reasonPermanent      = "recovery: the downstream answered %s: %s"
+)
+
+// recoverPass takes over and re-runs stale claims in bounded batches until
+// a batch comes back short or MaxRecoverPerTick claims were looked at.
+func (r *Reconciler) recoverPass(ctx context.Context, res *TickResult) error {
+	var seen int
+	for seen < r.cfg.MaxRecoverPerTick && ctx.Err() == nil {
+		limit := min(r.cfg.FlagBatchSize, r.cfg.MaxRecoverPerTick-seen)
+		var batch []*claim.Claim
+		err := r.query(ctx, "find stale claims", func(ctx context.Context) error {
+			var err error
+			batch, err = r.store.FindStale(ctx, &claim.FindStaleParams{StaleAfter: r.cfg.StaleAfter, Limit: limit})
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("recovery pass, batch %d: %w", res.RecoveryBatches+1, err)
+		}
+		res.RecoveryBatches++
+		seen += len(batch)
+
+		var (
+			wg  sync.WaitGroup
+			mu  sync.Mutex
+			sem = make(chan struct{}, r.cfg.RecoveryConcurrency)
+		)
+		for _, c := range batch {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				outcome, flagged := r.recoverOne(ctx, c)
+				mu.Lock()
+				defer mu.Unlock()
+				switch outcome {
+				case recovered:
+					res.Recovered++
+				case postponed:
+					res.Postponed++
+				case flaggedForOperators:
+					res.Flagged = append(res.Flagged, flagged)
+				}
+			}()
+		}
+		wg.Wait()
+		if len(batch) < limit {
+			return nil
+		}
+	}
+	return nil
+}
+
+type recoveryOutcome int
+
+const (
+	skipped             recoveryOutcome = iota // someone else acted (or the holder came back)
+	recovered                                  // re-run and marked processed
+	postponed                                  // not settled yet: next attempt later, by backoff
+	flaggedForOperators                        // a person must decide
+)
+
+// recoverOne decides what to do with one stale claim and does it, every
+// step guarded on the claim being as the scan saw it.
+func (r *Reconciler) recoverOne(ctx context.Context, c *claim.Claim) (recoveryOutcome, *claim.Claim) {
+	log := r.logger.With("claim_id", c.ID, "message_id", c.MessageID, "consumer", c.Consumer)
+	flag := func(reason string) (recoveryOutcome, *claim.Claim) {
+		return r.flagStale(ctx, c, reason)
+	}
+	router := r.cfg.Routes.For(c.Consumer)
+	if router == nil {
+		return flag(fmt.Sprintf(reasonNoRoutes, c.Consumer))
+	}
+	if c.State == claim.StateClaimed && c.TakeOverPath == claim.PathOperator {
+		return flag(fmt.Sprintf(reasonRedriveStopped, c.ClaimedBy, stamp(&c.HeartbeatAt)))
+	}
+	if c.Payload == nil {
+		return flag(reasonNoPayload)
+	}
+	msg := MessageFromClaim(c)
+	h, err := router.Route(msg)
+	switch {
+	case err != nil:
+		return flag(fmt.Sprintf(reasonNoRoute, err))
+	case h.Effect == nil:
+		return flag(fmt.Sprintf(reasonTransactional, h.Name))
+	case c.RouteDiffers(h.Name, h.Fingerprint):
+		return flag(fmt.Sprintf(reasonRouteChanged, c.Route, c.Fingerprint, h.Name, h.Fingerprint))
+	case h.Manual() && c.State == claim.StateClaimed:
+		// Released claims of manual routes are recovered: their effect
+		// was definitely not performed.
+		return flag(fmt.Sprintf(reasonManual, h.Name))
+	}
+
+	why := fmt.Sprintf("recovery: no heartbeat from %s since %s", c.ClaimedBy, stamp(&c.HeartbeatAt))
+	if c.State == claim.StateReleased {
+		why = fmt.Sprintf("recovery: released since %s and not taken over", stamp(&c.HeartbeatAt))
+	}
+	var taken *claim.Claim
+	err = r.query(ctx, "take over a stale claim", func(ctx context.Context) error {
+		var err error
+		taken, err = r.store.TakeOver(ctx, &claim.TakeOverParams{
+			ID: c.ID, PreviousOwner: c.Owner, Owner: uuid.New(), Path: claim.PathReconciler,
+			SilentFor: r.cfg.StaleAfter, By: r.cfg.Host, Reason: why,
+			Route: h.Name, Fingerprint: h.Fingerprint,
+		})
+		return err
+	})
+	switch {
+	case errors.Is(err, claim.ErrRouteChanged):
+		return flag(fmt.Sprintf(reasonRouteChanged, c.Route, c.Fingerprint, h.Name, h.Fingerprint))
+	case errors.Is(err, claim.ErrStateChanged), errors.Is(err, claim.ErrNotFound):
+		log.Debug("stale claim changed before recovery could take it; left alone", "error", err)
+		return skipped, nil
+	case err != nil:
+		log.Warn("recovery: take-over failed", "error", err)
+		return skipped, nil
+	}
+	if r.metrics != nil {
+		r.metrics.TakeOvers.WithLabelValues(string(claim.PathReconciler)).Inc()
+	}
+	log = log.With("route", h.Name, "recovery", taken.Recoveries)
+	backoff := r.backoff(taken.Recoveries)
+	retry := sideeffects.RetryPolicy{MaxAttempts: 1, StopOnUnknown: h.Manual()}
+	res := held.Run(ctx, held.Params{
+		Store: r.store, Claim: taken, Effect: h.Effect, Message: msg, Key: c.MessageID, Retry: retry,
+		HeartbeatInterval: r.cfg.HeartbeatInterval, StoreTimeout: r.cfg.QueryTimeout, Logger: log,
+		NextAttemptIn: backoff,
+	})
+	if r.metrics != nil {
+		r.metrics.RecoveryAttempts.WithLabelValues(res.Outcome.String()).Inc()
+	}
+	if res.Lost != nil {
+		log.Info("recovery lost the claim while its effect ran (a redelivery or an operator took it)", "effect_outcome", res.Outcome.String())
+		return skipped, nil
+	}
+	write := func(what string, fn func(ctx context.Context) error) error {
+		err := held.Write(ctx, r.cfg.QueryTimeout, r.cfg.QueryTimeout, fn)
+		if err != nil {
+			log.Warn("recovery: "+what+" failed; the claim goes stale and is looked at again", "error", err)
+		}
+		return err
+	}
+	switch res.Outcome {
+	case sideeffects.OutcomeOK:
+		if write("mark processed", func(ctx context.Context) error {
+			return r.store.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: c.ID, Owner: taken.Owner})
+		}) != nil {
+			return postponed, nil
+		}
+		log.Info("claim recovered: effect re-run with the same key, claim processed", "previous_holder", taken.PreviousHolder)
+		if r.metrics != nil {
+			r.metrics.Recovered.Inc()
+		}
+		return recovered, nil
+	case sideeffects.OutcomeRetryable:
+		_ = write("release", func(ctx context.Context) error {
+			return r.store.Release(ctx, &claim.ReleaseParams{ID: c.ID, Owner: taken.Owner, Error: claim.ErrorText(res.Err), NextAttemptIn: backoff})
+		})
+		log.Info("recovery: not performed, retried later", "next_attempt_in", backoff, "error", res.Err)
+		return postponed, nil
+	case sideeffects.OutcomeUnknown:
+		if taken.Recoveries < r.cfg.RecoveryMaxAttempts {
+			log.Info("recovery: outcome unknown, retried later with the same key", "next_attempt_in", backoff, "error", res.Err)
+			return postponed, nil
+		}
+		return r.flagHeld(ctx, taken, fmt.Sprintf(reasonStillUnknown, taken.Recoveries, claim.ErrorText(res.Err)))
+	}
+	return r.flagHeld(ctx, taken, fmt.Sprintf(reasonPermanent, res.Outcome, claim.ErrorText(res.Err)))
+}
+
+// flagStale flags a stale claim the pass will not recover, guarded on its
+// owner, its state and its staleness (a holder that came back to life is
+// left alone).
+func (r *Reconciler) flagStale(ctx context.Context, c *claim.Claim, reason string) (recoveryOutcome, *claim.Claim) {
+	return r.flag(ctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: c.State, SilentFor: r.cfg.StaleAfter, Reason: reason})
+}
+
+// flagHeld flags a claim the reconciler holds after a recovery attempt.
+func (r *Reconciler) flagHeld(ctx context.Context, c *claim.Claim, reason string) (recoveryOutcome, *claim.Claim) {
+	return r.flag(ctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: claim.StateClaimed, Reason: reason})
+}
+
+func (r *Reconciler) flag(ctx context.Context, p *claim.FlagParams) (recoveryOutcome, *claim.Claim) {
+	var f *claim.Claim
+	err := r.query(ctx, "flag a claim", func(ctx context.Context) error {
+		var err error
+		f, err = r.store.Flag(ctx, p)
+		return err
+	})
+	if err != nil {
+		if !errors.Is(err, claim.ErrStateChanged) {
+			r.logger.Warn("flag failed; looked at again next tick", "claim_id", p.ID, "error", err)
+		}
+		return skipped, nil
+	}
+	r.logFlagged(f)
+	if r.metrics != nil {
+		r.metrics.Flagged.Inc()
+	}
+	return flaggedForOperators, f
+}
+
+// backoff is the wait before the recovery attempt after the n-th:
+// RecoveryBackoff doubled per attempt, at most RecoveryBackoffMax.
+func (r *Reconciler) backoff(n int) time.Duration {
+	d := r.cfg.RecoveryBackoff
+	for i := 1; i < n && d < r.cfg.RecoveryBackoffMax; i++ {
+		d *= 2
+	}
+	return min(d, r.cfg.RecoveryBackoffMax)
+}
+
