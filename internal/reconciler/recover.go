@@ -243,4 +243,3 @@ func (r *Reconciler) backoff(n int) time.Duration {
 	}
 	return min(d, r.cfg.RecoveryBackoffMax)
 }
-

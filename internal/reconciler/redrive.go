@@ -88,9 +88,9 @@ func (e *RecordError) Unwrap() error { return e.Err }
 
 // RedriveParams is the input of Redrive.
 type RedriveParams struct {
-	ID     int64              // the flagged claim
-	By     string             // operator, recorded as the holder and on the resolution
-	Note   string // recorded on the resolution; defaults to "redriven"
+	ID   int64  // the flagged claim
+	By   string // operator, recorded as the holder and on the resolution
+	Note string // recorded on the resolution; defaults to "redriven"
 	// Routes are the processors' routes; the claim's consumer's are used.
 	Routes Routes
 	Retry  sideeffects.RetryPolicy
