@@ -27,6 +27,8 @@ type Config struct {
 	MaxConcurrentCalls int
 	MaxLockRenewal     time.Duration
 	HeartbeatInterval  time.Duration
+	TakeoverAfter      time.Duration
+	StaleAfter         time.Duration
 	ShutdownTimeout    time.Duration
 	DedupKey           string
 	Key                processor.KeyFunc
@@ -77,6 +79,8 @@ func settings() []*setting {
 		{env: "SBCLAIM_MAX_CONCURRENT_CALLS", flag: "max-concurrent-calls", def: "16", usage: "messages worked on at once"},
 		{env: "SBCLAIM_MAX_LOCK_RENEWAL", flag: "max-lock-renewal", def: "5m", usage: "renew each message's lock for at most this long after receipt; 0 turns renewal off"},
 		{env: "SBCLAIM_HEARTBEAT_INTERVAL", flag: "heartbeat-interval", def: "30s", usage: "claim heartbeat interval (the reconciler's SBCLAIM_STALE_AFTER must be comfortably longer)"},
+		{env: "SBCLAIM_TAKEOVER_AFTER", flag: "takeover-after", def: "90s", usage: "a redelivery takes a claim over, and repeats its effect with the same key, once its holder has shown no heartbeat for this long (by the database clock); at least 3 × SBCLAIM_HEARTBEAT_INTERVAL and at most SBCLAIM_STALE_AFTER"},
+		{env: "SBCLAIM_STALE_AFTER", flag: "stale-after", def: "5m", usage: "the reconciler's stale window (set both apps alike); SBCLAIM_TAKEOVER_AFTER must not exceed it"},
 		{env: "SBCLAIM_SHUTDOWN_TIMEOUT", flag: "shutdown-timeout", def: "25s", usage: "on SIGTERM, how long in-flight effects may finish (keep below Container Apps' 30s grace period)"},
 		{env: "SBCLAIM_DEDUP_KEY", flag: "dedup-key", def: "message-id", usage: "dedup key: message-id, property:<name>, or cloudevents (ce_source + ce_id)"},
 		{env: "SBCLAIM_STORE_PAYLOAD", flag: "store-payload", def: "true", usage: "keep the body on unfinished claims so flagged claims can be redriven (turn off for PII)"},
@@ -231,6 +235,14 @@ func parseConfig(v map[string]*setting) (*Config, error) {
 	c.MaxConcurrentCalls = integer("SBCLAIM_MAX_CONCURRENT_CALLS", 1, 256)
 	c.MaxLockRenewal = dur("SBCLAIM_MAX_LOCK_RENEWAL", 0)
 	c.HeartbeatInterval = dur("SBCLAIM_HEARTBEAT_INTERVAL", time.Second)
+	c.TakeoverAfter = dur("SBCLAIM_TAKEOVER_AFTER", time.Second)
+	c.StaleAfter = dur("SBCLAIM_STALE_AFTER", time.Second)
+	if floor := 3 * c.HeartbeatInterval; c.HeartbeatInterval > 0 && c.TakeoverAfter > 0 && c.TakeoverAfter < floor {
+		bad("SBCLAIM_TAKEOVER_AFTER", fmt.Errorf("must be at least 3 × SBCLAIM_HEARTBEAT_INTERVAL = 3 × %s = %s: a live holder that missed two heartbeats would be taken over", c.HeartbeatInterval, floor))
+	}
+	if c.StaleAfter > 0 && c.TakeoverAfter > c.StaleAfter {
+		bad("SBCLAIM_TAKEOVER_AFTER", fmt.Errorf("must not exceed SBCLAIM_STALE_AFTER (%s): redeliveries, which hold the message, take a silent holder's claim over before the reconciler does", c.StaleAfter))
+	}
 	c.ShutdownTimeout = dur("SBCLAIM_SHUTDOWN_TIMEOUT", time.Second)
 	c.MaxPayloadBytes = integer("SBCLAIM_MAX_PAYLOAD_BYTES", 1, 100<<20)
 	c.EffectMaxAttempts = integer("SBCLAIM_EFFECT_MAX_ATTEMPTS", 1, 100)

@@ -113,6 +113,8 @@ func serve(ctx context.Context, cfg *Config, logger *slog.Logger, getenv func(st
 		MaxConcurrentCalls: cfg.MaxConcurrentCalls,
 		MaxLockRenewal:     cfg.MaxLockRenewal,
 		HeartbeatInterval:  cfg.HeartbeatInterval,
+		TakeoverAfter:      cfg.TakeoverAfter,
+		StaleAfter:         cfg.StaleAfter,
 		Retry: sideeffects.RetryPolicy{
 			MaxAttempts:     cfg.EffectMaxAttempts,
 			InitialInterval: 500 * time.Millisecond,

@@ -271,6 +271,9 @@ func (k *killReceiver) CompleteMessage(ctx context.Context, m *azservicebus.Rece
 	}
 	err := k.r.CompleteMessage(ctx, m, o)
 	k.rep.settled(m, "complete", err)
+	if err == nil {
+		k.rep.h.checkCompletion(m, k.rep.host)
+	}
 	return err
 }
 
@@ -318,20 +321,24 @@ func (r *replica) settled(m *azservicebus.ReceivedMessage, op string, err error)
 	r.h.hist.add(m.MessageID, "%s %s delivery %d (lock %x): %s", r.host, op, m.DeliveryCount, m.LockToken[:4], errText(err))
 }
 
-// RedriveHeader marks the effect requests of the harness's redrives (the
-// reconciler's, not a delivery's), so the report can tell effects the
-// processor performed from effects only a redrive performed.
-const RedriveHeader = "X-Chaos-Redrive"
+// RedriveHeader marks the effect requests of the operators' redrives, and
+// RecoveryHeader those of the reconciler's recovery pass, so the report
+// can tell effects a delivery performed from effects only the reconciler
+// or an operator performed.
+const (
+	RedriveHeader  = "X-Chaos-Redrive"
+	RecoveryHeader = "X-Chaos-Recovery"
+)
 
-// redriveSender names redrive requests among an effect's performers.
-const redriveSender = "redrive"
+// taggedTransport sets header on every request.
+type taggedTransport struct {
+	base   http.RoundTripper
+	header string
+}
 
-// redriveTransport tags every request with RedriveHeader.
-type redriveTransport struct{ base http.RoundTripper }
-
-func (t redriveTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+func (t taggedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	req = req.Clone(req.Context())
-	req.Header.Set(RedriveHeader, "1")
+	req.Header.Set(t.header, "1")
 	return t.base.RoundTrip(req)
 }
 

@@ -335,12 +335,18 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 			case err == nil:
 				return p.runHeld(work, d, taken)
 			case errors.Is(err, claim.ErrStateChanged) && taken != nil:
-				again = taken.State != claim.StateClaimed || taken.Owner != c.Owner
+				// The claim as it is now: decide again at once when it
+				// changed hands or state, else wait for its holder.
+				changed := taken.State != claim.StateClaimed || taken.Owner != c.Owner
 				c = taken
+				if changed {
+					continue
+				}
 			case errors.Is(err, claim.ErrRouteChanged) && taken != nil:
 				// Recorded since we read it (a claim from before routes
 				// were recorded, taken over meanwhile): decide again.
-				again, c = true, taken
+				c = taken
+				continue
 			default:
 				if claim.StoreWide(err) {
 					p.storeDown.Store(true)
