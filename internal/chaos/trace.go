@@ -183,10 +183,9 @@ type lostAckStore struct {
 
 func (s *lostAckStore) lose(op string, id int64, run func() error) error {
 	key := s.h.hist.keyOf(id)
-	if key == "" || !s.h.book.fire(key, FaultAckLost) {
-		return run()
-	}
-	if err := run(); err != nil {
+	// The fault is spent only on a write that committed: one the store
+	// refused (an outage, a dead replica) would lose nothing.
+	if err := run(); err != nil || key == "" || !s.h.book.fire(key, FaultAckLost) {
 		return err
 	}
 	s.h.book.count(FaultAckLost, 1)
