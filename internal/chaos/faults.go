@@ -361,7 +361,14 @@ func (t *killTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		req = req.Clone(req.Context())
 		req.Header.Set(DeliveryHeader, d)
 	}
-	return t.base.RoundTrip(req)
+	resp, err := t.base.RoundTrip(req)
+	if err != nil && req.Context().Err() != nil {
+		// No answer before the route's timeout (or the attempt's end):
+		// the outcome is unknown, whether a fault hung the answer or the
+		// machine was too slow to give it in time.
+		t.rep.h.noteTimeout(req.Header.Get("Idempotency-Key"))
+	}
+	return resp, err
 }
 
 // DeliveryHeader tells the downstream which delivery (replica and lock

@@ -182,6 +182,10 @@ type harness struct {
 	completedSilent []string
 	// diedAt: killed replica's host → when it died.
 	diedAt map[string]time.Time
+	// timedOut: keys whose effect request got no answer in time, a fault
+	// or not (a loaded machine answers slowly): an unknown outcome the
+	// processor saw, which explains a flag on a manual route.
+	timedOut map[string]bool
 
 	hist *history
 }
@@ -214,6 +218,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		conflictB:   map[string][]byte{},
 		led:         newLedger(cfg.TakeoverAfter, cfg.StaleAfter),
 		diedAt:      map[string]time.Time{},
+		timedOut:    map[string]bool{},
 		firstSend:   map[string]time.Time{}, firstDelivery: map[string]time.Time{}, effectAt: map[string]time.Time{},
 		recMetrics: reconciler.NewMetrics(prometheus.NewRegistry()),
 	}
@@ -438,6 +443,16 @@ func (h *harness) serveDownstream(w http.ResponseWriter, r *http.Request) {
 			h.effectAt[key] = arrived
 		}
 	}
+}
+
+func (h *harness) noteTimeout(key string) {
+	if key == "" {
+		return
+	}
+	h.hist.add(key, "an effect request got no answer in time")
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.timedOut[key] = true
 }
 
 func (h *harness) sawDelivery(m *azservicebus.ReceivedMessage) {
@@ -896,6 +911,9 @@ func (h *harness) explainLocked(c *claim.Claim) (why, kind string) {
 	}
 	if ops := h.out.refusedFor(c.ID); len(ops) > 0 {
 		return fmt.Sprintf("an outage refused %s on it", strings.Join(ops, ", ")), "outage refused " + strings.Join(ops, "+")
+	}
+	if h.timedOut[c.MessageID] {
+		return "an effect request of it got no answer within the route's timeout: its outcome was unknown", "answer timed out"
 	}
 	holder := c.ClaimedBy
 	if c.TakeOverPath == claim.PathReconciler || c.TakeOverPath == claim.PathOperator {
