@@ -29,6 +29,9 @@ type Config struct {
 	HeartbeatInterval  time.Duration
 	TakeoverAfter      time.Duration
 	StaleAfter         time.Duration
+	StoreTimeout       time.Duration
+	SettleTimeout      time.Duration
+	GracePeriod        time.Duration
 	ShutdownTimeout    time.Duration
 	DedupKey           string
 	Key                processor.KeyFunc
@@ -81,7 +84,10 @@ func settings() []*setting {
 		{env: "SBCLAIM_HEARTBEAT_INTERVAL", flag: "heartbeat-interval", def: "30s", usage: "claim heartbeat interval (the reconciler's SBCLAIM_STALE_AFTER must be comfortably longer)"},
 		{env: "SBCLAIM_TAKEOVER_AFTER", flag: "takeover-after", def: "90s", usage: "a redelivery takes a claim over, and repeats its effect with the same key, once its holder has shown no heartbeat for this long (by the database clock); at least 3 × SBCLAIM_HEARTBEAT_INTERVAL and at most SBCLAIM_STALE_AFTER"},
 		{env: "SBCLAIM_STALE_AFTER", flag: "stale-after", def: "5m", usage: "the reconciler's stale window (set both apps alike); SBCLAIM_TAKEOVER_AFTER must not exceed it"},
-		{env: "SBCLAIM_SHUTDOWN_TIMEOUT", flag: "shutdown-timeout", def: "25s", usage: "on SIGTERM, how long in-flight effects may finish (keep below Container Apps' 30s grace period)"},
+		{env: "SBCLAIM_SHUTDOWN_TIMEOUT", flag: "shutdown-timeout", def: "15s", usage: "on SIGTERM, how long in-flight effects may finish; with SBCLAIM_SETTLE_TIMEOUT and SBCLAIM_STORE_TIMEOUT it must fit SBCLAIM_TERMINATION_GRACE_PERIOD"},
+		{env: "SBCLAIM_STORE_TIMEOUT", flag: "store-timeout", def: "5s", usage: "timeout of each claims-store call"},
+		{env: "SBCLAIM_SETTLE_TIMEOUT", flag: "settle-timeout", def: "5s", usage: "timeout of each settlement (complete, abandon, dead-letter)"},
+		{env: "SBCLAIM_TERMINATION_GRACE_PERIOD", flag: "termination-grace-period", def: "30s", usage: "the platform's time between SIGTERM and SIGKILL (Container Apps' terminationGracePeriodSeconds, default 30s)"},
 		{env: "SBCLAIM_DEDUP_KEY", flag: "dedup-key", def: "message-id", usage: "dedup key: message-id, property:<name>, or cloudevents (ce_source + ce_id)"},
 		{env: "SBCLAIM_STORE_PAYLOAD", flag: "store-payload", def: "true", usage: "keep the body on unfinished claims so flagged claims can be redriven (turn off for PII)"},
 		{env: "SBCLAIM_MAX_PAYLOAD_BYTES", flag: "max-payload-bytes", def: "262144", usage: "dead-letter bodies larger than this"},
@@ -244,6 +250,15 @@ func parseConfig(v map[string]*setting) (*Config, error) {
 		bad("SBCLAIM_TAKEOVER_AFTER", fmt.Errorf("must not exceed SBCLAIM_STALE_AFTER (%s): redeliveries, which hold the message, take a silent holder's claim over before the reconciler does", c.StaleAfter))
 	}
 	c.ShutdownTimeout = dur("SBCLAIM_SHUTDOWN_TIMEOUT", time.Second)
+	c.StoreTimeout = dur("SBCLAIM_STORE_TIMEOUT", 100*time.Millisecond)
+	c.SettleTimeout = dur("SBCLAIM_SETTLE_TIMEOUT", 100*time.Millisecond)
+	c.GracePeriod = dur("SBCLAIM_TERMINATION_GRACE_PERIOD", time.Second)
+	if need := c.ShutdownTimeout + c.SettleTimeout + c.StoreTimeout; c.ShutdownTimeout > 0 && c.SettleTimeout > 0 && c.StoreTimeout > 0 &&
+		c.GracePeriod > 0 && need >= c.GracePeriod {
+		bad("SBCLAIM_SHUTDOWN_TIMEOUT", fmt.Errorf("SBCLAIM_SHUTDOWN_TIMEOUT + SBCLAIM_SETTLE_TIMEOUT + SBCLAIM_STORE_TIMEOUT = %s + %s + %s = %s must be less than SBCLAIM_TERMINATION_GRACE_PERIOD (%s): "+
+			"the last effects, their outcome write and their settlement must end before the platform's SIGKILL",
+			c.ShutdownTimeout, c.SettleTimeout, c.StoreTimeout, need, c.GracePeriod))
+	}
 	c.MaxPayloadBytes = integer("SBCLAIM_MAX_PAYLOAD_BYTES", 1, 100<<20)
 	c.EffectMaxAttempts = integer("SBCLAIM_EFFECT_MAX_ATTEMPTS", 1, 100)
 	c.EffectBudget = dur("SBCLAIM_EFFECT_RETRY_BUDGET", time.Millisecond)

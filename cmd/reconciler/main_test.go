@@ -648,3 +648,29 @@ func TestPrintable(t *testing.T) {
 		t.Errorf("truncation = %q, want whole runes", got)
 	}
 }
+
+// TestRunListenerFailureExitsBeforeScheduling: `reconciler run` whose
+// SBCLAIM_HTTP_ADDR cannot be bound exits non-zero, naming the variable,
+// before its first tick is scheduled.
+func TestRunListenerFailureExitsBeforeScheduling(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	url := "sqlite:" + filepath.Join(t.TempDir(), "claims.db")
+	c := newCLI(t, map[string]string{"SBCLAIM_DATABASE_URL": url, "SBCLAIM_HTTP_ADDR": busy.Addr().String()})
+	c.mustRun("migrate")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r := c.runCtx(ctx, "run")
+	if r.code == exitOK || !strings.Contains(r.stderr, "SBCLAIM_HTTP_ADDR") {
+		t.Fatalf("run with a busy port: exit %d, stderr %q; want a failure naming SBCLAIM_HTTP_ADDR", r.code, r.stderr)
+	}
+	if strings.Contains(r.stderr, "reconciler started") {
+		t.Errorf("the reconciler scheduled ticks before its listener failed: %q", r.stderr)
+	}
+	if ctx.Err() != nil {
+		t.Error("run did not return before the context ended: it kept running")
+	}
+}

@@ -302,6 +302,13 @@ func (k *killReceiver) RenewMessageLock(ctx context.Context, m *azservicebus.Rec
 	return k.r.RenewMessageLock(ctx, m, o)
 }
 
+func (k *killReceiver) PeekMessages(ctx context.Context, n int, o *azservicebus.PeekMessagesOptions) ([]*azservicebus.ReceivedMessage, error) {
+	if k.rep.dead.Load() {
+		return nil, k.lost("peek")
+	}
+	return k.r.PeekMessages(ctx, n, o)
+}
+
 func (k *killReceiver) Close(ctx context.Context) error { return k.r.Close(ctx) }
 
 // received notes a delivery the replica now holds.

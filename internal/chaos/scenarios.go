@@ -434,4 +434,8 @@ func (r *oneCopyReceiver) RenewMessageLock(ctx context.Context, m *azservicebus.
 	return r.inner.RenewMessageLock(ctx, m, o)
 }
 
+func (r *oneCopyReceiver) PeekMessages(ctx context.Context, n int, o *azservicebus.PeekMessagesOptions) ([]*azservicebus.ReceivedMessage, error) {
+	return r.inner.PeekMessages(ctx, n, o)
+}
+
 func (r *oneCopyReceiver) Close(ctx context.Context) error { return r.inner.Close(ctx) }
