@@ -6,12 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/sbclaim/sbclaim/internal/claimdb"
 	"github.com/sbclaim/sbclaim/internal/processor"
+	"github.com/sbclaim/sbclaim/internal/redact"
 )
 
 // Config is the processor's configuration, parsed and validated.
@@ -147,7 +148,7 @@ func parseConfig(v map[string]*setting) (*Config, error) {
 	bad := func(field string, err error) {
 		val := v[field].val
 		if v[field].secret {
-			val = redact(val)
+			val = redact.Value(val)
 		}
 		errs = append(errs, &ConfigError{Field: field, Value: val, Err: err})
 	}
@@ -193,7 +194,7 @@ func parseConfig(v map[string]*setting) (*Config, error) {
 	case c.DatabaseURL == "":
 		bad("SBCLAIM_DATABASE_URL", errors.New("required"))
 	default:
-		if err := checkDatabaseURL(c.DatabaseURL); err != nil {
+		if err := claimdb.Check(c.DatabaseURL); err != nil {
 			bad("SBCLAIM_DATABASE_URL", err)
 		}
 	}
@@ -305,26 +306,6 @@ func (c *Config) Entity() string {
 	return c.Topic + "/" + c.Subscription
 }
 
-func checkDatabaseURL(s string) error {
-	switch {
-	case strings.HasPrefix(s, "sqlite:"):
-		if strings.TrimPrefix(s, "sqlite:") == "" {
-			return errors.New("sqlite: needs a file path (or :memory:)")
-		}
-		return nil
-	case strings.HasPrefix(s, "postgres://"), strings.HasPrefix(s, "postgresql://"), strings.HasPrefix(s, "sqlserver://"):
-		u, err := url.Parse(s)
-		if err != nil {
-			return errors.New("not a valid URL")
-		}
-		if u.Host == "" {
-			return errors.New("the URL has no host")
-		}
-		return nil
-	}
-	return errors.New("want sqlserver://, postgres:// or sqlite:")
-}
-
 func checkConnectionString(s string) error {
 	var endpoint, keyName, key, sas bool
 	for _, part := range strings.Split(s, ";") {
@@ -371,41 +352,4 @@ func splitHostPort(addr string) (string, int, error) {
 		return "", 0, errors.New("bad port")
 	}
 	return addr[:i], port, nil
-}
-
-// redact hides every secret in a setting's value: a URL's password and
-// password-like query parameters, a connection string's keys and
-// signatures. What is left still tells which server was meant.
-func redact(s string) string {
-	if s == "" {
-		return ""
-	}
-	if strings.Contains(s, "://") && !strings.Contains(s, ";") {
-		u, err := url.Parse(s)
-		if err != nil {
-			return "[redacted]"
-		}
-		if u.User != nil {
-			if _, ok := u.User.Password(); ok {
-				u.User = url.UserPassword(u.User.Username(), "xxxxx")
-			}
-		}
-		q := u.Query()
-		for k := range q {
-			if lk := strings.ToLower(k); strings.Contains(lk, "password") || strings.Contains(lk, "secret") || strings.Contains(lk, "key") || strings.Contains(lk, "token") {
-				q.Set(k, "xxxxx")
-			}
-		}
-		u.RawQuery = q.Encode()
-		return u.String()
-	}
-	parts := strings.Split(s, ";")
-	for i, part := range parts {
-		k, _, ok := strings.Cut(part, "=")
-		lk := strings.ToLower(strings.TrimSpace(k))
-		if ok && (strings.Contains(lk, "key") && lk != "sharedaccesskeyname" || strings.Contains(lk, "signature") || strings.Contains(lk, "password") || lk == "pwd") {
-			parts[i] = k + "=xxxxx"
-		}
-	}
-	return strings.Join(parts, ";")
 }

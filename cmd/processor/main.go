@@ -24,9 +24,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/claimdb"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
-	"github.com/sbclaim/sbclaim/internal/store"
 )
 
 func main() {
@@ -81,7 +81,7 @@ func serve(ctx context.Context, cfg *Config, logger *slog.Logger, getenv func(st
 	}
 
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	st, err := store.Open(openCtx, cfg.DatabaseURL)
+	st, err := claimdb.Open(openCtx, cfg.DatabaseURL)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("open claims store: %w", err)

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/claimdb"
 	"github.com/sbclaim/sbclaim/internal/membus"
 	"github.com/sbclaim/sbclaim/internal/processor"
 )
@@ -21,7 +22,7 @@ const maxListed = 20
 type Report struct {
 	Config   Config
 	Database string // redacted
-	Dialect  Dialect
+	Dialect  claimdb.Dialect
 
 	Sent, Distinct, Poison, Conflicts int
 	Replicas, ReplicasStarted, Kills  int
