@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
@@ -114,6 +115,20 @@ func FailReason(o sideeffects.Outcome) string {
 		return claim.FailConflict
 	}
 	return ""
+}
+
+// FailDescription is a failed claim's last error and its message's
+// dead-letter description: the effect's error (sideeffects bounds and
+// redacts the response excerpt in it), led by the status when the error
+// does not say it, bounded and cut on a UTF-8 boundary (claim.ErrorText).
+func FailDescription(err error, answer *claim.Answer) string {
+	text := claim.ErrorText(err)
+	if answer != nil && answer.Status != 0 {
+		if status := fmt.Sprintf("HTTP %d", answer.Status); !strings.Contains(text, status) {
+			text = claim.ErrorText(fmt.Errorf("%s: %w", status, err))
+		}
+	}
+	return text
 }
 
 // answerOf is the answer an attempt (or a run) got: the last one its

@@ -3,9 +3,11 @@ package held_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
@@ -112,5 +114,22 @@ func TestFailReason(t *testing.T) {
 	}
 	if held.ClaimAnswer(nil) != nil {
 		t.Error("ClaimAnswer(nil) is not nil")
+	}
+}
+
+func TestFailDescription(t *testing.T) {
+	a := &claim.Answer{Status: 402}
+	if got := held.FailDescription(errors.New("rejected: card_declined"), a); got != "HTTP 402: rejected: card_declined" {
+		t.Errorf("without the status in the error: %q", got)
+	}
+	if got := held.FailDescription(errors.New("rejected: route p at h: HTTP 402 (answers[0]): declined"), a); got != "rejected: route p at h: HTTP 402 (answers[0]): declined" {
+		t.Errorf("with the status in the error: %q", got)
+	}
+	if got := held.FailDescription(errors.New("permanent: bad"), nil); got != "permanent: bad" {
+		t.Errorf("without an answer: %q", got)
+	}
+	long := held.FailDescription(errors.New(strings.Repeat("日", 3000)), a)
+	if len(long) > claim.MaxErrorText+len("…") || !utf8.ValidString(long) {
+		t.Errorf("a long error: %d bytes, valid UTF-8 %v", len(long), utf8.ValidString(long))
 	}
 }

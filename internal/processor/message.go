@@ -558,7 +558,7 @@ func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) v
 // Later copies complete (failedCopy).
 func (p *Processor) failHeld(work context.Context, d *delivery, c *claim.Claim, res held.Result) verdict {
 	reason := held.FailReason(res.Outcome)
-	desc := failDescription(res.Err, res.Answer)
+	desc := held.FailDescription(res.Err, res.Answer)
 	err := p.fail(work, c, &claim.FailParams{ID: c.ID, Owner: c.Owner, Reason: reason, Error: desc,
 		Answer: res.Answer, DeadLetterSeq: d.msg.SequenceNumber})
 	switch {
@@ -580,20 +580,6 @@ func (p *Processor) failHeld(work context.Context, d *delivery, c *claim.Claim, 
 		v.attrs = append(v.attrs, "status", res.Answer.Status)
 	}
 	return v
-}
-
-// failDescription is a failed claim's last error and its message's
-// dead-letter description: the effect's error (sideeffects bounds and
-// redacts the response excerpt in it), led by the status when the error
-// does not say it, bounded by claim.ErrorText.
-func failDescription(err error, answer *claim.Answer) string {
-	text := claim.ErrorText(err)
-	if answer != nil && answer.Status != 0 {
-		if status := fmt.Sprintf("HTTP %d", answer.Status); !strings.Contains(text, status) {
-			text = claim.ErrorText(fmt.Errorf("%s: %w", status, err))
-		}
-	}
-	return text
 }
 
 // failedCopy ends a delivery of a failed claim's key. The key is
