@@ -3,6 +3,8 @@ package processor_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,6 +18,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/membus"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/sideeffects/fakedownstream"
 )
 
 // decline answers like a payment API's card decline: the answer is
@@ -368,6 +371,115 @@ func TestRedeliveryUsesTheOperatorsNewKey(t *testing.T) {
 		}
 		if c := b.claimOf("m1"); c.State != claim.StateProcessed || c.Key() != "m1:r1" || c.TakeOverPath != claim.PathRedelivery {
 			t.Errorf("claim %s key %q path %s", c.State, c.Key(), c.TakeOverPath)
+		}
+	})
+}
+
+// TestPaymentAPIAnswersAcrossReplicas: two replicas, every message sent
+// twice (a producer retry), the HTTP effect of a Stripe-style routes file
+// against the fake payment API, whose keys are declined, held by another
+// payload (a 400 idempotency_error) or charged. Every declined key and
+// every conflict is dead-lettered exactly once, with its claim failed and
+// never flagged; every other key is charged once; the downstream records
+// one decline per declined key.
+func TestPaymentAPIAnswersAcrossReplicas(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		fake := fakedownstream.New(fakedownstream.Options{ConflictStyle: fakedownstream.ConflictStripe, Latency: 20 * time.Millisecond})
+		srv := httptest.NewServer(fake)
+		t.Cleanup(srv.Close)
+		router, err := sideeffects.ParseRoutes([]byte(`version: 1
+routes:
+  - name: payments
+    match: {subject: "*"}
+    url: "`+srv.URL+`/v1/charges"
+    timeout: 5s
+    answers:
+      - {status: 402, outcome: rejected}
+      - {status: 400, field: /error/type, equals: idempotency_error, outcome: conflict}
+      - {status: 409, outcome: retryable}
+    record:
+      headers: [Request-Id]
+      fields: [/id, /error/charge]
+`), func(string) string { return "" }, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const n = 24
+		want := map[string]string{} // key → dead-letter reason ("" for charged)
+		for i := range n {
+			key := fmt.Sprintf("pay-%02d", i)
+			switch i % 3 {
+			case 0:
+				fake.SetKeyReply(key, fakedownstream.ReplyDecline)
+				want[key] = processor.ReasonEffectRejected
+			case 1:
+				fake.SetKeyReply(key, fakedownstream.ReplyConflict)
+				want[key] = processor.ReasonIdempotencyKeyConflict
+			default:
+				want[key] = ""
+			}
+		}
+		metrics := processor.NewMetrics(nil)
+		for _, host := range []string{"replica-a", "replica-b"} {
+			opts := b.options()
+			opts.Router, opts.Host, opts.Metrics = router, host, metrics
+			opts.Retry = sideeffects.RetryPolicy{MaxAttempts: 3, InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond}
+			b.start(opts)
+		}
+		b.q.DuplicateSends(true)
+		for key := range want {
+			b.send(key, "payment", `{"amount":1000}`, nil)
+		}
+		b.waitIdle()
+
+		dl := map[string][]string{}
+		for _, m := range b.q.DeadLetters() {
+			dl[m.MessageID] = append(dl[m.MessageID], *m.DeadLetterReason)
+		}
+		for key, reason := range want {
+			c := b.claimOf(key)
+			switch {
+			case reason == "":
+				if len(dl[key]) != 0 || c.State != claim.StateProcessed || fake.Effects(key) != 1 || c.Answer == nil || c.Answer.Fields["/id"] == "" {
+					t.Errorf("%s: dead letters %v, claim %s, effects %d, answer %+v; want charged once, processed with the charge id",
+						key, dl[key], c.State, fake.Effects(key), c.Answer)
+				}
+			default:
+				if len(dl[key]) != 1 || dl[key][0] != reason || c.State != claim.StateFailed || c.FailReason != reason || c.FlaggedAt != nil ||
+					fake.Effects(key) != 0 || c.Answer == nil {
+					t.Errorf("%s: dead letters %v, claim %s (%s) flagged at %v, effects %d, answer %+v; want one %s dead letter, failed, never flagged",
+						key, dl[key], c.State, c.FailReason, c.FlaggedAt, fake.Effects(key), c.Answer, reason)
+				}
+			}
+			if reason == processor.ReasonEffectRejected && fake.Rejections(key) != 1 {
+				t.Errorf("%s: %d declines recorded downstream, want 1", key, fake.Rejections(key))
+			}
+			if got := countCompleted(b.q, key) + len(dl[key]); got != 2 {
+				t.Errorf("%s: %d of its 2 copies settled", key, got)
+			}
+		}
+		b.eventually("the final outcomes", func() bool {
+			return outcomes(metrics, processor.ResultFailed)+outcomes(metrics, processor.ResultProcessed)+outcomes(metrics, processor.ResultDuplicate) == 2*n
+		})
+		if got := outcomes(metrics, processor.ResultFailed); got != 2*n/3 {
+			t.Errorf("%d failed outcomes, want %d (one per declined or conflicting key)", got, 2*n/3)
+		}
+		if got := outcomes(metrics, processor.ResultDuplicate); got != n {
+			t.Errorf("%d duplicate outcomes, want %d (the second copy of every key)", got, n)
+		}
+		// The copies raced their first: some met it while its effect ran
+		// and waited for its outcome (a failed claim among them).
+		if testutil.ToFloat64(metrics.DuplicateWaits) == 0 {
+			t.Error("no copy met a live holder: the copies never raced")
+		}
+		raced := false
+		for _, line := range strings.Split(b.logs.String(), "\n") {
+			raced = raced || (strings.Contains(line, `"msg":"message finished"`) && strings.Contains(line, `"waited":true`) &&
+				strings.Contains(line, `"claim_state":"failed"`) && strings.Contains(line, `"outcome":"duplicate"`))
+		}
+		if !raced {
+			t.Error("no copy waited on a holder that then failed the claim: the race this test is about did not happen")
 		}
 	})
 }
