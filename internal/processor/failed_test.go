@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/google/uuid"
@@ -482,4 +483,27 @@ routes:
 			t.Error("no copy waited on a holder that then failed the claim: the race this test is about did not happen")
 		}
 	})
+}
+
+// TestDeadLetterDescriptionIsValidAndBounded: whatever text ends in a
+// dead-letter description (here a dedup key function's error with invalid
+// UTF-8, NUL and multi-byte characters past the bound) is sent as valid
+// UTF-8 of at most 1024 bytes, cut on a rune boundary.
+func TestDeadLetterDescriptionIsValidAndBounded(t *testing.T) {
+	b := setup(t, "sqlite", membus.QueueOptions{})
+	opts := b.options()
+	opts.Key = func(*azservicebus.ReceivedMessage) (string, error) {
+		return "", errors.New("no key \xff\x00 in " + strings.Repeat("é", 2000))
+	}
+	b.start(opts)
+	b.send("m1", "pay", `{}`, nil)
+	b.waitIdle()
+	dl := b.deadLettersOf("m1")
+	if len(dl) != 1 {
+		t.Fatalf("dead letters %d", len(dl))
+	}
+	desc := *dl[0].DeadLetterErrorDescription
+	if len(desc) > 1024 || !utf8.ValidString(desc) || strings.ContainsRune(desc, 0) || !strings.HasPrefix(desc, "no key \uFFFD\uFFFD in é") || !strings.HasSuffix(desc, "é…") {
+		t.Errorf("description %d bytes, valid UTF-8 %v: %q…%q", len(desc), utf8.ValidString(desc), desc[:12], desc[len(desc)-6:])
+	}
 }

@@ -719,6 +719,25 @@ func conflictDescription(d *delivery, existing *claim.Claim, consumer string) st
 		d.key, existing.ID, consumer, existing.PayloadHash, d.hash)
 }
 
+// maxDescription bounds a dead-letter description, in bytes.
+const maxDescription = 1024
+
+// deadLetterText makes a dead-letter description safe to send and read:
+// valid UTF-8 (invalid bytes and NUL become U+FFFD: claim.Storable), at
+// most maxDescription bytes, cut on a rune boundary with "…" marking the
+// cut.
+func deadLetterText(s string) string {
+	s = claim.Storable(s)
+	if len(s) <= maxDescription {
+		return s
+	}
+	n := maxDescription - len("…")
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
+
 func crashed(hook func(context.Context, *azservicebus.ReceivedMessage) error, ctx context.Context, d *delivery) bool {
 	if hook == nil {
 		return false
@@ -858,10 +877,7 @@ func (p *Processor) settle(d *delivery, v verdict) {
 		what, err = "abandon", d.lr.r.AbandonMessage(ctx, d.msg, nil)
 	case settleDeadLetter:
 		p.metrics.DeadLetters.WithLabelValues(v.reason).Inc()
-		desc := v.description
-		if len(desc) > 1024 {
-			desc = strings.ToValidUTF8(desc[:1024], "")
-		}
+		desc := deadLetterText(v.description)
 		what, err = "dead-letter", d.lr.r.DeadLetterMessage(ctx, d.msg, &azservicebus.DeadLetterOptions{
 			Reason: &v.reason, ErrorDescription: &desc})
 	}
