@@ -73,7 +73,7 @@ func commands() []command {
 		{name: "show", args: "<id>", summary: "show everything about one claim", envs: dbEnvs, flags: showFlags},
 		{name: "resolve", args: "<id> --as done|discarded --note TEXT", summary: "close a flagged claim by hand, audited",
 			envs: opEnvs, flags: resolveFlags},
-		{name: "redrive", args: "<id>", summary: "re-run a flagged claim's effect with the same idempotency key",
+		{name: "redrive", args: "<id> [--new-key --note TEXT]", summary: "re-run a flagged claim's effect with the same idempotency key (--new-key: under a new one, for a route that allows it)",
 			envs: redrive, flags: redriveFlags},
 	}
 }

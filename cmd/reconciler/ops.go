@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os/user"
 	"slices"
 	"strconv"
@@ -86,7 +87,10 @@ func writeTable(w io.Writer, claims []*claim.Claim, now time.Time) {
 	fmt.Fprintln(tw, "ID\tSTATE\tCONSUMER\tMESSAGE ID\tCLAIMED\tHEARTBEAT\tATTEMPTS\tREASON / LAST ERROR")
 	for _, c := range claims {
 		why := c.FlagReason
-		if why == "" {
+		switch {
+		case c.State == claim.StateFailed:
+			why = c.FailReason + ": " + c.LastError
+		case why == "":
 			why = c.LastError
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s ago\t%s ago\t%d\t%s\n",
@@ -154,6 +158,7 @@ func writeClaim(w io.Writer, c *claim.Claim, now time.Time) {
 		row("properties:", "-")
 	}
 	row("route:", dash(printable(c.Route, 0))+fingerprintNote(c))
+	row("idempotency key:", printable(c.Key(), 0)+keyNote(c))
 	row("owner:", c.Owner.String())
 	row("claimed by:", dash(printable(c.ClaimedBy, 0)))
 	row("take-overs:", strconv.Itoa(c.TakeOvers))
@@ -164,8 +169,17 @@ func writeClaim(w io.Writer, c *claim.Claim, now time.Time) {
 	row("heartbeat at:", stamp(now, &c.HeartbeatAt)+heartbeatNote(c))
 	row("processed at:", stamp(now, c.ProcessedAt))
 	row("released at:", stamp(now, c.ReleasedAt))
+	if c.State == claim.StateFailed || c.FailedAt != nil {
+		row("failed at:", stamp(now, c.FailedAt))
+		row("fail reason:", dash(printable(c.FailReason, 0))+"  (the message's dead-letter reason)")
+		row("dead letter:", deadLetterNote(c))
+	}
 	row("attempts:", strconv.Itoa(c.Attempts))
 	row("last error:", dash(printable(c.LastError, 0)))
+	row("answer:", answerText(c.Answer))
+	if c.AnswerAt != nil {
+		row("answer at:", stamp(now, c.AnswerAt))
+	}
 	row("payload hash:", "sha256:"+hex.EncodeToString(c.PayloadHash))
 	row("payload:", payloadPreview(c))
 	fmt.Fprintln(tw, "Audit trail")
@@ -190,6 +204,13 @@ func writeClaim(w io.Writer, c *claim.Claim, now time.Time) {
 	}
 	if c.FlaggedAt != nil {
 		fmt.Fprintf(tw, "  %s\tflagged\t%s\n", ts(*c.FlaggedAt), dash(printable(c.FlagReason, 0)))
+	}
+	if c.KeyRevisedAt != nil {
+		fmt.Fprintf(tw, "  %s\tnew key\t%s (revision %d) chosen by %s: %s\n", ts(*c.KeyRevisedAt), printable(c.Key(), 0), c.KeyRevision,
+			dash(printable(c.KeyRevisedBy, 0)), printable(c.KeyRevisionNote, 0))
+	}
+	if c.FailedAt != nil {
+		fmt.Fprintf(tw, "  %s\tfailed\t%s: %s\n", ts(*c.FailedAt), printable(c.FailReason, 0), printable(c.LastError, 0))
 	}
 	if c.LateSuccessAt != nil {
 		fmt.Fprintf(tw, "  %s\tlate success\tthe effect of %s succeeded after it had lost the claim: the effect DID happen\n",
@@ -218,8 +239,53 @@ func heartbeatNote(c *claim.Claim) string {
 		return "  (time since the owning processor last showed life)"
 	case claim.StateReleased:
 		return "  (released: waiting for a redelivery to take it over)"
+	case claim.StateFailed:
+		return "  (failed: a final answer; never taken over)"
 	}
 	return ""
+}
+
+// keyNote says where a claim's idempotency key comes from.
+func keyNote(c *claim.Claim) string {
+	if c.KeyRevision == 0 {
+		return "  (the message id)"
+	}
+	return fmt.Sprintf("  (new key, revision %d, chosen by %s)", c.KeyRevision, dash(printable(c.KeyRevisedBy, 0)))
+}
+
+// deadLetterNote says which delivery dead-letters a failed claim's
+// message.
+func deadLetterNote(c *claim.Claim) string {
+	if c.DeadLetterSeq == nil {
+		return "none yet: the next delivery of its message, if one comes, is dead-lettered with the fail reason"
+	}
+	return fmt.Sprintf("by the delivery with sequence number %d (later copies complete)", *c.DeadLetterSeq)
+}
+
+// answerText renders the downstream's last answer on one line: the
+// status, the step, the recorded headers and fields (each value escaped).
+func answerText(a *claim.Answer) string {
+	if a == nil {
+		return "-"
+	}
+	var b strings.Builder
+	if a.Status != 0 {
+		fmt.Fprintf(&b, "HTTP %d", a.Status)
+	} else {
+		b.WriteString("no status")
+	}
+	if a.Step != "" {
+		fmt.Fprintf(&b, " (step %s)", printable(a.Step, 0))
+	}
+	for _, m := range []map[string]string{a.Headers, a.Fields} {
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			fmt.Fprintf(&b, "  %s=%s", printable(k, 0), printable(m[k], 100))
+		}
+	}
+	if a.Truncated {
+		b.WriteString("  (truncated)")
+	}
+	return b.String()
 }
 
 // payloadPreview renders a stored payload safely for a terminal: at most
@@ -227,8 +293,11 @@ func heartbeatNote(c *claim.Claim) string {
 func payloadPreview(c *claim.Claim) string {
 	p := c.Payload
 	if p == nil {
-		if c.ProcessedAt != nil {
+		switch {
+		case c.ProcessedAt != nil:
 			return "(not stored: cleared when the claim was processed)"
+		case c.FailedAt != nil:
+			return "(not stored: cleared when the claim failed)"
 		}
 		return "(not stored)"
 	}
@@ -280,10 +349,19 @@ func resolveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 
 func redriveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 	by := fs.String("by", "", "operator name (default: $SBCLAIM_OPERATOR, else the OS user)")
-	note := fs.String("note", "redriven", "note kept on the claim")
+	note := fs.String("note", "redriven", "note kept on the claim (required with --new-key)")
+	newKey := fs.Bool("new-key", false, "redrive under a new idempotency key <key>:r<N>, recorded on the claim: only for a route with allowNewKey, "+
+		"and only after checking the downstream did nothing under the old key (see the README)")
 	return func(ctx context.Context, e *env, args []string) int {
 		id, ok := e.claimID("redrive", args)
 		if !ok {
+			return exitUsage
+		}
+		noteGiven := false
+		fs.Visit(func(f *flag.Flag) { noteGiven = noteGiven || f.Name == "note" })
+		if *newKey && (!noteGiven || strings.TrimSpace(*note) == "") {
+			fmt.Fprintln(e.stderr, "reconciler redrive: --new-key needs --note: say what you checked on the downstream "+
+				"(that it did nothing under the old key), for whoever reads this claim next")
 			return exitUsage
 		}
 		if e.cfg.RoutesPath == "" {
@@ -306,7 +384,7 @@ func redriveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 		defer st.Close()
 
 		c, err := reconciler.Redrive(ctx, st, &reconciler.RedriveParams{
-			ID: id, By: operator, Note: *note, Routes: routes, Logger: e.logger,
+			ID: id, By: operator, Note: *note, NewKey: *newKey, Routes: routes, Logger: e.logger,
 			HeartbeatInterval: e.cfg.HeartbeatInterval, StoreTimeout: e.cfg.QueryTimeout,
 		})
 		var (
@@ -315,9 +393,28 @@ func redriveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 		)
 		switch {
 		case err == nil:
-			fmt.Fprintf(e.stdout, "claim %d redriven: the effect succeeded with idempotency key %s; resolved as %s by %s\n",
-				c.ID, printable(c.MessageID, 0), c.Resolution, printable(c.ResolvedBy, 0))
+			key := "idempotency key " + printable(c.Key(), 0)
+			if *newKey {
+				key = fmt.Sprintf("the new idempotency key %s (revision %d, recorded on the claim)", printable(c.Key(), 0), c.KeyRevision)
+			}
+			fmt.Fprintf(e.stdout, "claim %d redriven: the effect succeeded with %s; resolved as %s by %s\n",
+				c.ID, key, c.Resolution, printable(c.ResolvedBy, 0))
+			if c.Answer != nil {
+				fmt.Fprintf(e.stdout, "answer: %s\n", answerText(c.Answer))
+			}
 			return exitOK
+		case errors.As(err, &effErr) && effErr.Outcome.Final():
+			status := ""
+			if effErr.Answer != nil && effErr.Answer.Status != 0 {
+				status = fmt.Sprintf(" (HTTP %d)", effErr.Answer.Status)
+			}
+			back := "The claim is failed: a final answer; it is never redriven or flagged again, and the next delivery of its message, if one comes, is dead-lettered."
+			if !effErr.Failed {
+				back = "Failing the claim could not be written: the redrive's hold lapses within SBCLAIM_STALE_AFTER, and the reconciler's next run gets the same answer."
+			}
+			fmt.Fprintf(e.stderr, "reconciler redrive: claim %d: the downstream gave a final answer with idempotency key %s: outcome %s%s: %v\n%s\n",
+				id, printable(effErr.Key, 0), effErr.Outcome, status, effErr.Err, back)
+			return exitFailure
 		case errors.As(err, &effErr):
 			back := "The claim is flagged again with this failure as its reason."
 			if !effErr.Reflagged {
@@ -327,9 +424,9 @@ func redriveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 			if effErr.Outcome == sideeffects.OutcomeUnknown {
 				maybe = " The outcome is unknown: the effect MAY have been performed; check the downstream before you resolve it."
 			}
-			fmt.Fprintf(e.stderr, "reconciler redrive: claim %d: the effect failed (outcome %s after %d attempt(s)): %v\n%s%s\n"+
+			fmt.Fprintf(e.stderr, "reconciler redrive: claim %d: the effect failed with idempotency key %s (outcome %s after %d attempt(s)): %v\n%s%s\n"+
 				"Redrive it again later, or resolve it by hand: reconciler resolve %d --as done|discarded --note '...'\n",
-				id, effErr.Outcome, effErr.Attempts, effErr.Err, back, maybe, id)
+				id, printable(effErr.Key, 0), effErr.Outcome, effErr.Attempts, effErr.Err, back, maybe, id)
 			return exitFailure
 		case errors.As(err, &recErr):
 			fmt.Fprintf(e.stderr, "reconciler redrive: claim %d: the effect WAS performed (idempotency key %s), but recording it failed: %v\n"+
@@ -397,43 +494,53 @@ func (e *env) writeJSON(cmd string, v any) int {
 // claimJSON is a claim for scripts: snake_case fields, the payload hash in
 // hex, the payload itself left out (it may hold personal data; use show).
 type claimJSON struct {
-	ID             int64             `json:"id"`
-	MessageID      string            `json:"message_id"`
-	Consumer       string            `json:"consumer"`
-	Owner          string            `json:"owner"`
-	State          claim.State       `json:"state"`
-	Entity         string            `json:"entity"`
-	Subject        string            `json:"subject"`
-	ContentType    string            `json:"content_type"`
-	Properties     map[string]string `json:"properties"`
-	PayloadHash    string            `json:"payload_hash"`
-	PayloadSize    *int              `json:"payload_size"` // null when not stored
-	DeliveryCount  int               `json:"delivery_count"`
-	ClaimedBy      string            `json:"claimed_by"`
-	ClaimedAt      time.Time         `json:"claimed_at"`
-	HeartbeatAt    time.Time         `json:"heartbeat_at"`
-	ProcessedAt    *time.Time        `json:"processed_at"`
-	ReleasedAt     *time.Time        `json:"released_at"`
-	Attempts       int               `json:"attempts"`
-	LastError      string            `json:"last_error"`
-	FlaggedAt      *time.Time        `json:"flagged_at"`
-	FlagReason     string            `json:"flag_reason"`
-	ResolvedAt     *time.Time        `json:"resolved_at"`
-	ResolvedBy     string            `json:"resolved_by"`
-	Resolution     claim.Resolution  `json:"resolution"`
-	ResolutionNote string            `json:"resolution_note"`
-	Route          string            `json:"route"`
-	Fingerprint    string            `json:"fingerprint"`
-	TakeOvers      int               `json:"take_overs"`
-	TakenOverAt    *time.Time        `json:"taken_over_at"`
-	TakeOverPath   string            `json:"take_over_path"`
-	TakeOverReason string            `json:"take_over_reason"`
-	PreviousOwner  string            `json:"previous_owner"`
-	PreviousHolder string            `json:"previous_holder"`
-	Recoveries     int               `json:"recoveries"`
-	NextAttemptAt  *time.Time        `json:"next_attempt_at"`
-	LateSuccessAt  *time.Time        `json:"late_success_at"`
-	LateSuccessBy  string            `json:"late_success_by"`
+	ID              int64             `json:"id"`
+	MessageID       string            `json:"message_id"`
+	Consumer        string            `json:"consumer"`
+	Owner           string            `json:"owner"`
+	State           claim.State       `json:"state"`
+	Entity          string            `json:"entity"`
+	Subject         string            `json:"subject"`
+	ContentType     string            `json:"content_type"`
+	Properties      map[string]string `json:"properties"`
+	PayloadHash     string            `json:"payload_hash"`
+	PayloadSize     *int              `json:"payload_size"` // null when not stored
+	DeliveryCount   int               `json:"delivery_count"`
+	ClaimedBy       string            `json:"claimed_by"`
+	ClaimedAt       time.Time         `json:"claimed_at"`
+	HeartbeatAt     time.Time         `json:"heartbeat_at"`
+	ProcessedAt     *time.Time        `json:"processed_at"`
+	ReleasedAt      *time.Time        `json:"released_at"`
+	Attempts        int               `json:"attempts"`
+	LastError       string            `json:"last_error"`
+	FlaggedAt       *time.Time        `json:"flagged_at"`
+	FlagReason      string            `json:"flag_reason"`
+	ResolvedAt      *time.Time        `json:"resolved_at"`
+	ResolvedBy      string            `json:"resolved_by"`
+	Resolution      claim.Resolution  `json:"resolution"`
+	ResolutionNote  string            `json:"resolution_note"`
+	Route           string            `json:"route"`
+	Fingerprint     string            `json:"fingerprint"`
+	TakeOvers       int               `json:"take_overs"`
+	TakenOverAt     *time.Time        `json:"taken_over_at"`
+	TakeOverPath    string            `json:"take_over_path"`
+	TakeOverReason  string            `json:"take_over_reason"`
+	PreviousOwner   string            `json:"previous_owner"`
+	PreviousHolder  string            `json:"previous_holder"`
+	Recoveries      int               `json:"recoveries"`
+	NextAttemptAt   *time.Time        `json:"next_attempt_at"`
+	LateSuccessAt   *time.Time        `json:"late_success_at"`
+	LateSuccessBy   string            `json:"late_success_by"`
+	FailedAt        *time.Time        `json:"failed_at"`
+	FailReason      string            `json:"fail_reason"`
+	DeadLetterSeq   *int64            `json:"dead_letter_seq"` // the delivery that dead-letters a failed claim; null: none yet
+	Answer          *claim.Answer     `json:"answer"`          // the downstream's last answer; null: none
+	AnswerAt        *time.Time        `json:"answer_at"`
+	Key             string            `json:"idempotency_key"` // what the effect is sent with
+	KeyRevision     int               `json:"key_revision"`
+	KeyRevisedBy    string            `json:"key_revised_by"`
+	KeyRevisedAt    *time.Time        `json:"key_revised_at"`
+	KeyRevisionNote string            `json:"key_revision_note"`
 }
 
 func toJSON(claims ...*claim.Claim) []claimJSON {
@@ -449,6 +556,8 @@ func toJSON(claims ...*claim.Claim) []claimJSON {
 			Route: c.Route, Fingerprint: c.Fingerprint, TakeOvers: c.TakeOvers, TakenOverAt: c.TakenOverAt,
 			TakeOverPath: string(c.TakeOverPath), TakeOverReason: c.TakeOverReason, PreviousHolder: c.PreviousHolder,
 			Recoveries: c.Recoveries, NextAttemptAt: c.NextAttemptAt, LateSuccessAt: c.LateSuccessAt, LateSuccessBy: c.LateSuccessBy,
+			FailedAt: c.FailedAt, FailReason: c.FailReason, DeadLetterSeq: c.DeadLetterSeq, Answer: c.Answer, AnswerAt: c.AnswerAt,
+			Key: c.Key(), KeyRevision: c.KeyRevision, KeyRevisedBy: c.KeyRevisedBy, KeyRevisedAt: c.KeyRevisedAt, KeyRevisionNote: c.KeyRevisionNote,
 		}
 		if c.PreviousOwner != uuid.Nil {
 			j.PreviousOwner = c.PreviousOwner.String()

@@ -124,7 +124,7 @@ type noDedupStore struct{ claim.Store }
 func (s noDedupStore) ClaimBatch(_ context.Context, p *claim.ClaimBatchParams) ([]claim.ClaimResult, error) {
 	out := make([]claim.ClaimResult, len(p.Claims))
 	for i := range p.Claims {
-		out[i] = claim.ClaimResult{Outcome: claim.OutcomeWon, Claim: &claim.Claim{ID: int64(-i - 1), Owner: uuid.New(), State: claim.StateClaimed}}
+		out[i] = claim.ClaimResult{Outcome: claim.OutcomeWon, Claim: &claim.Claim{ID: int64(-i - 1), MessageID: p.Claims[i].MessageID, Consumer: p.Claims[i].Consumer, Owner: uuid.New(), State: claim.StateClaimed}}
 	}
 	return out, nil
 }

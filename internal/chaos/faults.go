@@ -196,7 +196,7 @@ type outage struct {
 
 // outageOps are the calls on an existing claim whose refusal can leave it
 // unfinished.
-var outageOps = []string{"MarkProcessed", "Release", "RecordAttempt", "Heartbeat", "TakeOver"}
+var outageOps = []string{"MarkProcessed", "Release", "Fail", "RecordAttempt", "Heartbeat", "TakeOver", "TakeDeadLetter"}
 
 func (o *outage) gate(_ context.Context, op string, id int64) error {
 	if !o.active.Load() {

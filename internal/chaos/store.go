@@ -95,6 +95,20 @@ func (s *gateStore) MarkProcessed(ctx context.Context, p *claim.MarkProcessedPar
 	return s.inner.MarkProcessed(ctx, p)
 }
 
+func (s *gateStore) Fail(ctx context.Context, p *claim.FailParams) error {
+	if err := s.pass(ctx, "Fail", p.ID); err != nil {
+		return err
+	}
+	return s.inner.Fail(ctx, p)
+}
+
+func (s *gateStore) TakeDeadLetter(ctx context.Context, p *claim.TakeDeadLetterParams) error {
+	if err := s.pass(ctx, "TakeDeadLetter", p.ID); err != nil {
+		return err
+	}
+	return s.inner.TakeDeadLetter(ctx, p)
+}
+
 func (s *gateStore) Release(ctx context.Context, p *claim.ReleaseParams) error {
 	if err := s.pass(ctx, "Release", p.ID); err != nil {
 		return err

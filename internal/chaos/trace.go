@@ -166,6 +166,18 @@ func (s *traceStore) Release(ctx context.Context, p *claim.ReleaseParams) error 
 	return err
 }
 
+func (s *traceStore) Fail(ctx context.Context, p *claim.FailParams) error {
+	err := s.Store.Fail(ctx, p)
+	s.hist.add(s.hist.keyOf(p.ID), "%s Fail claim %d (owner %.8s, reason %s): %s", s.host, p.ID, p.Owner, p.Reason, errText(err))
+	return err
+}
+
+func (s *traceStore) TakeDeadLetter(ctx context.Context, p *claim.TakeDeadLetterParams) error {
+	err := s.Store.TakeDeadLetter(ctx, p)
+	s.hist.add(s.hist.keyOf(p.ID), "%s TakeDeadLetter claim %d (seq %d): %s", s.host, p.ID, p.Seq, errText(err))
+	return err
+}
+
 func (s *traceStore) RecordAttempt(ctx context.Context, p *claim.RecordAttemptParams) error {
 	err := s.Store.RecordAttempt(ctx, p)
 	s.hist.add(s.hist.keyOf(p.ID), "%s RecordAttempt claim %d (owner %.8s, attempt error %q): %s", s.host, p.ID, p.Owner, p.Error, errText(err))
@@ -173,7 +185,7 @@ func (s *traceStore) RecordAttempt(ctx context.Context, p *claim.RecordAttemptPa
 }
 
 // lostAckStore injects FaultAckLost: for a message planned for it, the
-// first MarkProcessed or Release runs and commits, and then the store
+// first MarkProcessed, Release or Fail runs and commits, and then the store
 // answers claim.ErrUnavailable, as when a connection breaks after COMMIT
 // reached the server but before its answer came back.
 type lostAckStore struct {
@@ -196,6 +208,10 @@ func (s *lostAckStore) lose(op string, id int64, run func() error) error {
 
 func (s *lostAckStore) MarkProcessed(ctx context.Context, p *claim.MarkProcessedParams) error {
 	return s.lose("MarkProcessed", p.ID, func() error { return s.Store.MarkProcessed(ctx, p) })
+}
+
+func (s *lostAckStore) Fail(ctx context.Context, p *claim.FailParams) error {
+	return s.lose("Fail", p.ID, func() error { return s.Store.Fail(ctx, p) })
 }
 
 func (s *lostAckStore) Release(ctx context.Context, p *claim.ReleaseParams) error {

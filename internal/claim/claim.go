@@ -2,6 +2,7 @@ package claim
 
 import (
 	"crypto/sha256"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -12,13 +13,19 @@ import (
 // State is where a claim is in its life:
 //
 //	claimed ──► processed
+//	   ├──► failed (a final answer: rejected, permanent or conflict)
 //	   ├──► released ──► claimed again (taken over by the next delivery,
 //	   │                 or by the reconciler's recovery)
 //	   ├──► claimed under a new owner (taken over: the holder went silent)
 //	   └──► flagged (recovery cannot settle it: a human must decide)
 //	          ├──► claimed by an operator's redrive ──► resolved (redriven)
+//	          │                                     ├─► failed (a final answer)
 //	          │                                     └─► flagged again
 //	          └──► resolved (done | discarded)
+//
+// Processed, failed and resolved are finished: nothing takes them over,
+// flags them or runs their effect again, and the purge deletes them after
+// the retention.
 type State string
 
 const (
@@ -29,6 +36,13 @@ const (
 	// StateReleased: the effect was definitely not performed; the next
 	// delivery may take the claim over.
 	StateReleased State = "released"
+	// StateFailed: the downstream gave a final answer that is not a
+	// success: rejected (a business decision such as a card decline: the
+	// downstream may have recorded it), permanent (not performed, never
+	// will be) or conflict (the key is held by another payload). The
+	// effect is finished and never repeated; the message is dead-lettered
+	// once (FailReason is its reason) and later copies complete.
+	StateFailed State = "failed"
 	// StateFlagged: a human must decide: the reconciler could not recover
 	// the claim (no routes, no stored payload, a manual or changed route,
 	// recovery ended permanent or still unknown), or a redrive failed.
@@ -38,7 +52,7 @@ const (
 )
 
 // States lists every state in lifecycle order.
-var States = []State{StateClaimed, StateProcessed, StateReleased, StateFlagged, StateResolved}
+var States = []State{StateClaimed, StateProcessed, StateReleased, StateFailed, StateFlagged, StateResolved}
 
 // Valid reports whether s is one of the known states.
 func (s State) Valid() bool {
@@ -53,6 +67,29 @@ func (s State) Valid() bool {
 // Unfinished reports whether the claim still needs an outcome (claimed or
 // released). Unfinished claims are what the reconciler scans.
 func (s State) Unfinished() bool { return s == StateClaimed || s == StateReleased }
+
+// Finished reports whether the claim's effect is settled for good
+// (processed, failed or resolved): a delivery that finds it completes.
+func (s State) Finished() bool {
+	return s == StateProcessed || s == StateFailed || s == StateResolved
+}
+
+// Fail reasons: why a claim failed, and the dead-letter reason of the
+// message that carries the failure (FailParams.Reason, Claim.FailReason).
+const (
+	// FailRejected: the downstream's final business answer (a decline).
+	FailRejected = "EffectRejected"
+	// FailPermanent: the downstream refused the request for good; not
+	// performed.
+	FailPermanent = "EffectFailed"
+	// FailConflict: the downstream says the key was used with another
+	// payload.
+	FailConflict = "IdempotencyKeyConflict"
+)
+
+// MaxFailReasonLength bounds FailParams.Reason (the width of the SQL
+// Server column).
+const MaxFailReasonLength = 64
 
 // TakeOverPath is who took a claim over from its previous holder.
 type TakeOverPath string
@@ -153,10 +190,57 @@ type Claim struct {
 	FlaggedAt  *time.Time // the last time the claim was flagged (kept after a redrive)
 	FlagReason string
 
+	// FailedAt and FailReason are set when the claim failed (a final
+	// answer); FailReason is the message's dead-letter reason (FailRejected,
+	// FailPermanent or FailConflict) and LastError its description.
+	FailedAt   *time.Time
+	FailReason string
+	// DeadLetterSeq is the broker SequenceNumber of the delivery that
+	// carries a failed claim to the dead-letter queue: the delivery that
+	// failed it, or, when the reconciler or a redrive failed it (no
+	// message at hand), the first later delivery that took the dead letter
+	// (TakeDeadLetter). nil: nobody has yet. Every other delivery of the
+	// key completes, so the key is dead-lettered once.
+	DeadLetterSeq *int64
+
+	// Answer is the downstream's last answer recorded with an outcome
+	// (status, recorded headers and JSON fields), AnswerAt when it was
+	// recorded; nil when no answer was ever recorded.
+	Answer   *Answer
+	AnswerAt *time.Time
+
+	// KeyRevision counts the operator's redrives under a new idempotency
+	// key (0: the claim's effect uses MessageID); EffectKey is the key its
+	// effect is sent with since the last one ("" for MessageID: see Key),
+	// KeyRevisedBy, KeyRevisedAt and KeyRevisionNote who chose it, when
+	// and why.
+	KeyRevision     int
+	EffectKey       string
+	KeyRevisedBy    string
+	KeyRevisedAt    *time.Time
+	KeyRevisionNote string
+
 	ResolvedAt     *time.Time
 	ResolvedBy     string
 	Resolution     Resolution
 	ResolutionNote string
+}
+
+// Key is the idempotency key the claim's effect is sent with: EffectKey
+// after an operator's redrive under a new key, else MessageID. Every
+// attempt, take-over, recovery and redrive of the claim uses it.
+func (c *Claim) Key() string {
+	if c.EffectKey != "" {
+		return c.EffectKey
+	}
+	return c.MessageID
+}
+
+// RevisedKey is the key of revision n of a claim's key (n >= 1):
+// "<MessageID>:r<n>". For a route with steps each step appends its name,
+// as it does to any key.
+func RevisedKey(messageID string, n int) string {
+	return messageID + ":r" + strconv.Itoa(n)
 }
 
 // RouteDiffers reports whether the claim was taken for another route or
@@ -200,3 +284,21 @@ func ErrorText(err error) string {
 	}
 	return s
 }
+
+// Answer is a downstream's answer as a claim keeps it: the same JSON shape
+// as sideeffects.Answer (status, step, headers, fields, truncated), which
+// the processor and the reconciler convert from. The stores keep it as
+// JSON text and bound it (MaxAnswerBytes).
+type Answer struct {
+	Status    int               `json:"status"`
+	Step      string            `json:"step,omitempty"`
+	Headers   map[string]string `json:"headers,omitempty"`
+	Fields    map[string]string `json:"fields,omitempty"`
+	Truncated bool              `json:"truncated,omitempty"`
+}
+
+// MaxAnswerBytes bounds an Answer stored on a claim, as JSON. The
+// sideeffects package bounds answers to 2 KiB already; a larger one (an
+// effect that built its own) is stored without its headers and fields,
+// marked truncated.
+const MaxAnswerBytes = 4096

@@ -76,6 +76,11 @@ type Store interface {
 
 	// MarkProcessed moves a claimed claim held by Owner to processed and
 	// nulls its stored payload.
+	//
+	// MarkProcessed, Release, RecordAttempt, Fail and Resolve (redriven)
+	// record the downstream's answer (params.Answer, with AnswerAt by the
+	// database clock) in the same write; a nil Answer keeps the one the
+	// claim has (the attempt got none: a timeout).
 	MarkProcessed(ctx context.Context, params *MarkProcessedParams) error
 
 	// Release moves a claimed claim held by Owner to released, recording the
@@ -86,6 +91,24 @@ type Store interface {
 	// RecordAttempt counts one effect attempt and records its error on a
 	// claimed claim held by Owner, leaving it claimed (outcome unknown).
 	RecordAttempt(ctx context.Context, params *RecordAttemptParams) error
+
+	// Fail moves a claimed claim held by Owner to failed: the downstream
+	// gave a final answer that is not a success (rejected, permanent,
+	// conflict). It records FailedAt, FailReason (the message's
+	// dead-letter reason), the error as LastError, the answer, and the
+	// delivery that dead-letters the message (DeadLetterSeq), and nulls the
+	// stored payload. A failed claim is finished: never taken over, flagged
+	// or re-run; it is purged like a processed one (by FailedAt).
+	// ErrStateChanged when the claim is not claimed by Owner.
+	Fail(ctx context.Context, params *FailParams) error
+
+	// TakeDeadLetter records that the delivery with broker sequence number
+	// Seq carries a failed claim to the dead-letter queue, when no delivery
+	// does yet (the reconciler or a redrive failed it): guarded on the
+	// claim being failed with no DeadLetterSeq, so of concurrent copies one
+	// dead-letters and the others complete. ErrStateChanged otherwise,
+	// ErrNotFound when the claim is gone.
+	TakeDeadLetter(ctx context.Context, params *TakeDeadLetterParams) error
 
 	// FlagStale flags, in one bounded batch, claims that are claimed with no
 	// heartbeat for StaleAfter, or released and not taken over for
@@ -108,11 +131,11 @@ type Store interface {
 	// claim processed.
 	Resolve(ctx context.Context, params *ResolveParams) (*Claim, error)
 
-	// PurgeProcessed deletes at most Limit finished claims (processed, or
-	// resolved) whose ProcessedAt / ResolvedAt is older than OlderThan by
-	// the database clock, and returns how many it deleted. It never deletes
-	// a claimed, released or flagged claim. Callers loop until a batch
-	// deletes fewer than Limit.
+	// PurgeProcessed deletes at most Limit finished claims (processed,
+	// failed or resolved) whose ProcessedAt / FailedAt / ResolvedAt is older
+	// than OlderThan by the database clock, and returns how many it
+	// deleted. It never deletes a claimed, released or flagged claim.
+	// Callers loop until a batch deletes fewer than Limit.
 	PurgeProcessed(ctx context.Context, params *PurgeParams) (int64, error)
 
 	// Stats summarises the table for metrics.
@@ -191,6 +214,10 @@ func (o Outcome) String() string {
 	return "unknown"
 }
 
+// MarshalText implements encoding.TextMarshaler, so logs and JSON say
+// "won", never 1.
+func (o Outcome) MarshalText() ([]byte, error) { return []byte(o.String()), nil }
+
 // ClaimResult is the outcome for one message of a batch. Claim is the new
 // claim when Won (with its ID, Owner and times), and the existing claim when
 // Duplicate or Conflict (with at least ID, State, Owner and PayloadHash).
@@ -229,6 +256,13 @@ type TakeOverParams struct {
 	// recorded) gets these.
 	Route       string
 	Fingerprint string
+	// NewKey (PathOperator only) moves the claim to a new idempotency key
+	// in the same guarded write: KeyRevision + 1, EffectKey
+	// RevisedKey(MessageID, KeyRevision+1), KeyRevisedBy By,
+	// KeyRevisionNote Reason, KeyRevisedAt now. The taker then runs the
+	// effect with the returned claim's Key(), as does every later
+	// take-over. The caller checks the route allows it.
+	NewKey bool
 }
 
 // FlagParams is the input of Flag.
@@ -263,8 +297,9 @@ type HeartbeatParams struct {
 
 // MarkProcessedParams is the input of MarkProcessed.
 type MarkProcessedParams struct {
-	ID    int64
-	Owner uuid.UUID
+	ID     int64
+	Owner  uuid.UUID
+	Answer *Answer // the downstream's answer; nil keeps the claim's
 }
 
 // ReleaseParams is the input of Release.
@@ -275,6 +310,7 @@ type ReleaseParams struct {
 	// NextAttemptIn, when positive, sets NextAttemptAt to the database
 	// clock plus this (the reconciler's backoff); otherwise it is cleared.
 	NextAttemptIn time.Duration
+	Answer        *Answer // the downstream's answer; nil keeps the claim's
 }
 
 // RecordAttemptParams is the input of RecordAttempt.
@@ -285,6 +321,32 @@ type RecordAttemptParams struct {
 	// NextAttemptIn, when positive, sets NextAttemptAt to the database
 	// clock plus this (the reconciler's backoff after an unknown outcome).
 	NextAttemptIn time.Duration
+	Answer        *Answer // the attempt's answer; nil keeps the claim's
+}
+
+// FailParams is the input of Fail.
+type FailParams struct {
+	ID    int64
+	Owner uuid.UUID
+	// Reason is the message's dead-letter reason (FailRejected,
+	// FailPermanent or FailConflict; at most MaxFailReasonLength
+	// characters); required.
+	Reason string
+	// Error is the final answer as text (ErrorText), kept as LastError and
+	// used as the dead-letter description.
+	Error  string
+	Answer *Answer // the downstream's answer; nil keeps the claim's
+	// DeadLetterSeq is the broker sequence number of the delivery that
+	// fails the claim and dead-letters its message; nil when there is no
+	// message (the reconciler, a redrive): a later delivery takes the dead
+	// letter (TakeDeadLetter).
+	DeadLetterSeq *int64
+}
+
+// TakeDeadLetterParams is the input of TakeDeadLetter.
+type TakeDeadLetterParams struct {
+	ID  int64
+	Seq int64 // the delivery's broker sequence number
 }
 
 // FlagStaleParams is the input of FlagStale.
@@ -311,6 +373,9 @@ type ResolveParams struct {
 	// Owner, for ResolutionRedriven only, is the token of the redrive that
 	// holds the claim; uuid.Nil resolves a flagged claim.
 	Owner uuid.UUID
+	// Answer, for ResolutionRedriven only, is the downstream's answer to
+	// the redrive; nil keeps the claim's.
+	Answer *Answer
 }
 
 // PurgeParams is the input of PurgeProcessed.
@@ -326,5 +391,6 @@ type Stats struct {
 	Claimed          int64
 	Released         int64
 	Flagged          int64
+	Failed           int64
 	OldestUnfinished *time.Time // ClaimedAt of the oldest claimed or released claim
 }

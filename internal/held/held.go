@@ -11,12 +11,17 @@
 //     effect's context is cancelled at once and nothing more is written
 //     (no attempt, no release); Result.Lost says so;
 //   - failed attempts are retried by the RetryPolicy with the same
-//     idempotency key, each recorded on the claim (RecordAttempt);
+//     idempotency key, each recorded on the claim (RecordAttempt) with
+//     the downstream's answer to it;
+//   - the downstream's answers are recorded (sideeffects.RecordAnswers:
+//     one recorder for the run, one per attempt), and the last one is in
+//     Result.Answer for the caller's outcome write;
 //   - a panic in the effect is recovered and becomes an unknown outcome
 //     (the effect may have done something before it panicked).
 //
 // Run does not record the outcome: callers do (mark processed, release,
-// resolve, flag), each with its own guarded write, usually through Write.
+// fail, resolve, flag), each with its own guarded write, usually through
+// Write, passing Result.Answer.
 package held
 
 import (
@@ -25,6 +30,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,8 +49,10 @@ type Params struct {
 	Claim   *claim.Claim
 	Effect  sideeffects.Effect
 	Message *azservicebus.ReceivedMessage
-	Key     string // the idempotency key
-	Retry   sideeffects.RetryPolicy
+	// Key is the idempotency key: the claim's Key() (its MessageID, or the
+	// key an operator's redrive chose).
+	Key   string
+	Retry sideeffects.RetryPolicy
 
 	HeartbeatInterval time.Duration // required
 	StoreTimeout      time.Duration // bounds each heartbeat and attempt write; required
@@ -78,6 +86,60 @@ type Result struct {
 	Lost error
 	// Duration is the time spent in Run.
 	Duration time.Duration
+	// Answer is the downstream's last answer in this run (nil when no
+	// attempt got one), as a claim keeps it.
+	Answer *claim.Answer
+}
+
+// ClaimAnswer converts a downstream's answer to the claim's copy of it
+// (nil for nil).
+func ClaimAnswer(a *sideeffects.Answer) *claim.Answer {
+	if a == nil {
+		return nil
+	}
+	c := a.Clone()
+	return &claim.Answer{Status: c.Status, Step: c.Step, Headers: c.Headers, Fields: c.Fields, Truncated: c.Truncated}
+}
+
+// FailReason is the claim's fail reason (and the message's dead-letter
+// reason) for a final answer that is not a success: rejected, permanent
+// or conflict; "" for any other outcome (ok, retryable and unknown do not
+// fail a claim).
+func FailReason(o sideeffects.Outcome) string {
+	switch o {
+	case sideeffects.OutcomeRejected:
+		return claim.FailRejected
+	case sideeffects.OutcomePermanent:
+		return claim.FailPermanent
+	case sideeffects.OutcomeConflict:
+		return claim.FailConflict
+	}
+	return ""
+}
+
+// FailDescription is a failed claim's last error and its message's
+// dead-letter description: the effect's error (sideeffects bounds and
+// redacts the response excerpt in it), led by the status when the error
+// does not say it, bounded and cut on a UTF-8 boundary (claim.ErrorText).
+func FailDescription(err error, answer *claim.Answer) string {
+	text := claim.ErrorText(err)
+	if answer != nil && answer.Status != 0 {
+		if status := fmt.Sprintf("HTTP %d", answer.Status); !strings.Contains(text, status) {
+			text = claim.ErrorText(fmt.Errorf("%s: %w", status, err))
+		}
+	}
+	return text
+}
+
+// answerOf is the answer an attempt (or a run) got: the last one its
+// recorder saw, else the one attached to its error.
+func answerOf(rec *sideeffects.AnswerRecorder, err error) *claim.Answer {
+	if rec != nil {
+		if a := rec.Last(); a != nil {
+			return ClaimAnswer(a)
+		}
+	}
+	return ClaimAnswer(sideeffects.AnswerOf(err))
 }
 
 // Run runs the effect of a held claim; see the package documentation.
@@ -113,10 +175,15 @@ func Run(ctx context.Context, p Params) Result {
 		return lost != nil
 	}
 
+	effectCtx, runAnswers := sideeffects.RecordAnswers(effectCtx)
 	stopHeartbeats := heartbeat(ctx, p, log, loseClaim)
 	attempts := 0
+	// The attempt's own recorder: onAttempt runs right after the attempt,
+	// on the same goroutine.
+	var attemptAnswers *sideeffects.AnswerRecorder
 	err := p.Retry.Do(effectCtx, func(ctx context.Context) error {
 		attempts++
+		ctx, attemptAnswers = sideeffects.RecordAnswers(ctx)
 		return perform(ctx, p, log)
 	}, func(attempt int, err error) {
 		if isLost() {
@@ -126,7 +193,7 @@ func Run(ctx context.Context, p Params) Result {
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.StoreTimeout)
 		defer cancel()
 		werr := p.Store.RecordAttempt(wctx, &claim.RecordAttemptParams{ID: p.Claim.ID, Owner: p.Claim.Owner,
-			Error: claim.ErrorText(err), NextAttemptIn: p.NextAttemptIn})
+			Error: claim.ErrorText(err), NextAttemptIn: p.NextAttemptIn, Answer: answerOf(attemptAnswers, err)})
 		switch {
 		case errors.Is(werr, claim.ErrStateChanged):
 			loseClaim(werr)
@@ -136,7 +203,8 @@ func Run(ctx context.Context, p Params) Result {
 	})
 	stopHeartbeats()
 
-	res := Result{Err: err, Outcome: sideeffects.Classify(err), Attempts: attempts, Duration: time.Since(start)}
+	res := Result{Err: err, Outcome: sideeffects.Classify(err), Attempts: attempts, Duration: time.Since(start),
+		Answer: answerOf(runAnswers, err)}
 	mu.Lock()
 	res.Lost = lost
 	mu.Unlock()
@@ -198,7 +266,7 @@ func heartbeat(ctx context.Context, p Params, log *slog.Logger, lose func(error)
 }
 
 // Write runs a store write that records an outcome already known (mark
-// processed, release, resolve). Each try runs on its own StoreTimeout
+// processed, release, fail, resolve). Each try runs on its own StoreTimeout
 // context, detached from ctx, so a shutdown does not cut a write off; a
 // transient failure (claim.Transient: the store unavailable, or this call
 // aborted as a deadlock victim) is retried with backoff for up to window,

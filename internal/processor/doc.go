@@ -1,16 +1,22 @@
 // Package processor runs the per-message protocol of DESIGN.md §2 on top
 // of a Service Bus receiver and a claim store:
 //
-//	receive (peek-lock) ─► validate ─► claim (one round trip per receive)
-//	  won ───────────► effect (idempotency key = dedup key), lock renewal +
-//	                   heartbeat ─► mark processed ─► complete
+//	receive (peek-lock) ─► validate (key, size, ContentType, route) ─► claim
+//	                       (one round trip per receive)
+//	  won ───────────► effect (idempotency key = the claim's key), lock
+//	                   renewal + heartbeat ─► mark processed ─► complete
 //	  released ──────► take over ─► effect ...
-//	  duplicate ─────► complete
+//	  duplicate ─────► complete (a failed claim: the one delivery it names
+//	                   dead-letters, every other copy completes)
 //	  conflict ──────► dead-letter IdempotencyKeyConflict
 //	  store down ────► abandon
 //	effect retryable ► release ─► abandon
-//	effect permanent ► release ─► dead-letter EffectFailed
+//	effect rejected, permanent or conflict (a final answer)
+//	                 ► fail the claim ─► dead-letter EffectRejected,
+//	                   EffectFailed or IdempotencyKeyConflict, once
 //	effect unknown ──► keep the claim with its last error ─► abandon
+//
+// Every outcome write records the downstream's last answer on the claim.
 //
 // It depends on Receiver, which *azservicebus.Receiver satisfies as it is,
 // and works with *azservicebus.ReceivedMessage values end to end; tests use

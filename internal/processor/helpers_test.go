@@ -36,7 +36,10 @@ type effects struct {
 	performed map[string]int
 	// behave decides what one call does; nil means "perform, ok".
 	behave func(subject, key string, call int) error
-	delay  time.Duration
+	// behaveCtx, when set, decides instead, with the call's context (to
+	// report the downstream's answer).
+	behaveCtx func(ctx context.Context, key string, call int) error
+	delay     time.Duration
 	// gate, when set, blocks each call until it is closed.
 	gate    chan struct{}
 	started chan string
@@ -56,7 +59,7 @@ func (e *effects) Perform(ctx context.Context, msg *azservicebus.ReceivedMessage
 	e.mu.Lock()
 	e.calls[key]++
 	call := e.calls[key]
-	behave, delay, gate, started, hang, ignoreCtx := e.behave, e.delay, e.gate, e.started, e.hang, e.ignoreCtx
+	behave, behaveCtx, delay, gate, started, hang, ignoreCtx := e.behave, e.behaveCtx, e.delay, e.gate, e.started, e.hang, e.ignoreCtx
 	e.mu.Unlock()
 	if started != nil {
 		started <- key
@@ -82,7 +85,10 @@ func (e *effects) Perform(ctx context.Context, msg *azservicebus.ReceivedMessage
 		}
 	}
 	var err error
-	if behave != nil {
+	switch {
+	case behaveCtx != nil:
+		err = behaveCtx(ctx, key, call)
+	case behave != nil:
 		err = behave(subject(msg), key, call)
 	}
 	if err == nil || errors.Is(err, errPerformedThenLost) {

@@ -21,14 +21,19 @@ import (
 )
 
 // Dead-letter reasons set by the processor (besides the router's
-// sideeffects.ReasonNoRoute and ReasonMalformedBody).
+// sideeffects.ReasonNoRoute, ReasonMalformedBody and
+// ReasonInvalidContentType). The last three are also the fail reasons of
+// a failed claim (claim.FailRejected, FailPermanent, FailConflict):
+// IdempotencyKeyConflict is both a claim conflict (same key, another
+// payload hash) and the downstream's conflict answer.
 const (
 	ReasonMissingDedupKey        = "MissingDedupKey"
 	ReasonInvalidDedupKey        = "InvalidDedupKey"
 	ReasonDedupKeyTooLong        = "DedupKeyTooLong"
 	ReasonBodyTooLarge           = "BodyTooLarge"
-	ReasonIdempotencyKeyConflict = "IdempotencyKeyConflict"
-	ReasonEffectFailed           = "EffectFailed"
+	ReasonIdempotencyKeyConflict = claim.FailConflict
+	ReasonEffectFailed           = claim.FailPermanent
+	ReasonEffectRejected         = claim.FailRejected
 )
 
 // delivery is one received message on its way through the protocol.
@@ -205,6 +210,18 @@ func (p *Processor) validate(d *delivery) (reason, description string) {
 	if n := len(d.msg.Body); n > p.opts.MaxPayloadBytes {
 		return ReasonBodyTooLarge, fmt.Sprintf("the body is %d bytes; at most %d are allowed (SBCLAIM_MAX_PAYLOAD_BYTES)", n, p.opts.MaxPayloadBytes)
 	}
+	if d.msg.ContentType != nil {
+		// Whatever the route: an effect may send it as a header (the HTTP
+		// router checks it too), and a value net/http refuses would look
+		// retryable and loop until the broker dead-letters the message.
+		if err := sideeffects.CheckContentType(*d.msg.ContentType); err != nil {
+			var in *sideeffects.InputError
+			if errors.As(err, &in) {
+				return in.Reason, in.Description
+			}
+			return sideeffects.ReasonInvalidContentType, err.Error()
+		}
+	}
 	h, err := p.opts.Router.Route(d.msg)
 	if err != nil {
 		var in *sideeffects.InputError
@@ -278,7 +295,9 @@ func (p *Processor) afterClaim(ctx, work context.Context, d *delivery, res claim
 
 // duplicate handles a delivery whose claim another attempt holds or
 // finished. Finished (processed, resolved) or in operators' hands
-// (flagged): complete, the effect never runs again. Released: take it
+// (flagged): complete, the effect never runs again. Failed (a final
+// answer): complete too, unless this delivery is the one that carries
+// the failure to the dead-letter queue (failedCopy). Released: take it
 // over (the effect was definitely not performed). Claimed: the holder's
 // fate is open, so the delivery keeps its message (the lock is renewed)
 // and watches the claim until the holder finishes (complete), releases it
@@ -295,6 +314,8 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 			return completed(ResultDuplicate, "claim_state", string(c.State), "waited", waited)
 		case claim.StateFlagged:
 			return completed(ResultDuplicate, "claim_state", string(c.State), "why", "flagged for operators")
+		case claim.StateFailed:
+			return p.failedCopy(work, d, c, "waited", waited)
 		}
 		released := c.State == claim.StateReleased
 		routeChanged := c.RouteDiffers(d.handler.Name, d.handler.Fingerprint)
@@ -461,8 +482,10 @@ func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) v
 	}
 	retry := p.opts.Retry
 	retry.StopOnUnknown = retry.StopOnUnknown || d.handler.Manual()
+	// The claim's key: the dedup key, or the one an operator's redrive
+	// chose (a take-over keeps it).
 	hp := held.Params{
-		Store: p.opts.Store, Claim: c, Effect: d.handler.Effect, Message: d.msg, Key: d.key, Retry: retry,
+		Store: p.opts.Store, Claim: c, Effect: d.handler.Effect, Message: d.msg, Key: c.Key(), Retry: retry,
 		HeartbeatInterval: p.opts.HeartbeatInterval, StoreTimeout: p.opts.StoreTimeout, Logger: d.log,
 		OnHeartbeat: p.countHeartbeat,
 	}
@@ -483,7 +506,7 @@ func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) v
 		if crashed(p.opts.Hooks.AfterEffect, work, d) {
 			return verdict{result: ResultCrashed}
 		}
-		err := p.markProcessed(work, c)
+		err := p.markProcessed(work, c, res.Answer)
 		switch {
 		case errors.Is(err, claim.ErrStateChanged):
 			return p.lost(work, d, c, res.Outcome)
@@ -501,8 +524,8 @@ func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) v
 		}
 		return completed(ResultProcessed)
 
-	case sideeffects.OutcomeRetryable, sideeffects.OutcomePermanent:
-		relErr := p.release(work, c, res.Err)
+	case sideeffects.OutcomeRetryable:
+		relErr := p.release(work, c, res.Err, res.Answer)
 		switch {
 		case errors.Is(relErr, claim.ErrStateChanged):
 			return p.lost(work, d, c, res.Outcome)
@@ -513,10 +536,10 @@ func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) v
 			d.log.Warn("effect not performed but the release failed", "error", relErr)
 			return abandoned(ResultUnknown, "why", "release failed", "error", relErr)
 		}
-		if res.Outcome == sideeffects.OutcomePermanent {
-			return deadLettered(ResultDeadLettered, ReasonEffectFailed, res.Err.Error())
-		}
 		return abandoned(ResultReleased, "error", res.Err)
+
+	case sideeffects.OutcomeRejected, sideeffects.OutcomePermanent, sideeffects.OutcomeConflict:
+		return p.failHeld(work, d, c, res)
 
 	default: // unknown: keep the claim with its last error
 		why := "effect outcome unknown after retries; the next delivery takes the claim over once it is silent"
@@ -526,6 +549,72 @@ func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) v
 		d.log.Warn(why, "error", res.Err)
 		return abandoned(ResultUnknown, "error", res.Err)
 	}
+}
+
+// failHeld records a final answer that is not a success (rejected,
+// permanent, conflict): the claim moves to failed in one guarded write,
+// naming this delivery as the one that dead-letters the message, then the
+// message is dead-lettered with the fail reason and the answer's text.
+// Later copies complete (failedCopy).
+func (p *Processor) failHeld(work context.Context, d *delivery, c *claim.Claim, res held.Result) verdict {
+	reason := held.FailReason(res.Outcome)
+	desc := held.FailDescription(res.Err, res.Answer)
+	err := p.fail(work, c, &claim.FailParams{ID: c.ID, Owner: c.Owner, Reason: reason, Error: desc,
+		Answer: res.Answer, DeadLetterSeq: d.msg.SequenceNumber})
+	switch {
+	case errors.Is(err, claim.ErrStateChanged):
+		return p.lost(work, d, c, res.Outcome)
+	case err != nil:
+		p.storeErr(err)
+		// The claim stays claimed and goes silent; whoever takes it over
+		// repeats the effect with the same key and gets the downstream's
+		// stored answer again.
+		d.log.Warn("final answer but failing the claim failed", "effect_outcome", res.Outcome, "error", err)
+		return abandoned(ResultUnknown, "why", "failing the claim failed", "error", err)
+	}
+	if crashed(p.opts.Hooks.AfterFail, work, d) {
+		return verdict{result: ResultCrashed}
+	}
+	v := deadLettered(ResultFailed, reason, desc)
+	v.attrs = append(v.attrs, "effect_outcome", res.Outcome, "claim_state", claim.StateFailed)
+	if res.Answer != nil {
+		v.attrs = append(v.attrs, "status", res.Answer.Status)
+	}
+	return v
+}
+
+// failedCopy ends a delivery of a failed claim's key. The key is
+// dead-lettered once: by the delivery the claim names (DeadLetterSeq,
+// the broker's sequence number) — the one that failed it, which is only
+// delivered again when its dead letter did not land (a lost lock, a crash
+// after the claim failed) — or, when the claim names none (the
+// reconciler or a redrive failed it, with no message at hand), by the
+// first delivery that records itself (TakeDeadLetter). Every other copy
+// completes without calling the downstream.
+func (p *Processor) failedCopy(work context.Context, d *delivery, c *claim.Claim, attrs ...any) verdict {
+	attrs = append(attrs, "claim_state", claim.StateFailed, "fail_reason", c.FailReason)
+	seq := d.msg.SequenceNumber
+	switch {
+	case seq != nil && c.DeadLetterSeq != nil && *c.DeadLetterSeq == *seq:
+		d.log.Info("redelivery of the message that failed its claim: dead-lettering it now")
+	case seq != nil && c.DeadLetterSeq == nil:
+		sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
+		err := p.opts.Store.TakeDeadLetter(sctx, &claim.TakeDeadLetterParams{ID: c.ID, Seq: *seq})
+		cancel()
+		switch {
+		case errors.Is(err, claim.ErrStateChanged):
+			return completed(ResultDuplicate, append(attrs, "why", "another delivery dead-letters the failed claim")...)
+		case err != nil:
+			p.storeErr(err)
+			return abandoned(ResultAbandoned, "why", "taking the dead letter of a failed claim failed", "error", err)
+		}
+		d.log.Info("claim failed without a message to dead-letter (reconciler or redrive): dead-lettering this delivery")
+	default:
+		return completed(ResultDuplicate, attrs...)
+	}
+	v := deadLettered(ResultFailed, c.FailReason, c.LastError)
+	v.attrs = append(v.attrs, attrs...)
+	return v
 }
 
 // lost ends a delivery whose claim was taken over, flagged or resolved by
@@ -561,6 +650,11 @@ func (p *Processor) lost(work context.Context, d *delivery, c *claim.Claim, eo s
 		// Work remains and nobody holds it: keep the message.
 		return abandoned(ResultLost, attrs...)
 	}
+	if now.State == claim.StateFailed {
+		// Another attempt got the final answer; this delivery may be the
+		// one to dead-letter it.
+		return p.failedCopy(work, d, now, attrs...)
+	}
 	// Processed, failed, flagged or resolved: decided; held by another
 	// attempt: that attempt finishes it, and the reconciler covers its
 	// crash. Either way the claim is the record.
@@ -592,9 +686,11 @@ func (p *Processor) runTx(work context.Context, d *delivery) verdict {
 			p.storeErr(err)
 		}
 		p.metrics.EffectSeconds.WithLabelValues(d.handler.Name, eo.String()).Observe(time.Since(start).Seconds())
-		d.log.Warn("transactional effect rolled back", "error", err, "effect_outcome", eo.String())
-		if eo == sideeffects.OutcomePermanent {
-			return deadLettered(ResultDeadLettered, ReasonEffectFailed, err.Error())
+		d.log.Warn("transactional effect rolled back", "error", err, "effect_outcome", eo)
+		if reason := held.FailReason(eo); reason != "" {
+			// A final answer; nothing was committed, so there is no claim
+			// to fail: the dead letter is the record.
+			return deadLettered(ResultDeadLettered, reason, claim.ErrorText(err))
 		}
 		// Nothing was committed: safe to redeliver whatever the error.
 		return abandoned(ResultAbandoned, "why", "transactional effect rolled back")
@@ -622,6 +718,25 @@ func conflictDescription(d *delivery, existing *claim.Claim, consumer string) st
 		d.key, existing.ID, consumer, existing.PayloadHash, d.hash)
 }
 
+// maxDescription bounds a dead-letter description, in bytes.
+const maxDescription = 1024
+
+// deadLetterText makes a dead-letter description safe to send and read:
+// valid UTF-8 (invalid bytes and NUL become U+FFFD: claim.Storable), at
+// most maxDescription bytes, cut on a rune boundary with "…" marking the
+// cut.
+func deadLetterText(s string) string {
+	s = claim.Storable(s)
+	if len(s) <= maxDescription {
+		return s
+	}
+	n := maxDescription - len("…")
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
+
 func crashed(hook func(context.Context, *azservicebus.ReceivedMessage) error, ctx context.Context, d *delivery) bool {
 	if hook == nil {
 		return false
@@ -636,9 +751,9 @@ func crashed(hook func(context.Context, *azservicebus.ReceivedMessage) error, ct
 // markProcessed records the effect's success. A store outage is retried
 // for a while (held.Write): the effect already happened, and recording it
 // now saves a take-over and a repeat.
-func (p *Processor) markProcessed(work context.Context, c *claim.Claim) error {
+func (p *Processor) markProcessed(work context.Context, c *claim.Claim, answer *claim.Answer) error {
 	err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
-		return p.opts.Store.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: c.ID, Owner: c.Owner})
+		return p.opts.Store.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: c.ID, Owner: c.Owner, Answer: answer})
 	})
 	if errors.Is(err, claim.ErrStateChanged) && p.ownState(work, c, claim.StateProcessed) {
 		return nil // an earlier try committed but its answer was lost
@@ -648,11 +763,24 @@ func (p *Processor) markProcessed(work context.Context, c *claim.Claim) error {
 
 // release marks the claim released: the effect was definitely not
 // performed, and the next delivery may take the claim over.
-func (p *Processor) release(work context.Context, c *claim.Claim, cause error) error {
+func (p *Processor) release(work context.Context, c *claim.Claim, cause error, answer *claim.Answer) error {
 	err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
-		return p.opts.Store.Release(ctx, &claim.ReleaseParams{ID: c.ID, Owner: c.Owner, Error: claim.ErrorText(cause)})
+		return p.opts.Store.Release(ctx, &claim.ReleaseParams{ID: c.ID, Owner: c.Owner, Error: claim.ErrorText(cause), Answer: answer})
 	})
 	if errors.Is(err, claim.ErrStateChanged) && p.ownState(work, c, claim.StateReleased) {
+		return nil // an earlier try committed but its answer was lost
+	}
+	return err
+}
+
+// fail moves the claim to failed (a final answer), retrying a store
+// outage for a while like markProcessed: the answer is final, and
+// recording it now saves a take-over and a repeat.
+func (p *Processor) fail(work context.Context, c *claim.Claim, params *claim.FailParams) error {
+	err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
+		return p.opts.Store.Fail(ctx, params)
+	})
+	if errors.Is(err, claim.ErrStateChanged) && p.ownState(work, c, claim.StateFailed) {
 		return nil // an earlier try committed but its answer was lost
 	}
 	return err
@@ -751,10 +879,7 @@ func (p *Processor) settle(d *delivery, v verdict) {
 		what, err = "abandon", d.lr.r.AbandonMessage(ctx, d.msg, nil)
 	case settleDeadLetter:
 		p.metrics.DeadLetters.WithLabelValues(v.reason).Inc()
-		desc := v.description
-		if len(desc) > 1024 {
-			desc = strings.ToValidUTF8(desc[:1024], "")
-		}
+		desc := deadLetterText(v.description)
 		what, err = "dead-letter", d.lr.r.DeadLetterMessage(ctx, d.msg, &azservicebus.DeadLetterOptions{
 			Reason: &v.reason, ErrorDescription: &desc})
 	}
@@ -770,7 +895,7 @@ func (p *Processor) settle(d *delivery, v verdict) {
 	p.metrics.Messages.WithLabelValues(string(v.result)).Inc()
 	level := slog.LevelInfo
 	switch v.result {
-	case ResultUnknown, ResultConflict, ResultDeadLettered, ResultFlagged, ResultAbandoned, ResultLost:
+	case ResultUnknown, ResultConflict, ResultDeadLettered, ResultFailed, ResultFlagged, ResultAbandoned, ResultLost:
 		level = slog.LevelWarn
 	}
 	args := append(v.attrs, "outcome", string(v.result), "duration_ms", time.Since(d.received).Milliseconds())

@@ -24,8 +24,14 @@ const (
 	// ResultReleased: the effect was definitely not performed and may
 	// succeed later; claim released, message abandoned.
 	ResultReleased Result = "released"
-	// ResultDeadLettered: bad input, or an effect that can never succeed.
+	// ResultDeadLettered: bad input (never claimed), or a transactional
+	// effect that can never succeed (rolled back, no claim).
 	ResultDeadLettered Result = "dead_lettered"
+	// ResultFailed: the downstream gave a final answer that is not a
+	// success (rejected, permanent, conflict): the claim is failed and this
+	// delivery dead-lettered the message (EffectRejected, EffectFailed or
+	// IdempotencyKeyConflict). Once per key: later copies are duplicates.
+	ResultFailed Result = "failed"
 	// ResultUnknown: the effect's outcome is unknown after retries (or
 	// known but not recordable); the claim is kept with its last error and
 	// the message abandoned. Its redelivery takes the claim over once the
@@ -71,7 +77,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		Messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sbclaim_messages_total",
-			Help: "Messages finished, by outcome (processed, duplicate, conflict, released, dead_lettered, unknown, abandoned, lost, flagged).",
+			Help: "Messages finished, by outcome (processed, duplicate, conflict, released, dead_lettered, failed, unknown, abandoned, lost, flagged).",
 		}, []string{"outcome"}),
 		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sbclaim_dead_letters_total",

@@ -103,8 +103,11 @@ type Options struct {
 // cuts the replica's store and receiver so its other work stops too.)
 type Hooks struct {
 	AfterClaim         func(ctx context.Context, msg *azservicebus.ReceivedMessage) error
-	AfterEffect        func(ctx context.Context, msg *azservicebus.ReceivedMessage) error
+	AfterEffect        func(ctx context.Context, msg *azservicebus.ReceivedMessage) error // a successful effect, before marking processed
 	AfterMarkProcessed func(ctx context.Context, msg *azservicebus.ReceivedMessage) error
+	// AfterFail: the claim is failed (a final answer), the message not yet
+	// dead-lettered; its redelivery dead-letters it.
+	AfterFail func(ctx context.Context, msg *azservicebus.ReceivedMessage) error
 }
 
 // ErrCrash is returned by a hook to stop an attempt dead.

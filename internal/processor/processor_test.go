@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/google/uuid"
@@ -156,7 +157,10 @@ func TestRetryableReleasesAndRedeliveryTakesOver(t *testing.T) {
 	})
 }
 
-func TestPermanentReleasesAndDeadLetters(t *testing.T) {
+// TestPermanentFailsTheClaimAndDeadLetters: a permanent answer (not
+// performed, never will be) is final: the claim is failed, the message
+// dead-lettered EffectFailed.
+func TestPermanentFailsTheClaimAndDeadLetters(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, be string) {
 		b := setup(t, be, membus.QueueOptions{})
 		b.eff.behave = func(_, _ string, _ int) error {
@@ -173,8 +177,8 @@ func TestPermanentReleasesAndDeadLetters(t *testing.T) {
 			t.Errorf("performed %d, want 0", got)
 		}
 		c := b.claimOf("m1")
-		if c.State != claim.StateReleased || !strings.Contains(c.LastError, "bad account") {
-			t.Errorf("claim %s last error %q, want released with the error", c.State, c.LastError)
+		if c.State != claim.StateFailed || c.FailReason != processor.ReasonEffectFailed || !strings.Contains(c.LastError, "bad account") || c.ReleasedAt != nil {
+			t.Errorf("claim %s (%s) last error %q released at %v, want failed with the error", c.State, c.FailReason, c.LastError, c.ReleasedAt)
 		}
 	})
 }
@@ -859,19 +863,28 @@ func TestReleaseFailureKeepsClaim(t *testing.T) {
 }
 
 // TestErrorTextIsStorable: an effect error with NUL and invalid UTF-8 is
-// still recorded on the claim (PostgreSQL refuses both in text).
+// still recorded on the claim (PostgreSQL refuses both in text), bounded
+// and cut on a UTF-8 boundary, and so is the dead-letter description.
 func TestErrorTextIsStorable(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, be string) {
 		b := setup(t, be, membus.QueueOptions{})
 		b.eff.behave = func(_, _ string, _ int) error {
-			return sideeffects.Permanent(errors.New("bad \x00 answer \xff" + strings.Repeat("x", 5000)))
+			return sideeffects.Permanent(errors.New("bad \x00 answer \xff" + strings.Repeat("é", 5000)))
 		}
 		b.start(b.options())
 		b.send("m1", "pay", `{}`, nil)
 		b.waitIdle()
 		c := b.claimOf("m1")
-		if c.State != claim.StateReleased || !strings.Contains(c.LastError, "bad") || len(c.LastError) > 2100 {
-			t.Errorf("claim %s, last error %d bytes, want released with a bounded error", c.State, len(c.LastError))
+		if c.State != claim.StateFailed || !strings.Contains(c.LastError, "bad") || len(c.LastError) > claim.MaxErrorText+len("…") ||
+			!utf8.ValidString(c.LastError) || strings.ContainsRune(c.LastError, 0) {
+			t.Errorf("claim %s, last error %d bytes (valid UTF-8 %v), want failed with a bounded, storable error", c.State, len(c.LastError), utf8.ValidString(c.LastError))
+		}
+		dl := b.q.DeadLetters()
+		if len(dl) != 1 || dl[0].DeadLetterErrorDescription == nil {
+			t.Fatalf("dead letters %d", len(dl))
+		}
+		if desc := *dl[0].DeadLetterErrorDescription; len(desc) > 1024 || !utf8.ValidString(desc) || !strings.HasPrefix(desc, "permanent: bad") {
+			t.Errorf("dead-letter description %d bytes, valid UTF-8 %v: %.40q", len(desc), utf8.ValidString(desc), desc)
 		}
 	})
 }

@@ -15,11 +15,18 @@
 //     heartbeated between two passes is never flagged, and two reconcilers
 //     racing flag each claim once. Every flagged claim is logged at Warn
 //     with claim_id, message_id, consumer and reason.
+//   - With routes configured, the recovery pass (recover.go) replaces the
+//     flag pass: it takes stale claims over and re-runs them with the
+//     claim's key; a final answer that is not a success (rejected,
+//     permanent, conflict) fails the claim, like the processor does; only
+//     what it cannot settle is flagged.
 //   - The purge pass calls Store.PurgeProcessed in batches of
 //     PurgeBatchSize (one bounded DELETE each, no long table locks) until a
 //     batch is short or MaxPurgePerTick rows are gone. The store never
-//     deletes an unfinished, flagged or unresolved claim.
-//   - Stats feed the gauges (unfinished, oldest unfinished age, flagged).
+//     deletes an unfinished, flagged or unresolved claim; processed, failed
+//     and resolved ones go after the retention.
+//   - Stats feed the gauges (unfinished, oldest unfinished age, flagged,
+//     failed).
 //
 // A tick (RunOnce) holds the database lock LockName; when another replica
 // holds it the tick does nothing and reports Locked false. Each query has
@@ -28,8 +35,12 @@
 // its context ends, waits for a running tick up to ShutdownTimeout.
 //
 // Redrive re-runs a flagged claim's effect with the same idempotency key
-// (the claim's MessageID) from its stored payload, then resolves the claim
-// as redriven. The downstream deduplicates on the key, so redriving a claim
-// whose effect did happen before the crash performs it once. The chaos
-// harness calls RunOnce and Redrive directly.
+// (the claim's Key(): its MessageID, or the key an operator chose) from its
+// stored payload, then resolves the claim as redriven. The downstream
+// deduplicates on the key, so redriving a claim whose effect did happen
+// before the crash performs it once. With NewKey (a route with
+// allowNewKey, and a note) it runs under the next key, <key>:r<N>, recorded
+// on the claim: for a downstream that stored a failure under the old key.
+// A redrive that gets a final answer that is not a success fails the
+// claim. The chaos harness calls RunOnce and Redrive directly.
 package reconciler

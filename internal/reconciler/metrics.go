@@ -12,6 +12,7 @@ import (
 type Metrics struct {
 	Flagged          prometheus.Counter
 	Recovered        prometheus.Counter
+	Failed           prometheus.Counter     // recoveries that got a final answer: claim failed
 	RecoveryAttempts *prometheus.CounterVec // outcome of each recovery attempt
 	TakeOvers        *prometheus.CounterVec // path: reconciler (recovery), operator (redrive)
 	Purged           prometheus.Counter
@@ -20,6 +21,7 @@ type Metrics struct {
 	Unfinished       prometheus.Gauge
 	OldestUnfinished prometheus.Gauge
 	FlaggedNow       prometheus.Gauge
+	FailedNow        prometheus.Gauge
 }
 
 // NewMetrics creates the reconciler's metrics and registers them with reg
@@ -33,6 +35,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Recovered: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sbclaim_reconciler_recovered_total",
 			Help: "Stale claims the reconciler took over, re-ran with the same idempotency key and marked processed.",
+		}),
+		Failed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sbclaim_reconciler_failed_total",
+			Help: "Stale claims whose re-run got a final answer that is not a success (rejected, permanent, conflict): failed, not flagged.",
 		}),
 		RecoveryAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sbclaim_reconciler_recovery_attempts_total",
@@ -64,9 +70,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sbclaim_claims_flagged",
 			Help: "Flagged claims waiting for an operator, at the last tick.",
 		}),
+		FailedNow: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sbclaim_claims_failed",
+			Help: "Failed claims (a final answer: rejected, permanent, conflict) not yet purged, at the last tick.",
+		}),
 	}
-	reg.MustRegister(m.Flagged, m.Recovered, m.RecoveryAttempts, m.TakeOvers, m.Purged, m.TickDuration, m.TickErrors,
-		m.Unfinished, m.OldestUnfinished, m.FlaggedNow)
+	reg.MustRegister(m.Flagged, m.Recovered, m.Failed, m.RecoveryAttempts, m.TakeOvers, m.Purged, m.TickDuration, m.TickErrors,
+		m.Unfinished, m.OldestUnfinished, m.FlaggedNow, m.FailedNow)
 	return m
 }
 
@@ -76,6 +86,7 @@ func (m *Metrics) observeStats(s *claim.Stats) {
 	}
 	m.Unfinished.Set(float64(s.Claimed + s.Released))
 	m.FlaggedNow.Set(float64(s.Flagged))
+	m.FailedNow.Set(float64(s.Failed))
 	age := 0.0
 	if s.OldestUnfinished != nil {
 		age = max(s.Now.Sub(*s.OldestUnfinished).Seconds(), 0)

@@ -194,8 +194,9 @@ type TickResult struct {
 	Flagged []*claim.Claim
 	// Recovered counts the claims the recovery pass re-ran and marked
 	// processed; Postponed those it re-ran without settling them (retried
-	// later, by backoff).
-	Recovered, Postponed int
+	// later, by backoff); Failed those whose re-run got a final answer that
+	// is not a success (rejected, permanent, conflict): failed, not flagged.
+	Recovered, Postponed, Failed int
 	// RecoveryBatches counts the recovery pass's FindStale calls.
 	RecoveryBatches int
 	// Purged is how many finished claims this tick deleted.
@@ -267,9 +268,9 @@ func (r *Reconciler) RunOnce(ctx context.Context) (res *TickResult, err error) {
 	}
 	r.readStats(ctx, res)
 
-	if len(res.Flagged) > 0 || res.Purged > 0 || res.Recovered > 0 || res.Postponed > 0 {
+	if len(res.Flagged) > 0 || res.Purged > 0 || res.Recovered > 0 || res.Postponed > 0 || res.Failed > 0 {
 		r.logger.Info("reconciler tick",
-			"recovered", res.Recovered, "postponed", res.Postponed, "flagged", len(res.Flagged), "purged", res.Purged,
+			"recovered", res.Recovered, "postponed", res.Postponed, "failed", res.Failed, "flagged", len(res.Flagged), "purged", res.Purged,
 			"duration", time.Since(start))
 	}
 	return res, errors.Join(flagErr, purgeErr)

@@ -19,6 +19,8 @@ import (
 // reconciler and their effect re-run with the same idempotency key, when
 // that is safe without a person: the route allows automatic recovery, the
 // payload is stored, the route is still the one the claim was taken for.
+// A final answer that is not a success (rejected, permanent, conflict)
+// fails the claim, as the processor does: it is finished, never flagged.
 // Only what recovery cannot settle is flagged for operators.
 
 // Flag reasons of the recovery pass. Each names what an operator must
@@ -32,7 +34,6 @@ const (
 	reasonManual         = "route %q is manual (its downstream does not honour the idempotency key) and the last attempt's outcome is unknown: check the downstream, then redrive or resolve"
 	reasonRedriveStopped = "redrive by %s stopped without recording an outcome (no heartbeat since %s): check the downstream, then redrive or resolve"
 	reasonStillUnknown   = "recovery: the outcome is still unknown after %d attempt(s): %s"
-	reasonPermanent      = "recovery: the downstream answered %s: %s"
 )
 
 // recoverPass takes over and re-runs stale claims in bounded batches until
@@ -71,6 +72,8 @@ func (r *Reconciler) recoverPass(ctx context.Context, res *TickResult) error {
 					res.Recovered++
 				case postponed:
 					res.Postponed++
+				case failedFinal:
+					res.Failed++
 				case flaggedForOperators:
 					res.Flagged = append(res.Flagged, flagged)
 				}
@@ -90,6 +93,7 @@ const (
 	skipped             recoveryOutcome = iota // someone else acted (or the holder came back)
 	recovered                                  // re-run and marked processed
 	postponed                                  // not settled yet: next attempt later, by backoff
+	failedFinal                                // a final answer: the claim is failed
 	flaggedForOperators                        // a person must decide
 )
 
@@ -155,8 +159,10 @@ func (r *Reconciler) recoverOne(ctx context.Context, c *claim.Claim) (recoveryOu
 	log = log.With("route", h.Name, "recovery", taken.Recoveries)
 	backoff := r.backoff(taken.Recoveries)
 	retry := sideeffects.RetryPolicy{MaxAttempts: 1, StopOnUnknown: h.Manual()}
+	// The claim's key: after an operator's redrive under a new key, that
+	// one (a recovery never goes back to the old key).
 	res := held.Run(ctx, held.Params{
-		Store: r.store, Claim: taken, Effect: h.Effect, Message: msg, Key: c.MessageID, Retry: retry,
+		Store: r.store, Claim: taken, Effect: h.Effect, Message: msg, Key: taken.Key(), Retry: retry,
 		HeartbeatInterval: r.cfg.HeartbeatInterval, StoreTimeout: r.cfg.QueryTimeout, Logger: log,
 		NextAttemptIn: backoff,
 	})
@@ -177,7 +183,7 @@ func (r *Reconciler) recoverOne(ctx context.Context, c *claim.Claim) (recoveryOu
 	switch res.Outcome {
 	case sideeffects.OutcomeOK:
 		if write("mark processed", func(ctx context.Context) error {
-			return r.store.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: c.ID, Owner: taken.Owner})
+			return r.store.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: c.ID, Owner: taken.Owner, Answer: res.Answer})
 		}) != nil {
 			return postponed, nil
 		}
@@ -188,7 +194,8 @@ func (r *Reconciler) recoverOne(ctx context.Context, c *claim.Claim) (recoveryOu
 		return recovered, nil
 	case sideeffects.OutcomeRetryable:
 		_ = write("release", func(ctx context.Context) error {
-			return r.store.Release(ctx, &claim.ReleaseParams{ID: c.ID, Owner: taken.Owner, Error: claim.ErrorText(res.Err), NextAttemptIn: backoff})
+			return r.store.Release(ctx, &claim.ReleaseParams{ID: c.ID, Owner: taken.Owner, Error: claim.ErrorText(res.Err),
+				NextAttemptIn: backoff, Answer: res.Answer})
 		})
 		log.Info("recovery: not performed, retried later", "next_attempt_in", backoff, "error", res.Err)
 		return postponed, nil
@@ -199,7 +206,21 @@ func (r *Reconciler) recoverOne(ctx context.Context, c *claim.Claim) (recoveryOu
 		}
 		return r.flagHeld(ctx, taken, fmt.Sprintf(reasonStillUnknown, taken.Recoveries, claim.ErrorText(res.Err)))
 	}
-	return r.flagHeld(ctx, taken, fmt.Sprintf(reasonPermanent, res.Outcome, claim.ErrorText(res.Err)))
+	// Rejected, permanent or conflict: the downstream's final word about
+	// the key. The claim is failed (no message is at hand: the first
+	// delivery of the key that arrives dead-letters it).
+	reason := held.FailReason(res.Outcome)
+	desc := held.FailDescription(res.Err, res.Answer)
+	if write("fail", func(ctx context.Context) error {
+		return r.store.Fail(ctx, &claim.FailParams{ID: c.ID, Owner: taken.Owner, Reason: reason, Error: desc, Answer: res.Answer})
+	}) != nil {
+		return postponed, nil
+	}
+	log.Warn("claim failed by recovery: the downstream gave a final answer", "effect_outcome", res.Outcome, "fail_reason", reason, "error", desc)
+	if r.metrics != nil {
+		r.metrics.Failed.Inc()
+	}
+	return failedFinal, nil
 }
 
 // flagStale flags a stale claim the pass will not recover, guarded on its

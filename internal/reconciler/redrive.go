@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"strings"
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
@@ -32,6 +33,9 @@ var (
 	// ErrNotRedrivable: the claim's route is a database-only TxEffect,
 	// which runs in the claim's own transaction and cannot be re-run alone.
 	ErrNotRedrivable = errors.New("route cannot be redriven")
+	// ErrNewKeyNotAllowed: a redrive under a new key was asked for a claim
+	// whose route does not allow it (allowNewKey in the routes file).
+	ErrNewKeyNotAllowed = errors.New("route does not allow a new idempotency key")
 )
 
 // RefusedError is an action refused because the claim is not (or no longer)
@@ -41,7 +45,7 @@ type RefusedError struct {
 	ID    int64
 	Claim *claim.Claim
 	Why   string
-	Err   error // ErrNotFlagged, ErrNoPayload, ErrNotRedrivable, claim.ErrRouteChanged, claim.ErrStateChanged, ...
+	Err   error // ErrNotFlagged, ErrNoPayload, ErrNotRedrivable, ErrNewKeyNotAllowed, claim.ErrRouteChanged, claim.ErrStateChanged, ...
 }
 
 func (e *RefusedError) Error() string {
@@ -50,22 +54,33 @@ func (e *RefusedError) Error() string {
 
 func (e *RefusedError) Unwrap() error { return e.Err }
 
-// EffectError is a redrive whose effect failed. The claim was handed back
-// to operators (flagged again, with this failure as its reason) unless
-// Reflagged is false; then the redrive's hold on it lapses and the
-// reconciler flags it again within its stale window.
+// EffectError is a redrive whose effect failed.
+//
+// When the downstream gave a final answer that is not a success
+// (rejected, permanent, conflict: Outcome.Final), the claim is failed
+// (Failed), like any claim that gets one: it is finished, never
+// redriven or flagged again, and the next delivery of its message, if
+// any, is dead-lettered with its fail reason. Otherwise (retryable,
+// unknown) it was handed back to operators (flagged again, with this
+// failure as its reason) unless Reflagged is false; then the redrive's
+// hold on it lapses and the reconciler flags it again within its stale
+// window. If failing it could not be written, neither is set: the hold
+// lapses the same way.
 type EffectError struct {
 	ClaimID   int64
 	Route     string
+	Key       string              // the idempotency key the effect was sent with
 	Outcome   sideeffects.Outcome // classified by sideeffects.Classify
 	Attempts  int
 	Reflagged bool
+	Failed    bool
+	Answer    *claim.Answer // the downstream's last answer, if any
 	Err       error
 }
 
 func (e *EffectError) Error() string {
-	return fmt.Sprintf("redrive claim %d: effect %q failed after %d attempt(s), outcome %s: %v",
-		e.ClaimID, e.Route, e.Attempts, e.Outcome, e.Err)
+	return fmt.Sprintf("redrive claim %d: effect %q failed after %d attempt(s) with idempotency key %q, outcome %s: %v",
+		e.ClaimID, e.Route, e.Attempts, e.Key, e.Outcome, e.Err)
 }
 
 func (e *EffectError) Unwrap() error { return e.Err }
@@ -91,6 +106,13 @@ type RedriveParams struct {
 	ID   int64  // the flagged claim
 	By   string // operator, recorded as the holder and on the resolution
 	Note string // recorded on the resolution; defaults to "redriven"
+	// NewKey redrives under a new idempotency key, <key>:r<N> (N: the
+	// claim's KeyRevision + 1; a route with steps appends each step's
+	// name), recorded on the claim with the operator and the note (both
+	// required) in the take-over itself; every later attempt of the claim
+	// uses it. Only for a route with allowNewKey (else ErrNewKeyNotAllowed),
+	// and only after checking the downstream did nothing under the old key.
+	NewKey bool
 	// Routes are the processors' routes; the claim's consumer's are used.
 	Routes Routes
 	Retry  sideeffects.RetryPolicy
@@ -104,8 +126,9 @@ type RedriveParams struct {
 }
 
 // Redrive re-runs the effect of a flagged claim with the same idempotency
-// key (the claim's MessageID), so that an effect the original attempt had
-// already performed is deduplicated downstream.
+// key (the claim's Key(): its MessageID, or the key an earlier redrive
+// with NewKey chose), so that an effect the original attempt had already
+// performed is deduplicated downstream; with NewKey, under the next key.
 //
 // It refuses, changing nothing (a *RefusedError), a claim that is not
 // flagged (ErrNotFlagged, also when another redrive holds it), has no
@@ -115,9 +138,11 @@ type RedriveParams struct {
 // effect). Then it takes the claim over (path operator: guarded on the
 // claim still being flagged, so of two concurrent redrives one runs and
 // the other is refused, and Resolve refuses while it runs), runs the effect
-// holding it, and resolves it as redriven. When the effect fails it flags
-// the claim again and returns an *EffectError; when the effect succeeded
-// but the resolution could not be written, a *RecordError.
+// holding it, and resolves it as redriven, with the downstream's answer.
+// When the effect gets a final answer that is not a success it fails the
+// claim; when it fails otherwise it flags the claim again; either way an
+// *EffectError. When the effect succeeded but the resolution could not be
+// written, a *RecordError.
 func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (*claim.Claim, error) {
 	logger := cmp.Or(p.Logger, slog.New(slog.DiscardHandler))
 	timeout := cmp.Or(p.StoreTimeout, DefaultQueryTimeout)
@@ -126,6 +151,9 @@ func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (*claim.C
 	}
 	if p.By == "" {
 		return nil, errors.New("redrive: By (the operator) is required")
+	}
+	if p.NewKey && strings.TrimSpace(p.Note) == "" {
+		return nil, errors.New("redrive: a new key needs a Note: what was checked on the downstream, for whoever reads this claim next")
 	}
 	c, err := get(ctx, store, timeout, p.ID)
 	if err != nil {
@@ -157,14 +185,21 @@ func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (*claim.C
 			Why: fmt.Sprintf("it was taken for route %q (fingerprint %s), but this routes file routes it to %q (fingerprint %s): give the routes file of consumer %q as it was",
 				c.Route, c.Fingerprint, h.Name, h.Fingerprint, c.Consumer)}
 	}
+	if p.NewKey && !h.AllowNewKey {
+		return c, &RefusedError{ID: c.ID, Claim: c, Err: ErrNewKeyNotAllowed,
+			Why: fmt.Sprintf("route %q does not allow a new idempotency key (allowNewKey: true in the routes file): a new key is a new request the downstream deduplicates nothing against; redrive it with its key %q", h.Name, c.Key())}
+	}
 
 	log := logger.With("claim_id", c.ID, "message_id", c.MessageID, "consumer", c.Consumer, "route", h.Name, "by", p.By)
 	holder := "operator:" + p.By
+	reason := "redrive by " + p.By + ": " + cmp.Or(p.Note, "redriven")
+	if p.NewKey {
+		reason = fmt.Sprintf("redrive by %s with a new key (%s): %s", p.By, claim.RevisedKey(c.MessageID, c.KeyRevision+1), p.Note)
+	}
 	tctx, cancel := context.WithTimeout(ctx, timeout)
 	taken, err := store.TakeOver(tctx, &claim.TakeOverParams{
 		ID: c.ID, PreviousOwner: c.Owner, Owner: uuid.New(), Path: claim.PathOperator,
-		By: holder, Reason: "redrive by " + p.By + ": " + cmp.Or(p.Note, "redriven"),
-		Route: h.Name, Fingerprint: h.Fingerprint,
+		By: holder, Reason: reason, Route: h.Name, Fingerprint: h.Fingerprint, NewKey: p.NewKey,
 	})
 	cancel()
 	if err != nil {
@@ -177,9 +212,11 @@ func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (*claim.C
 	if p.Metrics != nil {
 		p.Metrics.TakeOvers.WithLabelValues(string(claim.PathOperator)).Inc()
 	}
-	log.Info("redriving claim")
+	key := taken.Key()
+	log = log.With("idempotency_key", key)
+	log.Info("redriving claim", "new_key", p.NewKey)
 	res := held.Run(ctx, held.Params{
-		Store: store, Claim: taken, Effect: h.Effect, Message: msg, Key: c.MessageID, Retry: p.Retry,
+		Store: store, Claim: taken, Effect: h.Effect, Message: msg, Key: key, Retry: p.Retry,
 		HeartbeatInterval: cmp.Or(p.HeartbeatInterval, 30*time.Second), StoreTimeout: timeout, Logger: log,
 	})
 	if res.Lost != nil {
@@ -187,6 +224,22 @@ func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (*claim.C
 			c.ID, res.Outcome, res.Lost)
 	}
 	if res.Outcome != sideeffects.OutcomeOK {
+		effErr := &EffectError{ClaimID: c.ID, Route: h.Name, Key: key, Outcome: res.Outcome, Attempts: res.Attempts, Answer: res.Answer, Err: res.Err}
+		if failReason := held.FailReason(res.Outcome); failReason != "" {
+			// The downstream's final word about the key: the claim is
+			// finished, as it would be on any other path.
+			desc := held.FailDescription(res.Err, res.Answer)
+			ferr := held.Write(ctx, timeout, time.Minute, func(ctx context.Context) error {
+				return store.Fail(ctx, &claim.FailParams{ID: c.ID, Owner: taken.Owner, Reason: failReason, Error: desc, Answer: res.Answer})
+			})
+			if ferr != nil {
+				log.Warn("redrive got a final answer and failing the claim failed; its hold lapses and the reconciler recovers or flags it", "error", ferr)
+			} else {
+				log.Warn("redrive got a final answer: claim failed", "effect_outcome", res.Outcome, "fail_reason", failReason)
+			}
+			effErr.Failed = ferr == nil
+			return taken, effErr
+		}
 		reason := fmt.Sprintf("redrive by %s failed after %d attempt(s), outcome %s: %s", p.By, res.Attempts, res.Outcome, claim.ErrorText(res.Err))
 		ferr := held.Write(ctx, timeout, time.Minute, func(ctx context.Context) error {
 			_, err := store.Flag(ctx, &claim.FlagParams{ID: c.ID, Owner: taken.Owner, State: claim.StateClaimed, Reason: reason})
@@ -195,7 +248,8 @@ func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (*claim.C
 		if ferr != nil {
 			log.Warn("redrive failed and flagging the claim again failed; its hold lapses and the reconciler flags it", "error", ferr)
 		}
-		return taken, &EffectError{ClaimID: c.ID, Route: h.Name, Outcome: res.Outcome, Attempts: res.Attempts, Reflagged: ferr == nil, Err: res.Err}
+		effErr.Reflagged = ferr == nil
+		return taken, effErr
 	}
 
 	// The effect happened; record it even if the caller's context ended
@@ -205,11 +259,12 @@ func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (*claim.C
 		var err error
 		resolved, err = store.Resolve(ctx, &claim.ResolveParams{
 			ID: c.ID, Owner: taken.Owner, Resolution: claim.ResolutionRedriven, By: p.By, Note: cmp.Or(p.Note, "redriven"),
+			Answer: res.Answer,
 		})
 		return err
 	})
 	if err != nil {
-		return taken, &RecordError{ClaimID: c.ID, Key: c.MessageID, Err: err}
+		return taken, &RecordError{ClaimID: c.ID, Key: key, Err: err}
 	}
 	log.Info("claim redriven", "attempts", res.Attempts)
 	return resolved, nil
@@ -261,6 +316,8 @@ func notFlagged(c *claim.Claim) string {
 		return fmt.Sprintf("it is being redriven by %s (since %s)", c.ClaimedBy, stamp(c.TakenOverAt))
 	case c.State == claim.StateResolved:
 		return fmt.Sprintf("it is resolved (%s by %s at %s)", c.Resolution, c.ResolvedBy, stamp(c.ResolvedAt))
+	case c.State == claim.StateFailed:
+		return fmt.Sprintf("it is failed (%s at %s): the downstream gave a final answer, and a failed claim is never redriven or resolved", c.FailReason, stamp(c.FailedAt))
 	case c.State == claim.StateClaimed:
 		return fmt.Sprintf("it is claimed by %s, not flagged", c.ClaimedBy)
 	}

@@ -4,12 +4,13 @@
 //   - ok: the effect happened — mark the claim processed, complete;
 //   - retryable: definitely not performed, may succeed later — release the
 //     claim, abandon;
-//   - permanent: definitely not performed, never will be — dead-letter;
+//   - permanent: definitely not performed, never will be — fail the claim,
+//     dead-letter once;
 //   - rejected: the downstream's final business answer for the key (a card
 //     decline): finished, possibly recorded downstream, never repeated —
-//     dead-letter once;
-//   - conflict: the key was already used with another payload — dead-letter
-//     once;
+//     fail the claim, dead-letter once;
+//   - conflict: the key was already used with another payload — fail the
+//     claim, dead-letter once;
 //   - unknown: may or may not have happened — keep the claim with its last
 //     error; the reconciler flags it for an operator.
 //

@@ -152,7 +152,7 @@ const (
 	// succeed later (release the claim, abandon the message).
 	OutcomeRetryable
 	// OutcomePermanent: the effect was definitely not performed and never
-	// will be (release the claim, dead-letter the message).
+	// will be (the claim fails, the message is dead-lettered once).
 	OutcomePermanent
 	// OutcomeUnknown: the effect may or may not have happened (keep the
 	// claim with its last error; the reconciler flags it).

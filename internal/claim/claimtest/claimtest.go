@@ -54,7 +54,7 @@ type Features struct {
 
 	// BackdateSQL moves every time column of one claim (claimed,
 	// heartbeat, processed, released, flagged, resolved, taken over, next
-	// attempt, late success; NULLs stay NULL)
+	// attempt, late success, failed, answer, key revised; NULLs stay NULL)
 	// back by a number of seconds, so staleness tests do not sleep.
 	// Arguments: seconds (int64), claim id (int64).
 	BackdateSQL string
@@ -147,6 +147,7 @@ func Exercise(t *testing.T, h Harness) {
 		{"MissingGrantRefusesEveryWrite", s.noGrants},
 	}
 	tests = append(tests, s.takeOverTests()...)
+	tests = append(tests, s.failedTests()...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

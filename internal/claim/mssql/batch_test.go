@@ -43,6 +43,7 @@ func (ft *fakeTable) put(mid, cons string, owner mssqldb.UniqueIdentifier, hash 
 		ft.nextID, mid, cons, wire, state, "orders", "subj", "application/json", `{"k":"v"}`,
 		hash, []byte("payload"), int64(1), "host", dbNow, dbNow, nil, nil, int64(0), "", nil, "", nil, "", "", "",
 		"route", "fp", int64(0), nil, "", "", nil, "", int64(0), nil, nil, "",
+		nil, "", nil, nil, nil, int64(0), "", "", nil, "",
 	}
 	ft.nextID++
 }

@@ -145,6 +145,16 @@ func checkFits(t *testing.T, n int, decl string, v any) {
 		kind = "bigint"
 	case mssqldb.UniqueIdentifier:
 		kind = "uniqueidentifier"
+	case sql.NullString: // a typed NULL (nvarchar)
+		if v.Valid {
+			t.Errorf("@p%d: a valid sql.NullString (send the text)", n)
+		}
+		kind = "nvarchar"
+	case sql.NullInt64: // a typed NULL (bigint)
+		if v.Valid {
+			t.Errorf("@p%d: a valid sql.NullInt64 (send the int64)", n)
+		}
+		kind = "bigint"
 	default:
 		t.Errorf("@p%d: value of type %T", n, v)
 		return

@@ -21,6 +21,7 @@ func claimRow(id int64, state string) []driver.Value {
 		id, "m", "c", wire, state, "orders", "s", "text/plain", "{}",
 		[]byte{1}, nil, int64(2), "h", dbNow, dbNow, dbNow, nil, int64(1), "e", nil, "", nil, "", "", "",
 		"route", "fp", int64(1), dbNow, "redelivery", "why", wire, "host-0", int64(0), nil, nil, "",
+		nil, "", nil, `{"status":402,"fields":{"/id":"ch_1"}}`, dbNow, int64(1), "m:r1", "operator:ann", dbNow, "cached 500",
 	}
 }
 
@@ -37,7 +38,7 @@ func TestEveryQueryNumbersItsParameters(t *testing.T) {
 		case strings.Contains(q, "DELETE TOP"):
 			return fakeResult{Sets: [][][]driver.Value{{{int64(3)}}}}
 		case strings.Contains(q, "COUNT_BIG"):
-			return fakeResult{Sets: [][][]driver.Value{{{dbNow, int64(1), int64(2), int64(3), dbNow}}}}
+			return fakeResult{Sets: [][][]driver.Value{{{dbNow, int64(1), int64(2), int64(3), int64(4), dbNow}}}}
 		case strings.HasPrefix(q, "SELECT SYSUTCDATETIME();"):
 			return fakeResult{Sets: [][][]driver.Value{{{dbNow}}}}
 		case strings.Contains(q, "OUTPUT INSERTED.Id\n"):
@@ -73,6 +74,15 @@ func TestEveryQueryNumbersItsParameters(t *testing.T) {
 	check("MarkProcessed", st.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: 7, Owner: owner}))
 	check("Release", st.Release(ctx, &claim.ReleaseParams{ID: 7, Owner: owner, Error: "e"}))
 	check("RecordAttempt", st.RecordAttempt(ctx, &claim.RecordAttemptParams{ID: 7, Owner: owner, Error: "e"}))
+	answer := &claim.Answer{Status: 402, Headers: map[string]string{"Request-Id": "req_1"}}
+	seq := int64(42)
+	check("Fail", st.Fail(ctx, &claim.FailParams{ID: 7, Owner: owner, Reason: claim.FailRejected, Error: "declined", Answer: answer, DeadLetterSeq: &seq}))
+	check("Fail without a delivery", st.Fail(ctx, &claim.FailParams{ID: 7, Owner: owner, Reason: claim.FailPermanent, Error: "e"}))
+	check("TakeDeadLetter", st.TakeDeadLetter(ctx, &claim.TakeDeadLetterParams{ID: 7, Seq: 43}))
+	check("MarkProcessed with an answer", st.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: 7, Owner: owner, Answer: answer}))
+	_, err = st.TakeOver(ctx, &claim.TakeOverParams{ID: 7, PreviousOwner: owner, Owner: uuid.New(), Path: claim.PathOperator,
+		By: "operator:ann", Reason: "cached 500", Route: "route", Fingerprint: "fp", NewKey: true})
+	check("TakeOver with a new key", err)
 	_, err = st.FlagStale(ctx, &claim.FlagStaleParams{StaleAfter: 90*time.Second + 1500*time.Microsecond, Limit: 5})
 	check("FlagStale", err)
 	_, err = st.List(ctx, &claim.ListParams{States: []claim.State{claim.StateFlagged, claim.StateReleased}, Consumer: "c", OlderThan: time.Hour, AfterID: 3, Limit: 10})
@@ -101,7 +111,11 @@ func TestEveryQueryNumbersItsParameters(t *testing.T) {
 		c.ProcessedAt == nil || c.ReleasedAt != nil || c.Properties != nil || c.DeliveryCount != 2 || c.Attempts != 1 {
 		t.Errorf("scanned claim: %+v", c)
 	}
-	if n != 3 || stats == nil || stats.Claimed != 1 || stats.Released != 2 || stats.Flagged != 3 || stats.OldestUnfinished == nil || !now.Equal(dbNow) || !ok {
+	if c == nil || c.Answer == nil || c.Answer.Status != 402 || c.Answer.Fields["/id"] != "ch_1" || c.AnswerAt == nil ||
+		c.KeyRevision != 1 || c.Key() != "m:r1" || c.KeyRevisedBy != "operator:ann" || c.KeyRevisedAt == nil || c.FailedAt != nil || c.DeadLetterSeq != nil {
+		t.Errorf("scanned answer and key: %+v", c)
+	}
+	if n != 3 || stats == nil || stats.Claimed != 1 || stats.Released != 2 || stats.Flagged != 3 || stats.Failed != 4 || stats.OldestUnfinished == nil || !now.Equal(dbNow) || !ok {
 		t.Errorf("purge %d, stats %+v, now %v, lock %v", n, stats, now, ok)
 	}
 
@@ -122,6 +136,19 @@ func TestEveryQueryNumbersItsParameters(t *testing.T) {
 			if r.Args[1] != int32(1500) || r.Args[2] != int32(90) {
 				t.Errorf("FlagStale cutoff arguments %v %v, want 1500µs and 90s", r.Args[1], r.Args[2])
 			}
+		}
+		if strings.Contains(q, "State = 'failed', FailedUtc = @now") {
+			for _, want := range []string{"WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed'", "Payload = NULL", "Answer = COALESCE(@p6, Answer)"} {
+				if !strings.Contains(q, want) {
+					t.Errorf("Fail lacks %q:\n%s", want, q)
+				}
+			}
+		}
+		if strings.Contains(q, "SET DeadLetterSeq") && !strings.Contains(q, "State = 'failed' AND DeadLetterSeq IS NULL") {
+			t.Errorf("TakeDeadLetter is not guarded on a failed claim without a dead letter:\n%s", q)
+		}
+		if strings.Contains(q, "DELETE TOP") && !strings.Contains(q, "WHERE State = 'failed' AND FailedUtc < ") {
+			t.Errorf("PurgeProcessed does not purge failed claims by FailedUtc:\n%s", q)
 		}
 		if strings.Contains(q, "sp_getapplock") && !strings.Contains(q, "@LockOwner = 'Session', @LockTimeout = @p2") {
 			t.Errorf("TryLock:\n%s", q)
@@ -144,10 +171,12 @@ func TestGuardedUpdatesReportStateChanged(t *testing.T) {
 	st := New(db)
 	ctx := context.Background()
 	for name, err := range map[string]error{
-		"Heartbeat":     st.Heartbeat(ctx, &claim.HeartbeatParams{ID: 7}),
-		"MarkProcessed": st.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: 7}),
-		"Release":       st.Release(ctx, &claim.ReleaseParams{ID: 7}),
-		"RecordAttempt": st.RecordAttempt(ctx, &claim.RecordAttemptParams{ID: 7}),
+		"Heartbeat":      st.Heartbeat(ctx, &claim.HeartbeatParams{ID: 7}),
+		"MarkProcessed":  st.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: 7}),
+		"Release":        st.Release(ctx, &claim.ReleaseParams{ID: 7}),
+		"RecordAttempt":  st.RecordAttempt(ctx, &claim.RecordAttemptParams{ID: 7}),
+		"Fail":           st.Fail(ctx, &claim.FailParams{ID: 7, Owner: uuid.New(), Reason: claim.FailRejected}),
+		"TakeDeadLetter": st.TakeDeadLetter(ctx, &claim.TakeDeadLetterParams{ID: 7, Seq: 1}),
 	} {
 		if !errors.Is(err, claim.ErrStateChanged) {
 			t.Errorf("%s: %v, want ErrStateChanged", name, err)

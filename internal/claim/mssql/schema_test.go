@@ -88,8 +88,12 @@ func TestMigrationShape(t *testing.T) {
 	if !strings.Contains(norm(stripComments(down)), "DROP TABLE dbo.Claims;") {
 		t.Errorf("Down does not drop dbo.Claims")
 	}
-	// Every state and resolution the Go code writes passes the CHECKs.
+	// Every state and resolution the Go code writes passes the CHECKs
+	// (the failed state came with 00003: TestFailedMigrationShape).
 	for _, s := range claim.States {
+		if s == claim.StateFailed {
+			continue
+		}
 		if !regexp.MustCompile(`CHECK \(State IN \([^)]*'` + string(s) + `'`).MatchString(code) {
 			t.Errorf("state %q is not allowed by CK_Claims_State", s)
 		}
@@ -130,6 +134,68 @@ func TestTakeOverMigrationShape(t *testing.T) {
 	}
 	if got := statementKinds(t, up); got != "ALTER TABLE,DROP INDEX,CREATE NONCLUSTERED" {
 		t.Errorf("00002 statements %s", got)
+	}
+}
+
+// TestFailedMigrationShape pins 00003: CK_Claims_State dropped and added
+// again (trusted: WITH CHECK) allowing every state the Go code writes; the
+// columns it adds; the filtered index the purge of failed claims and Stats
+// seek, with the filter the queries repeat; and a Down that turns failed
+// claims into flagged ones before the old CHECK comes back.
+func TestFailedMigrationShape(t *testing.T) {
+	up, down := migrationFile(t, "00003_failed.sql")
+	code := norm(stripComments(up))
+	for _, want := range []string{
+		"ALTER TABLE dbo.Claims DROP CONSTRAINT CK_Claims_State;",
+		"ALTER TABLE dbo.Claims WITH CHECK ADD CONSTRAINT CK_Claims_State CHECK (State IN (",
+		"ALTER TABLE dbo.Claims ADD FailedUtc datetime2(7) NULL,",
+		"DeadLetterSeq bigint NULL,",
+		"Answer nvarchar(max) NULL,",
+		"EffectKey nvarchar(160) COLLATE Latin1_General_100_BIN2 NOT NULL",
+		"CREATE NONCLUSTERED INDEX IX_Claims_Failed ON dbo.Claims (FailedUtc) WHERE State = 'failed';",
+	} {
+		if !strings.Contains(code, want) {
+			t.Errorf("00003 lacks %q", want)
+		}
+	}
+	check := regexp.MustCompile(`ADD CONSTRAINT CK_Claims_State CHECK \(State IN \(([^)]*)\)\)`).FindStringSubmatch(code)
+	if check == nil {
+		t.Fatal("00003 does not add CK_Claims_State")
+	}
+	for _, s := range claim.States {
+		if !strings.Contains(check[1], "'"+string(s)+"'") {
+			t.Errorf("state %q is not allowed by 00003's CK_Claims_State (%s)", s, check[1])
+		}
+	}
+	if got := statementKinds(t, up); got != "ALTER TABLE,ALTER TABLE,ALTER TABLE,CREATE NONCLUSTERED" {
+		t.Errorf("00003 statements %s", got)
+	}
+	d := norm(stripComments(down))
+	steps := []string{
+		"UPDATE dbo.Claims SET State = 'flagged'",
+		"DROP INDEX IX_Claims_Failed ON dbo.Claims;",
+		"ALTER TABLE dbo.Claims DROP CONSTRAINT CK_Claims_State;",
+		"ALTER TABLE dbo.Claims WITH CHECK ADD CONSTRAINT CK_Claims_State CHECK (State IN ('claimed', 'processed', 'released', 'flagged', 'resolved'));",
+		"DROP CONSTRAINT DF_Claims_FailReason",
+		"DROP COLUMN FailedUtc",
+	}
+	at := 0
+	for _, want := range steps {
+		i := strings.Index(d[at:], want)
+		if i < 0 {
+			t.Errorf("00003 Down lacks %q (in this order: %q)", want, steps)
+			continue
+		}
+		at += i
+	}
+	if got := statementKinds(t, down); got != "UPDATE dbo.Claims,DROP INDEX,ALTER TABLE,ALTER TABLE,ALTER TABLE,ALTER TABLE" {
+		t.Errorf("00003 Down statements %s", got)
+	}
+	// Every column 00003 adds is dropped again.
+	for name := range addedColumns(t, "00003_failed.sql") {
+		if !strings.Contains(d, name) {
+			t.Errorf("00003 Down does not drop %s", name)
+		}
 	}
 }
 
@@ -208,12 +274,28 @@ func tableColumns(t *testing.T) map[string]column {
 			cols[m[1]] = column{m[1], m[2]}
 		}
 	}
-	// And the columns later migrations add (ALTER TABLE dbo.Claims ADD,
-	// one per line, indented like the CREATE TABLE's).
-	up2, _ := migrationFile(t, "00002_takeover.sql")
-	code = stripComments(up2)
-	start = strings.Index(code, "ALTER TABLE dbo.Claims ADD")
-	end = strings.Index(code[start:], ";")
+	// And the columns later migrations add.
+	for _, name := range []string{"00002_takeover.sql", "00003_failed.sql"} {
+		for k, v := range addedColumns(t, name) {
+			cols[k] = v
+		}
+	}
+	return cols
+}
+
+// addedColumns are the columns a migration adds (ALTER TABLE dbo.Claims
+// ADD, one per line, indented like the CREATE TABLE's).
+func addedColumns(t *testing.T, name string) map[string]column {
+	t.Helper()
+	up, _ := migrationFile(t, name)
+	code := stripComments(up)
+	start := strings.Index(code, "ALTER TABLE dbo.Claims ADD\n")
+	if start < 0 {
+		t.Fatalf("%s adds no columns", name)
+	}
+	end := strings.Index(code[start:], ";")
+	def := regexp.MustCompile(`^\s{4}([A-Z][A-Za-z]+)\s+([a-z0-9]+(?:\([0-9a-z, ]+\))?)`)
+	cols := map[string]column{}
 	for _, line := range strings.Split(code[start:start+end], "\n") {
 		if m := def.FindStringSubmatch(line); m != nil && m[1] != "CONSTRAINT" {
 			cols[m[1]] = column{m[1], m[2]}
@@ -239,19 +321,29 @@ func TestGoColumnsMatchTheTable(t *testing.T) {
 	}
 	// The widths the Go code checks or truncates to are the columns'.
 	for name, width := range map[string]int{
-		"MessageId":      claim.MaxMessageIDLength,
-		"Entity":         maxEntity,
-		"ClaimedBy":      maxClaimedBy,
-		"LastError":      maxLastError,
-		"FlagReason":     maxFlagReason,
-		"ResolvedBy":     maxResolvedBy,
-		"ResolutionNote": maxNote,
-		"TakeOverReason": maxFlagReason,
-		"PreviousHolder": maxClaimedBy,
-		"LateSuccessBy":  maxClaimedBy,
+		"MessageId":       claim.MaxMessageIDLength,
+		"Entity":          maxEntity,
+		"ClaimedBy":       maxClaimedBy,
+		"LastError":       maxLastError,
+		"FlagReason":      maxFlagReason,
+		"ResolvedBy":      maxResolvedBy,
+		"ResolutionNote":  maxNote,
+		"TakeOverReason":  maxFlagReason,
+		"PreviousHolder":  maxClaimedBy,
+		"LateSuccessBy":   maxClaimedBy,
+		"FailReason":      claim.MaxFailReasonLength,
+		"KeyRevisedBy":    maxClaimedBy,  // the take-over's By
+		"KeyRevisionNote": maxFlagReason, // the take-over's Reason
 	} {
 		if want := "nvarchar(" + strconv.Itoa(width) + ")"; cols[name].typ != want {
 			t.Errorf("%s is %s, the store assumes %s", name, cols[name].typ, want)
 		}
+	}
+	// EffectKey holds "<MessageId>:r<n>" for any int n.
+	if want := claim.MaxMessageIDLength + len(":r") + len("2147483647"); cols["EffectKey"].typ != "nvarchar(160)" || 160 < want {
+		t.Errorf("EffectKey is %s; it must hold %d characters", cols["EffectKey"].typ, want)
+	}
+	if cols["Answer"].typ != "nvarchar(max)" || cols["DeadLetterSeq"].typ != "bigint" {
+		t.Errorf("Answer %s, DeadLetterSeq %s", cols["Answer"].typ, cols["DeadLetterSeq"].typ)
 	}
 }

@@ -64,6 +64,8 @@ var columnNames = []string{
 	"FlagReason", "ResolvedUtc", "ResolvedBy", "Resolution", "ResolutionNote",
 	"Route", "Fingerprint", "TakeOvers", "TakenOverUtc", "TakeOverPath", "TakeOverReason",
 	"PreviousOwner", "PreviousHolder", "Recoveries", "NextAttemptUtc", "LateSuccessUtc", "LateSuccessBy",
+	"FailedUtc", "FailReason", "DeadLetterSeq", "Answer", "AnswerUtc",
+	"KeyRevision", "EffectKey", "KeyRevisedBy", "KeyRevisedUtc", "KeyRevisionNote",
 }
 
 // cols returns the column list with each name prefixed ("c.", "INSERTED.").
@@ -106,15 +108,28 @@ func scanClaim(r interface{ Scan(...any) error }) (*claim.Claim, error) {
 		state, props, resolution, path         string
 		processed, released, flagged, resolved sql.NullTime
 		takenOver, nextAttempt, lateSuccess    sql.NullTime
+		failed, answerAt, keyRevised           sql.NullTime
+		deadLetterSeq                          sql.NullInt64
+		answer                                 sql.NullString
 	)
 	err := r.Scan(&c.ID, &c.MessageID, &c.Consumer, &owner, &state, &c.Entity, &c.Subject, &c.ContentType,
 		&props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &c.ClaimedAt,
 		&c.HeartbeatAt, &processed, &released, &c.Attempts, &c.LastError, &flagged,
 		&c.FlagReason, &resolved, &c.ResolvedBy, &resolution, &c.ResolutionNote,
 		&c.Route, &c.Fingerprint, &c.TakeOvers, &takenOver, &path, &c.TakeOverReason,
-		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy)
+		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy,
+		&failed, &c.FailReason, &deadLetterSeq, &answer, &answerAt,
+		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote)
 	if err != nil {
 		return nil, err
+	}
+	if answer.Valid {
+		if c.Answer, err = sqlstore.DecodeAnswer(&answer.String); err != nil {
+			return nil, fmt.Errorf("claim %d: %w", c.ID, err)
+		}
+	}
+	if deadLetterSeq.Valid {
+		c.DeadLetterSeq = &deadLetterSeq.Int64
 	}
 	// mssql.UniqueIdentifier holds the bytes in RFC 4122 (string) order,
 	// having undone SQL Server's mixed-endian wire order in Scan, so it
@@ -131,6 +146,7 @@ func scanClaim(r interface{ Scan(...any) error }) (*claim.Claim, error) {
 	c.ProcessedAt, c.ReleasedAt = nullTime(processed), nullTime(released)
 	c.FlaggedAt, c.ResolvedAt = nullTime(flagged), nullTime(resolved)
 	c.TakenOverAt, c.NextAttemptAt, c.LateSuccessAt = nullTime(takenOver), nullTime(nextAttempt), nullTime(lateSuccess)
+	c.FailedAt, c.AnswerAt, c.KeyRevisedAt = nullTime(failed), nullTime(answerAt), nullTime(keyRevised)
 	return &c, nil
 }
 
@@ -193,9 +209,27 @@ const (
 	// code units; a declaration wider than the column never cuts a value
 	// (an over-long one fails the INSERT instead).
 	declRoute       = "nvarchar(128)"
-	declFingerprint = "varchar(64)" // Fingerprint; sqlstore.MaxFingerprintLength bytes
-	declPath        = "varchar(16)" // TakeOverPath
+	declFingerprint = "varchar(64)"   // Fingerprint; sqlstore.MaxFingerprintLength bytes
+	declPath        = "varchar(16)"   // TakeOverPath
+	declFailReason  = "nvarchar(64)"  // FailReason; claim.MaxFailReasonLength
+	declAnswer      = "nvarchar(max)" // Answer (JSON text, at most claim.MaxAnswerBytes)
 )
+
+// answerParam is an answer as a parameter: its JSON text, or a typed
+// NULL (nvarchar) for none.
+func answerParam(a *claim.Answer) (any, error) {
+	s, err := sqlstore.EncodeAnswer(a)
+	if err != nil || !s.Valid {
+		return sql.NullString{}, err
+	}
+	return text(s.String), nil
+}
+
+// setAnswer is the SET clause that records the answer in placeholder p:
+// a NULL keeps the claim's. It uses @now (declareNow).
+func setAnswer(p string) string {
+	return "Answer = COALESCE(" + p + ", Answer), AnswerUtc = CASE WHEN " + p + " IS NULL THEN AnswerUtc ELSE @now END"
+}
 
 // param is one statement parameter: its value, and the SQL type the
 // statement declares it with.
@@ -363,6 +397,11 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 	path, reason := a.add(mssqldb.VarChar(params.Path), declPath), a.add(text(truncate(params.Reason, maxFlagReason)), declFlagReason)
 	route, print := a.add(text(params.Route), declRoute), a.add(mssqldb.VarChar(params.Fingerprint), declFingerprint)
 	id, previous := a.add(params.ID, declID), a.add(guid(params.PreviousOwner), declGUID)
+	nk := int32(0)
+	if params.NewKey {
+		nk = 1
+	}
+	newKey := a.add(nk, declInt)
 	guard := takeOverPath(&a, params)
 	out, err := queryClaims(ctx, s.db, declareNow+`UPDATE dbo.Claims
 SET State = 'claimed', Owner = `+owner+`, ClaimedBy = `+by+`,
@@ -371,7 +410,12 @@ SET State = 'claimed', Owner = `+owner+`, ClaimedBy = `+by+`,
     TakeOverPath = `+path+`, TakeOverReason = `+reason+`, PreviousOwner = Owner, PreviousHolder = ClaimedBy,
     Recoveries = Recoveries + CASE WHEN `+path+` = 'reconciler' THEN 1 ELSE 0 END, NextAttemptUtc = NULL,
     Route = CASE WHEN Route = N'' THEN `+route+` ELSE Route END,
-    Fingerprint = CASE WHEN Route = N'' THEN `+print+` ELSE Fingerprint END
+    Fingerprint = CASE WHEN Route = N'' THEN `+print+` ELSE Fingerprint END,
+    KeyRevision = KeyRevision + `+newKey+`,
+    EffectKey = CASE WHEN `+newKey+` = 1 THEN MessageId + N':r' + CAST(KeyRevision + 1 AS nvarchar(11)) ELSE EffectKey END,
+    KeyRevisedBy = CASE WHEN `+newKey+` = 1 THEN `+by+` ELSE KeyRevisedBy END,
+    KeyRevisedUtc = CASE WHEN `+newKey+` = 1 THEN @now ELSE KeyRevisedUtc END,
+    KeyRevisionNote = CASE WHEN `+newKey+` = 1 THEN `+reason+` ELSE KeyRevisionNote END
 OUTPUT `+insertedColumns+`
 WHERE Id = `+id+` AND Owner = `+previous+`
   AND (Route = N'' OR (Route = `+route+` AND Fingerprint = `+print+`))
@@ -459,24 +503,70 @@ WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`,
 // MarkProcessed moves a claimed claim held by Owner to processed and
 // drops its stored payload.
 func (s *Store) MarkProcessed(ctx context.Context, params *claim.MarkProcessedParams) error {
-	return s.execGuarded(ctx, "mark processed", params.ID, `UPDATE dbo.Claims
-SET State = 'processed', ProcessedUtc = SYSUTCDATETIME(), Payload = NULL
+	answer, err := answerParam(params.Answer)
+	if err != nil {
+		return fmt.Errorf("mark processed claim %d: %w", params.ID, err)
+	}
+	return s.execGuarded(ctx, "mark processed", params.ID, declareNow+`UPDATE dbo.Claims
+SET State = 'processed', ProcessedUtc = @now, Payload = NULL, `+setAnswer("@p3")+`
 OUTPUT INSERTED.Id
 WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`,
-		param{params.ID, declID}, param{guid(params.Owner), declGUID})
+		param{params.ID, declID}, param{guid(params.Owner), declGUID}, param{answer, declAnswer})
+}
+
+// Fail moves a claimed claim held by Owner to failed and drops its
+// stored payload.
+func (s *Store) Fail(ctx context.Context, params *claim.FailParams) error {
+	if err := sqlstore.ValidateFail(params); err != nil {
+		return err
+	}
+	answer, err := answerParam(params.Answer)
+	if err != nil {
+		return fmt.Errorf("fail claim %d: %w", params.ID, err)
+	}
+	var seq any = sql.NullInt64{}
+	if params.DeadLetterSeq != nil {
+		seq = *params.DeadLetterSeq
+	}
+	return s.execGuarded(ctx, "fail", params.ID, declareNow+`UPDATE dbo.Claims
+SET State = 'failed', FailedUtc = @now, FailReason = @p3, LastError = @p4, DeadLetterSeq = @p5, Payload = NULL, `+setAnswer("@p6")+`
+OUTPUT INSERTED.Id
+WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`,
+		param{params.ID, declID}, param{guid(params.Owner), declGUID}, param{text(truncate(params.Reason, claim.MaxFailReasonLength)), declFailReason},
+		param{text(truncate(params.Error, maxLastError)), declLongText}, param{seq, declID}, param{answer, declAnswer})
+}
+
+// TakeDeadLetter records the delivery that dead-letters a failed claim's
+// message, when none does yet.
+func (s *Store) TakeDeadLetter(ctx context.Context, params *claim.TakeDeadLetterParams) error {
+	err := s.execGuarded(ctx, "take the dead letter of", params.ID, `UPDATE dbo.Claims
+SET DeadLetterSeq = @p2
+OUTPUT INSERTED.Id
+WHERE Id = @p1 AND State = 'failed' AND DeadLetterSeq IS NULL;`,
+		param{params.ID, declID}, param{params.Seq, declID})
+	if errors.Is(err, claim.ErrStateChanged) {
+		if _, gerr := s.Get(ctx, params.ID); gerr != nil {
+			return fmt.Errorf("take the dead letter: %w", gerr)
+		}
+	}
+	return err
 }
 
 // Release moves a claimed claim held by Owner to released. HeartbeatUtc is
 // set to the release time, so the reconciler's one predicate
 // (HeartbeatUtc older than StaleAfter) finds a release nobody took over.
 func (s *Store) Release(ctx context.Context, params *claim.ReleaseParams) error {
-	a := args{{params.ID, declID}, {guid(params.Owner), declGUID}, {text(truncate(params.Error, maxLastError)), declLongText}}
+	answer, err := answerParam(params.Answer)
+	if err != nil {
+		return fmt.Errorf("release claim %d: %w", params.ID, err)
+	}
+	a := args{{params.ID, declID}, {guid(params.Owner), declGUID}, {text(truncate(params.Error, maxLastError)), declLongText}, {answer, declAnswer}}
 	next := "NULL"
 	if params.NextAttemptIn > 0 {
 		next = laterSQL(&a, params.NextAttemptIn)
 	}
 	return s.execGuarded(ctx, "release", params.ID, declareNow+`UPDATE dbo.Claims
-SET State = 'released', ReleasedUtc = @now, HeartbeatUtc = @now, LastError = @p3, NextAttemptUtc = `+next+`
+SET State = 'released', ReleasedUtc = @now, HeartbeatUtc = @now, LastError = @p3, NextAttemptUtc = `+next+`, `+setAnswer("@p4")+`
 OUTPUT INSERTED.Id
 WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`, a...)
 }
@@ -484,13 +574,17 @@ WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`, a...)
 // RecordAttempt counts an effect attempt on a claimed claim held by Owner;
 // a positive NextAttemptIn sets the next attempt's time.
 func (s *Store) RecordAttempt(ctx context.Context, params *claim.RecordAttemptParams) error {
-	a := args{{params.ID, declID}, {guid(params.Owner), declGUID}, {text(truncate(params.Error, maxLastError)), declLongText}}
+	answer, err := answerParam(params.Answer)
+	if err != nil {
+		return fmt.Errorf("record attempt claim %d: %w", params.ID, err)
+	}
+	a := args{{params.ID, declID}, {guid(params.Owner), declGUID}, {text(truncate(params.Error, maxLastError)), declLongText}, {answer, declAnswer}}
 	next := "NextAttemptUtc"
 	if params.NextAttemptIn > 0 {
 		next = laterSQL(&a, params.NextAttemptIn)
 	}
-	return s.execGuarded(ctx, "record attempt", params.ID, `UPDATE dbo.Claims
-SET Attempts = Attempts + 1, LastError = @p3, NextAttemptUtc = `+next+`
+	return s.execGuarded(ctx, "record attempt", params.ID, declareNow+`UPDATE dbo.Claims
+SET Attempts = Attempts + 1, LastError = @p3, NextAttemptUtc = `+next+`, `+setAnswer("@p4")+`
 OUTPUT INSERTED.Id
 WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`, a...)
 }
@@ -605,13 +699,18 @@ func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*clai
 	if params.Resolution == claim.ResolutionRedriven {
 		redrive = ", ProcessedUtc = @now, Payload = NULL"
 	}
-	a := args{{text(params.By), declHost}, {mssqldb.VarChar(params.Resolution), declResolution}, {text(params.Note), declLongText}, {params.ID, declID}}
+	answer, err := answerParam(params.Answer)
+	if err != nil {
+		return nil, fmt.Errorf("resolve claim %d: %w", params.ID, err)
+	}
+	a := args{{text(params.By), declHost}, {mssqldb.VarChar(params.Resolution), declResolution}, {text(params.Note), declLongText}, {params.ID, declID},
+		{answer, declAnswer}}
 	guard := "State = 'flagged'"
 	if params.Owner != uuid.Nil {
 		guard = "State = 'claimed' AND Owner = " + a.add(guid(params.Owner), declGUID)
 	}
 	out, err := queryClaims(ctx, s.db, declareNow+`UPDATE dbo.Claims
-SET State = 'resolved', ResolvedUtc = @now, ResolvedBy = @p1, Resolution = @p2, ResolutionNote = @p3`+redrive+`
+SET State = 'resolved', ResolvedUtc = @now, ResolvedBy = @p1, Resolution = @p2, ResolutionNote = @p3`+redrive+`, `+setAnswer("@p5")+`
 OUTPUT `+insertedColumns+`
 WHERE Id = @p4 AND `+guard+`;`, a)
 	if err != nil {
@@ -627,9 +726,9 @@ WHERE Id = @p4 AND `+guard+`;`, a)
 }
 
 // PurgeProcessed deletes at most Limit finished claims older than
-// OlderThan: processed claims by ProcessedUtc first, then resolved claims
-// by ResolvedUtc, each DELETE seeking its filtered index. Claimed,
-// released and flagged claims never match.
+// OlderThan: processed claims by ProcessedUtc first, then failed claims by
+// FailedUtc, then resolved claims by ResolvedUtc, each DELETE seeking its
+// filtered index. Claimed, released and flagged claims never match.
 func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (int64, error) {
 	olderThan, limit, err := sqlstore.ValidatePurge(params)
 	if err != nil {
@@ -638,17 +737,23 @@ func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (
 	var a args
 	top := a.add(int64(limit), declID)
 	cutoff := agoSQL(&a, olderThan)
-	q := `DECLARE @processed bigint = 0, @resolved bigint = 0;
+	q := `DECLARE @processed bigint = 0, @failed bigint = 0, @resolved bigint = 0;
 DELETE TOP (` + top + `) FROM dbo.Claims
 WHERE State = 'processed' AND ProcessedUtc < ` + cutoff + `;
 SET @processed = @@ROWCOUNT;
 IF @processed < ` + top + `
 BEGIN
     DELETE TOP (` + top + ` - @processed) FROM dbo.Claims
+    WHERE State = 'failed' AND FailedUtc < ` + cutoff + `;
+    SET @failed = @@ROWCOUNT;
+END;
+IF @processed + @failed < ` + top + `
+BEGIN
+    DELETE TOP (` + top + ` - @processed - @failed) FROM dbo.Claims
     WHERE State = 'resolved' AND ResolvedUtc < ` + cutoff + `;
     SET @resolved = @@ROWCOUNT;
 END;
-SELECT @processed + @resolved;`
+SELECT @processed + @failed + @resolved;`
 	var n int64
 	err = query(ctx, s.db, q, a, func(r *sql.Rows) error { return r.Scan(&n) })
 	if err != nil {
@@ -667,8 +772,11 @@ func (s *Store) Stats(ctx context.Context) (*claim.Stats, error) {
     (SELECT COUNT_BIG(*) FROM dbo.Claims WHERE `+unfinished+` AND State = 'claimed'),
     (SELECT COUNT_BIG(*) FROM dbo.Claims WHERE `+unfinished+` AND State = 'released'),
     (SELECT COUNT_BIG(*) FROM dbo.Claims WHERE State = 'flagged'),
+    (SELECT COUNT_BIG(*) FROM dbo.Claims WHERE State = 'failed'),
     (SELECT MIN(ClaimedUtc) FROM dbo.Claims WHERE `+unfinished+`);`, nil,
-		func(r *sql.Rows) error { return r.Scan(&st.Now, &st.Claimed, &st.Released, &st.Flagged, &oldest) })
+		func(r *sql.Rows) error {
+			return r.Scan(&st.Now, &st.Claimed, &st.Released, &st.Flagged, &st.Failed, &oldest)
+		})
 	if err != nil {
 		return nil, fmt.Errorf("claim stats: %w", interpretError(err))
 	}

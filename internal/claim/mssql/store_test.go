@@ -61,7 +61,10 @@ VALUES (@p1, @p2, CAST(@p3 AS uniqueidentifier), 'claimed', @p4);`,
     ResolvedUtc  = DATEADD(second, -CAST(@p1 AS int), ResolvedUtc),
     TakenOverUtc   = DATEADD(second, -CAST(@p1 AS int), TakenOverUtc),
     NextAttemptUtc = DATEADD(second, -CAST(@p1 AS int), NextAttemptUtc),
-    LateSuccessUtc = DATEADD(second, -CAST(@p1 AS int), LateSuccessUtc)
+    LateSuccessUtc = DATEADD(second, -CAST(@p1 AS int), LateSuccessUtc),
+    FailedUtc      = DATEADD(second, -CAST(@p1 AS int), FailedUtc),
+    AnswerUtc      = DATEADD(second, -CAST(@p1 AS int), AnswerUtc),
+    KeyRevisedUtc  = DATEADD(second, -CAST(@p1 AS int), KeyRevisedUtc)
 WHERE Id = @p2;`,
 	SessionIDSQL:  `SELECT CAST(@@SPID AS bigint);`,
 	WaitingForSQL: `SELECT COUNT_BIG(*) FROM sys.dm_exec_requests WHERE blocking_session_id = @p1;`,

@@ -118,14 +118,16 @@ var columnNames = []string{"id", "message_id", "consumer", "owner", "state", "en
 	"heartbeat_utc", "processed_utc", "released_utc", "attempts", "last_error", "flagged_utc",
 	"flag_reason", "resolved_utc", "resolved_by", "resolution", "resolution_note",
 	"route", "fingerprint", "take_overs", "taken_over_utc", "take_over_path", "take_over_reason",
-	"previous_owner", "previous_holder", "recoveries", "next_attempt_utc", "late_success_utc", "late_success_by"}
+	"previous_owner", "previous_holder", "recoveries", "next_attempt_utc", "late_success_utc", "late_success_by",
+	"failed_utc", "fail_reason", "dead_letter_seq", "answer", "answer_utc",
+	"key_revision", "effect_key", "key_revised_by", "key_revised_utc", "key_revision_note"}
 
 // cols returns the select list scanClaim reads, each column prefixed.
 func cols(prefix string) string {
 	out := make([]string, len(columnNames))
 	for i, c := range columnNames {
 		out[i] = prefix + c
-		if c == "properties" {
+		if c == "properties" || c == "answer" {
 			out[i] += "::text"
 		}
 	}
@@ -140,18 +142,31 @@ func scanClaim(r sqlstore.Scanner, extra ...any) (*claim.Claim, error) {
 		state, props, resolution, path         string
 		processed, released, flagged, resolved sql.NullTime
 		takenOver, nextAttempt, lateSuccess    sql.NullTime
+		failed, answerAt, keyRevised           sql.NullTime
 		previousOwner                          uuid.NullUUID
+		deadLetterSeq                          sql.NullInt64
+		answer                                 sql.NullString
 	)
 	dest := append(extra, &c.ID, &c.MessageID, &c.Consumer, &c.Owner, &state, &c.Entity, &c.Subject, &c.ContentType,
 		&props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &c.ClaimedAt,
 		&c.HeartbeatAt, &processed, &released, &c.Attempts, &c.LastError, &flagged,
 		&c.FlagReason, &resolved, &c.ResolvedBy, &resolution, &c.ResolutionNote,
 		&c.Route, &c.Fingerprint, &c.TakeOvers, &takenOver, &path, &c.TakeOverReason,
-		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy)
+		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy,
+		&failed, &c.FailReason, &deadLetterSeq, &answer, &answerAt,
+		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote)
 	if err := r.Scan(dest...); err != nil {
 		return nil, err
 	}
 	var err error
+	if answer.Valid {
+		if c.Answer, err = sqlstore.DecodeAnswer(&answer.String); err != nil {
+			return nil, fmt.Errorf("claim %d: %w", c.ID, err)
+		}
+	}
+	if deadLetterSeq.Valid {
+		c.DeadLetterSeq = &deadLetterSeq.Int64
+	}
 	c.State, c.Resolution, c.TakeOverPath = claim.State(state), claim.Resolution(resolution), claim.TakeOverPath(path)
 	if c.Properties, err = sqlstore.DecodeProperties(props); err != nil {
 		return nil, fmt.Errorf("claim %d: %w", c.ID, err)
@@ -162,6 +177,7 @@ func scanClaim(r sqlstore.Scanner, extra ...any) (*claim.Claim, error) {
 	c.ClaimedAt, c.HeartbeatAt = c.ClaimedAt.UTC(), c.HeartbeatAt.UTC()
 	c.ProcessedAt, c.ReleasedAt, c.FlaggedAt, c.ResolvedAt = utc(processed), utc(released), utc(flagged), utc(resolved)
 	c.TakenOverAt, c.NextAttemptAt, c.LateSuccessAt = utc(takenOver), utc(nextAttempt), utc(lateSuccess)
+	c.FailedAt, c.AnswerAt, c.KeyRevisedAt = utc(failed), utc(answerAt), utc(keyRevised)
 	return &c, nil
 }
 
@@ -351,12 +367,17 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 		take_over_path = $4, take_over_reason = $5, previous_owner = owner, previous_holder = claimed_by,
 		recoveries = recoveries + CASE WHEN $4::text = 'reconciler' THEN 1 ELSE 0 END, next_attempt_utc = NULL,
 		route = CASE WHEN route = '' THEN $6 ELSE route END,
-		fingerprint = CASE WHEN route = '' THEN $7 ELSE fingerprint END
+		fingerprint = CASE WHEN route = '' THEN $7 ELSE fingerprint END,
+		key_revision = key_revision + CASE WHEN $11::bool THEN 1 ELSE 0 END,
+		effect_key = CASE WHEN $11::bool THEN message_id || ':r' || (key_revision + 1) ELSE effect_key END,
+		key_revised_by = CASE WHEN $11::bool THEN $2 ELSE key_revised_by END,
+		key_revised_utc = CASE WHEN $11::bool THEN now() ELSE key_revised_utc END,
+		key_revision_note = CASE WHEN $11::bool THEN $5 ELSE key_revision_note END
 		WHERE id = $9 AND owner = $10 AND (route = '' OR (route = $6 AND fingerprint = $7))
 		AND `+takeOverPaths[params.Path]+`
 		RETURNING `+columns,
 		params.Owner, params.By, params.DeliveryCount, string(params.Path), sqlstore.Bound(params.Reason, sqlstore.MaxReasonLength),
-		params.Route, params.Fingerprint, secs(params.SilentFor), params.ID, params.PreviousOwner)
+		params.Route, params.Fingerprint, secs(params.SilentFor), params.ID, params.PreviousOwner, params.NewKey)
 	c, err := scanClaim(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		now, gerr := s.Get(ctx, params.ID)
@@ -437,32 +458,80 @@ func (s *Store) Heartbeat(ctx context.Context, params *claim.HeartbeatParams) er
 		params.ID, params.Owner.String())
 }
 
+// setAnswer is the SET clause that records the answer in parameter $n
+// (JSON text): a NULL keeps the claim's.
+func setAnswer(n int) string {
+	return fmt.Sprintf(`answer = coalesce($%d::jsonb, answer), answer_utc = CASE WHEN $%d::jsonb IS NULL THEN answer_utc ELSE now() END`, n, n)
+}
+
 // MarkProcessed moves a claimed claim held by Owner to processed.
 func (s *Store) MarkProcessed(ctx context.Context, params *claim.MarkProcessedParams) error {
+	answer, err := sqlstore.EncodeAnswer(params.Answer)
+	if err != nil {
+		return fmt.Errorf("mark processed claim %d: %w", params.ID, err)
+	}
 	return s.execGuarded(ctx, "mark processed", params.ID,
-		`UPDATE claims SET state = 'processed', processed_utc = now(), payload = NULL
+		`UPDATE claims SET state = 'processed', processed_utc = now(), payload = NULL, `+setAnswer(3)+`
 		WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
-		params.ID, params.Owner.String())
+		params.ID, params.Owner.String(), answer)
 }
 
 // Release moves a claimed claim held by Owner to released; a positive
 // NextAttemptIn ($4, seconds) sets the next attempt's time.
 func (s *Store) Release(ctx context.Context, params *claim.ReleaseParams) error {
+	answer, err := sqlstore.EncodeAnswer(params.Answer)
+	if err != nil {
+		return fmt.Errorf("release claim %d: %w", params.ID, err)
+	}
 	return s.execGuarded(ctx, "release", params.ID,
 		`UPDATE claims SET state = 'released', released_utc = now(), heartbeat_utc = now(), last_error = $3,
-		next_attempt_utc = CASE WHEN $4::float8 > 0 THEN now() + make_interval(secs => $4::float8) END
+		next_attempt_utc = CASE WHEN $4::float8 > 0 THEN now() + make_interval(secs => $4::float8) END, `+setAnswer(5)+`
 		WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
-		params.ID, params.Owner.String(), params.Error, secs(params.NextAttemptIn))
+		params.ID, params.Owner.String(), params.Error, secs(params.NextAttemptIn), answer)
 }
 
 // RecordAttempt counts an effect attempt on a claimed claim held by Owner;
 // a positive NextAttemptIn ($4, seconds) sets the next attempt's time.
 func (s *Store) RecordAttempt(ctx context.Context, params *claim.RecordAttemptParams) error {
+	answer, err := sqlstore.EncodeAnswer(params.Answer)
+	if err != nil {
+		return fmt.Errorf("record attempt claim %d: %w", params.ID, err)
+	}
 	return s.execGuarded(ctx, "record attempt", params.ID,
 		`UPDATE claims SET attempts = attempts + 1, last_error = $3,
-		next_attempt_utc = CASE WHEN $4::float8 > 0 THEN now() + make_interval(secs => $4::float8) ELSE next_attempt_utc END
+		next_attempt_utc = CASE WHEN $4::float8 > 0 THEN now() + make_interval(secs => $4::float8) ELSE next_attempt_utc END, `+setAnswer(5)+`
 		WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
-		params.ID, params.Owner.String(), params.Error, secs(params.NextAttemptIn))
+		params.ID, params.Owner.String(), params.Error, secs(params.NextAttemptIn), answer)
+}
+
+// Fail moves a claimed claim held by Owner to failed.
+func (s *Store) Fail(ctx context.Context, params *claim.FailParams) error {
+	if err := sqlstore.ValidateFail(params); err != nil {
+		return err
+	}
+	answer, err := sqlstore.EncodeAnswer(params.Answer)
+	if err != nil {
+		return fmt.Errorf("fail claim %d: %w", params.ID, err)
+	}
+	return s.execGuarded(ctx, "fail", params.ID,
+		`UPDATE claims SET state = 'failed', failed_utc = now(), fail_reason = $3, last_error = $4,
+		dead_letter_seq = $5, payload = NULL, `+setAnswer(6)+`
+		WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
+		params.ID, params.Owner.String(), params.Reason, params.Error, sqlstore.NullInt64(params.DeadLetterSeq), answer)
+}
+
+// TakeDeadLetter records the delivery that dead-letters a failed claim's
+// message, when none does yet.
+func (s *Store) TakeDeadLetter(ctx context.Context, params *claim.TakeDeadLetterParams) error {
+	err := s.execGuarded(ctx, "take the dead letter of", params.ID,
+		`UPDATE claims SET dead_letter_seq = $2 WHERE id = $1 AND state = 'failed' AND dead_letter_seq IS NULL`,
+		params.ID, params.Seq)
+	if errors.Is(err, claim.ErrStateChanged) {
+		if _, gerr := s.Get(ctx, params.ID); gerr != nil {
+			return fmt.Errorf("take the dead letter: %w", gerr)
+		}
+	}
+	return err
 }
 
 // stalePredicate is the staleness test, in the UPDATE's own WHERE (so READ
@@ -544,13 +613,17 @@ func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*clai
 	if params.Owner != uuid.Nil {
 		owner = &params.Owner
 	}
+	answer, err := sqlstore.EncodeAnswer(params.Answer)
+	if err != nil {
+		return nil, fmt.Errorf("resolve claim %d: %w", params.ID, err)
+	}
 	row := s.db.QueryRowContext(ctx, `UPDATE claims SET state = 'resolved', resolved_utc = now(),
 		resolved_by = $1, resolution = $2, resolution_note = $3,
 		processed_utc = CASE WHEN $2 = 'redriven' THEN now() ELSE processed_utc END,
-		payload = CASE WHEN $2 = 'redriven' THEN NULL ELSE payload END
+		payload = CASE WHEN $2 = 'redriven' THEN NULL ELSE payload END, `+setAnswer(6)+`
 		WHERE id = $4 AND CASE WHEN $5::uuid IS NULL THEN state = 'flagged' ELSE state = 'claimed' AND owner = $5 END
 		RETURNING `+columns,
-		params.By, string(params.Resolution), params.Note, params.ID, owner)
+		params.By, string(params.Resolution), params.Note, params.ID, owner, answer)
 	c, err := scanClaim(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		if _, gerr := s.Get(ctx, params.ID); gerr != nil {
@@ -571,10 +644,10 @@ func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (
 		return 0, err
 	}
 	// The expression matches the partial index ix_claims_finished.
-	const finished = `state IN ('processed', 'resolved')
-		AND coalesce(resolved_utc, processed_utc) < now() - make_interval(secs => $1)`
+	const finished = `state IN ('processed', 'failed', 'resolved')
+		AND coalesce(resolved_utc, failed_utc, processed_utc) < now() - make_interval(secs => $1)`
 	res, err := s.db.ExecContext(ctx, `DELETE FROM claims WHERE id IN (
-			SELECT id FROM claims WHERE `+finished+` ORDER BY coalesce(resolved_utc, processed_utc) LIMIT $2)
+			SELECT id FROM claims WHERE `+finished+` ORDER BY coalesce(resolved_utc, failed_utc, processed_utc) LIMIT $2)
 		AND `+finished, secs(olderThan), limit)
 	if err != nil {
 		return 0, fmt.Errorf("purge claims: %w", translate(err))
@@ -596,8 +669,9 @@ func (s *Store) Stats(ctx context.Context) (*claim.Stats, error) {
 		(SELECT count(*) FROM claims WHERE state IN ('claimed', 'released') AND state = 'claimed'),
 		(SELECT count(*) FROM claims WHERE state IN ('claimed', 'released') AND state = 'released'),
 		(SELECT count(*) FROM claims WHERE state = 'flagged'),
+		(SELECT count(*) FROM claims WHERE state = 'failed'),
 		(SELECT min(claimed_utc) FROM claims WHERE state IN ('claimed', 'released'))`).
-		Scan(&st.Now, &st.Claimed, &st.Released, &st.Flagged, &oldest)
+		Scan(&st.Now, &st.Claimed, &st.Released, &st.Flagged, &st.Failed, &oldest)
 	if err != nil {
 		return nil, fmt.Errorf("claim stats: %w", translate(err))
 	}

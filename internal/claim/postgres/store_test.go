@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,7 +44,10 @@ func TestConformance(t *testing.T) {
 				resolved_utc  = resolved_utc  - make_interval(secs => $1),
 				taken_over_utc   = taken_over_utc   - make_interval(secs => $1),
 				next_attempt_utc = next_attempt_utc - make_interval(secs => $1),
-				late_success_utc = late_success_utc - make_interval(secs => $1)
+				late_success_utc = late_success_utc - make_interval(secs => $1),
+				failed_utc       = failed_utc       - make_interval(secs => $1),
+				answer_utc       = answer_utc       - make_interval(secs => $1),
+				key_revised_utc  = key_revised_utc  - make_interval(secs => $1)
 				WHERE id = $2`,
 			SessionIDSQL:  `SELECT pg_backend_pid()`,
 			WaitingForSQL: `SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))`,
@@ -187,5 +191,102 @@ func TestUpgradeFromTheFirstSchema(t *testing.T) {
 	}
 	if got, err := s.Get(ctx, taken.ID); err != nil || got.State != claim.StateProcessed {
 		t.Fatalf("after down and up: %+v %v", got, err)
+	}
+}
+
+// TestUpgradeToTheFailedState: a schema at migration 00002, with claims in
+// every state it knows, upgrades through 00003 (the state CHECK dropped
+// and added again, new columns, the purge index rebuilt); its claims read
+// unchanged, fail, take a new key and count. 00003 goes down (a failed
+// claim becomes flagged, with its reason) and up again.
+func TestUpgradeToTheFailedState(t *testing.T) {
+	ctx := t.Context()
+	s, err := postgres.Open(ctx, testdb.EmptyPostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	fsys, err := schema.Dialect("postgres")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, s.DB(), fsys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	owner := uuid.New()
+	ids := map[string]int64{}
+	for _, st := range []string{"claimed", "processed", "flagged"} {
+		var id int64
+		if err := s.DB().QueryRowContext(ctx, `INSERT INTO claims (message_id, consumer, owner, state, payload_hash, payload, claimed_by,
+			claimed_utc, heartbeat_utc, processed_utc, flagged_utc, flag_reason, route, fingerprint)
+			VALUES ($1, 'billing', $2, $3, '\x01', '\x7b7d', 'host-old', now() - interval '1 hour', now() - interval '1 hour',
+			CASE WHEN $3 = 'processed' THEN now() END, CASE WHEN $3 = 'flagged' THEN now() END,
+			CASE WHEN $3 = 'flagged' THEN 'no heartbeat' ELSE '' END, 'payments', 'fp') RETURNING id`, "old-"+st, owner, st).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ids[st] = id
+	}
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatalf("upgrade: %v", err)
+	}
+
+	stale, err := s.FindStale(ctx, &claim.FindStaleParams{StaleAfter: time.Minute})
+	if err != nil || len(stale) != 1 || stale[0].ID != ids["claimed"] || stale[0].Owner != owner || stale[0].Answer != nil ||
+		stale[0].FailedAt != nil || stale[0].Key() != "old-claimed" || stale[0].KeyRevision != 0 || stale[0].DeadLetterSeq != nil {
+		t.Fatalf("the old claimed claim after the upgrade: %+v %v", stale, err)
+	}
+	if got, err := s.Get(ctx, ids["processed"]); err != nil || got.State != claim.StateProcessed || got.ProcessedAt == nil {
+		t.Fatalf("the old processed claim: %+v %v", got, err)
+	}
+	taken, err := s.TakeOver(ctx, &claim.TakeOverParams{ID: ids["claimed"], PreviousOwner: owner, Owner: uuid.New(),
+		Path: claim.PathReconciler, SilentFor: time.Minute, By: "reconciler", Route: "payments", Fingerprint: "fp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := int64(9)
+	if err := s.Fail(ctx, &claim.FailParams{ID: ids["claimed"], Owner: taken.Owner, Reason: claim.FailRejected, Error: "HTTP 402: declined",
+		Answer: &claim.Answer{Status: 402}, DeadLetterSeq: &seq}); err != nil {
+		t.Fatalf("fail the old claim: %v", err)
+	}
+	if _, err := s.TakeOver(ctx, &claim.TakeOverParams{ID: ids["flagged"], PreviousOwner: owner, Owner: uuid.New(), Path: claim.PathOperator,
+		By: "operator:ann", Reason: "cached 500", Route: "payments", Fingerprint: "fp", NewKey: true}); err != nil {
+		t.Fatalf("new key for the old flagged claim: %v", err)
+	}
+	st, err := s.Stats(ctx)
+	if err != nil || st.Failed != 1 || st.Claimed != 1 {
+		t.Fatalf("stats after the upgrade: %+v %v", st, err)
+	}
+
+	if _, err := p.DownTo(ctx, 2); err != nil {
+		t.Fatalf("down to 2: %v", err)
+	}
+	var state, reason string
+	if err := s.DB().QueryRowContext(ctx, `SELECT state, flag_reason FROM claims WHERE id = $1`, ids["claimed"]).Scan(&state, &reason); err != nil {
+		t.Fatal(err)
+	}
+	if state != "flagged" || !strings.Contains(reason, claim.FailRejected) || !strings.Contains(reason, "HTTP 402: declined") {
+		t.Fatalf("a failed claim after the downgrade: %s %q, want flagged with its reason", state, reason)
+	}
+	if _, err := s.DB().ExecContext(ctx, `INSERT INTO claims (message_id, consumer, owner, state, payload_hash)
+		VALUES ('bad', 'c', $1, 'failed', '\x01')`, uuid.New()); err == nil {
+		t.Fatal("schema 00002 took a failed claim")
+	}
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+	if got, err := s.Get(ctx, ids["claimed"]); err != nil || got.State != claim.StateFlagged || got.FailedAt != nil {
+		t.Fatalf("after down and up: %+v %v", got, err)
+	}
+	c, err := s.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "h", Claims: []claim.ClaimParams{{MessageID: "new-1", Consumer: "billing",
+		Owner: uuid.New(), PayloadHash: claim.HashPayload(nil)}}})
+	if err != nil || c[0].Outcome != claim.OutcomeWon {
+		t.Fatalf("a new claim after down and up: %+v %v", c, err)
+	}
+	if err := s.Fail(ctx, &claim.FailParams{ID: c[0].Claim.ID, Owner: c[0].Claim.Owner, Reason: claim.FailPermanent}); err != nil {
+		t.Fatalf("fail after down and up: %v", err)
 	}
 }

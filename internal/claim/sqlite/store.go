@@ -156,7 +156,9 @@ const columns = `id, message_id, consumer, owner, state, entity, subject, conten
 	heartbeat_utc, processed_utc, released_utc, attempts, last_error, flagged_utc,
 	flag_reason, resolved_utc, resolved_by, resolution, resolution_note,
 	route, fingerprint, take_overs, taken_over_utc, take_over_path, take_over_reason,
-	previous_owner, previous_holder, recoveries, next_attempt_utc, late_success_utc, late_success_by`
+	previous_owner, previous_holder, recoveries, next_attempt_utc, late_success_utc, late_success_by,
+	failed_utc, fail_reason, dead_letter_seq, answer, answer_utc,
+	key_revision, effect_key, key_revised_by, key_revised_utc, key_revision_note`
 
 const insertColumns = `message_id, consumer, owner, state, entity, subject, content_type,
 	properties, payload_hash, payload, delivery_count, route, fingerprint, claimed_by, claimed_utc, heartbeat_utc, processed_utc`
@@ -169,15 +171,26 @@ func scanClaim(r sqlstore.Scanner) (*claim.Claim, error) {
 		processed, released, flagged, resolved sql.NullString
 		takenOver, nextAttempt, lateSuccess    sql.NullString
 		previousOwner                          sql.NullString
+		failed, answerAt, keyRevised           sql.NullString
+		deadLetterSeq                          sql.NullInt64
+		answer                                 *string
 	)
 	err := r.Scan(&c.ID, &c.MessageID, &c.Consumer, &owner, &state, &c.Entity, &c.Subject, &c.ContentType,
 		&props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &claimed,
 		&heartbeat, &processed, &released, &c.Attempts, &c.LastError, &flagged,
 		&c.FlagReason, &resolved, &c.ResolvedBy, &resolution, &c.ResolutionNote,
 		&c.Route, &c.Fingerprint, &c.TakeOvers, &takenOver, &path, &c.TakeOverReason,
-		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy)
+		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy,
+		&failed, &c.FailReason, &deadLetterSeq, &answer, &answerAt,
+		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote)
 	if err != nil {
 		return nil, err
+	}
+	if deadLetterSeq.Valid {
+		c.DeadLetterSeq = &deadLetterSeq.Int64
+	}
+	if c.Answer, err = sqlstore.DecodeAnswer(answer); err != nil {
+		return nil, fmt.Errorf("claim %d: %w", c.ID, err)
 	}
 	if c.Owner, err = uuid.Parse(owner); err != nil {
 		return nil, fmt.Errorf("claim %d: owner: %w", c.ID, err)
@@ -200,7 +213,8 @@ func scanClaim(r sqlstore.Scanner) (*claim.Claim, error) {
 		dst **time.Time
 		src sql.NullString
 	}{{&c.ProcessedAt, processed}, {&c.ReleasedAt, released}, {&c.FlaggedAt, flagged}, {&c.ResolvedAt, resolved},
-		{&c.TakenOverAt, takenOver}, {&c.NextAttemptAt, nextAttempt}, {&c.LateSuccessAt, lateSuccess}} {
+		{&c.TakenOverAt, takenOver}, {&c.NextAttemptAt, nextAttempt}, {&c.LateSuccessAt, lateSuccess},
+		{&c.FailedAt, failed}, {&c.AnswerAt, answerAt}, {&c.KeyRevisedAt, keyRevised}} {
 		*p.dst, err = parseNullTime(p.src)
 		errs = append(errs, err)
 	}
@@ -386,18 +400,25 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 	if err := sqlstore.ValidateTakeOver(params); err != nil {
 		return nil, err
 	}
+	// A new key (?11, an operator's redrive): the next revision of the
+	// key, and who chose it, in the same write.
 	row := s.db.QueryRowContext(ctx, `UPDATE claims SET state = 'claimed', owner = ?1, claimed_by = ?2,
 		delivery_count = CASE WHEN ?3 > 0 THEN ?3 ELSE delivery_count END,
 		heartbeat_utc = `+nowSQL+`, taken_over_utc = `+nowSQL+`, take_overs = take_overs + 1,
 		take_over_path = ?4, take_over_reason = ?5, previous_owner = owner, previous_holder = claimed_by,
 		recoveries = recoveries + CASE WHEN ?4 = 'reconciler' THEN 1 ELSE 0 END, next_attempt_utc = NULL,
 		route = CASE WHEN route = '' THEN ?6 ELSE route END,
-		fingerprint = CASE WHEN route = '' THEN ?7 ELSE fingerprint END
+		fingerprint = CASE WHEN route = '' THEN ?7 ELSE fingerprint END,
+		key_revision = key_revision + ?11,
+		effect_key = CASE WHEN ?11 = 1 THEN message_id || ':r' || (key_revision + 1) ELSE effect_key END,
+		key_revised_by = CASE WHEN ?11 = 1 THEN ?2 ELSE key_revised_by END,
+		key_revised_utc = CASE WHEN ?11 = 1 THEN `+nowSQL+` ELSE key_revised_utc END,
+		key_revision_note = CASE WHEN ?11 = 1 THEN ?5 ELSE key_revision_note END
 		WHERE id = ?9 AND owner = ?10 AND (route = '' OR (route = ?6 AND fingerprint = ?7))
 		AND `+takeOverPaths[params.Path]+`
 		RETURNING `+columns,
 		params.Owner.String(), params.By, params.DeliveryCount, string(params.Path), sqlstore.Bound(params.Reason, sqlstore.MaxReasonLength),
-		params.Route, params.Fingerprint, ago(params.SilentFor), params.ID, params.PreviousOwner.String())
+		params.Route, params.Fingerprint, ago(params.SilentFor), params.ID, params.PreviousOwner.String(), boolInt(params.NewKey))
 	c, err := scanClaim(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		now, gerr := s.Get(ctx, params.ID)
@@ -481,36 +502,91 @@ func (s *Store) Heartbeat(ctx context.Context, params *claim.HeartbeatParams) er
 
 // MarkProcessed moves a claimed claim held by Owner to processed.
 func (s *Store) MarkProcessed(ctx context.Context, params *claim.MarkProcessedParams) error {
+	answer, err := sqlstore.EncodeAnswer(params.Answer)
+	if err != nil {
+		return fmt.Errorf("mark processed claim %d: %w", params.ID, err)
+	}
 	return s.execGuarded(ctx, "mark processed", params.ID,
-		`UPDATE claims SET state = 'processed', processed_utc = `+nowSQL+`, payload = NULL
-		WHERE id = ? AND owner = ? AND state = 'claimed'`,
-		params.ID, params.Owner.String())
+		`UPDATE claims SET state = 'processed', processed_utc = `+nowSQL+`, payload = NULL, `+setAnswer(3)+`
+		WHERE id = ?1 AND owner = ?2 AND state = 'claimed'`,
+		params.ID, params.Owner.String(), answer)
+}
+
+// setAnswer is the SET clause that records the answer in parameter ?n:
+// a NULL keeps the claim's.
+func setAnswer(n int) string {
+	return fmt.Sprintf(`answer = coalesce(?%d, answer), answer_utc = CASE WHEN ?%d IS NULL THEN answer_utc ELSE %s END`, n, n, nowSQL)
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Fail moves a claimed claim held by Owner to failed.
+func (s *Store) Fail(ctx context.Context, params *claim.FailParams) error {
+	if err := sqlstore.ValidateFail(params); err != nil {
+		return err
+	}
+	answer, err := sqlstore.EncodeAnswer(params.Answer)
+	if err != nil {
+		return fmt.Errorf("fail claim %d: %w", params.ID, err)
+	}
+	return s.execGuarded(ctx, "fail", params.ID,
+		`UPDATE claims SET state = 'failed', failed_utc = `+nowSQL+`, fail_reason = ?3, last_error = ?4,
+		dead_letter_seq = ?5, payload = NULL, `+setAnswer(6)+`
+		WHERE id = ?1 AND owner = ?2 AND state = 'claimed'`,
+		params.ID, params.Owner.String(), params.Reason, params.Error, sqlstore.NullInt64(params.DeadLetterSeq), answer)
+}
+
+// TakeDeadLetter records the delivery that dead-letters a failed claim's
+// message, when none does yet.
+func (s *Store) TakeDeadLetter(ctx context.Context, params *claim.TakeDeadLetterParams) error {
+	err := s.execGuarded(ctx, "take the dead letter of", params.ID,
+		`UPDATE claims SET dead_letter_seq = ?2 WHERE id = ?1 AND state = 'failed' AND dead_letter_seq IS NULL`,
+		params.ID, params.Seq)
+	if errors.Is(err, claim.ErrStateChanged) {
+		if _, gerr := s.Get(ctx, params.ID); gerr != nil {
+			return fmt.Errorf("take the dead letter: %w", gerr)
+		}
+	}
+	return err
 }
 
 // nextAttempt returns the SQL and arguments for NextAttemptAt after a write
-// with NextAttemptIn d (parameter ?4): now + d, or keep (the column itself,
-// or NULL) for d <= 0.
+// with NextAttemptIn d (parameter ?5; ?4 is the answer): now + d, or keep
+// (the column itself, or NULL) for d <= 0.
 func nextAttempt(args []any, d time.Duration, keep string) (string, []any) {
 	if d <= 0 {
 		return keep, args
 	}
-	return laterSQL(4), append(args, later(d))
+	return laterSQL(5), append(args, later(d))
 }
 
 // Release moves a claimed claim held by Owner to released.
 func (s *Store) Release(ctx context.Context, params *claim.ReleaseParams) error {
-	next, args := nextAttempt([]any{params.Error, params.ID, params.Owner.String()}, params.NextAttemptIn, "NULL")
+	answer, err := sqlstore.EncodeAnswer(params.Answer)
+	if err != nil {
+		return fmt.Errorf("release claim %d: %w", params.ID, err)
+	}
+	next, args := nextAttempt([]any{params.Error, params.ID, params.Owner.String(), answer}, params.NextAttemptIn, "NULL")
 	return s.execGuarded(ctx, "release", params.ID,
 		`UPDATE claims SET state = 'released', released_utc = `+nowSQL+`, heartbeat_utc = `+nowSQL+`, last_error = ?1,
-		next_attempt_utc = `+next+`
+		next_attempt_utc = `+next+`, `+setAnswer(4)+`
 		WHERE id = ?2 AND owner = ?3 AND state = 'claimed'`, args...)
 }
 
 // RecordAttempt counts an effect attempt on a claimed claim held by Owner.
 func (s *Store) RecordAttempt(ctx context.Context, params *claim.RecordAttemptParams) error {
-	next, args := nextAttempt([]any{params.Error, params.ID, params.Owner.String()}, params.NextAttemptIn, "next_attempt_utc")
+	answer, err := sqlstore.EncodeAnswer(params.Answer)
+	if err != nil {
+		return fmt.Errorf("record attempt claim %d: %w", params.ID, err)
+	}
+	next, args := nextAttempt([]any{params.Error, params.ID, params.Owner.String(), answer}, params.NextAttemptIn, "next_attempt_utc")
 	return s.execGuarded(ctx, "record attempt", params.ID,
-		`UPDATE claims SET attempts = attempts + 1, last_error = ?1, next_attempt_utc = `+next+`
+		`UPDATE claims SET attempts = attempts + 1, last_error = ?1, next_attempt_utc = `+next+`, `+setAnswer(4)+`
 		WHERE id = ?2 AND owner = ?3 AND state = 'claimed'`, args...)
 }
 
@@ -586,16 +662,20 @@ func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*clai
 	if err := sqlstore.ValidateResolve(params); err != nil {
 		return nil, err
 	}
+	answer, err := sqlstore.EncodeAnswer(params.Answer)
+	if err != nil {
+		return nil, fmt.Errorf("resolve claim %d: %w", params.ID, err)
+	}
 	guard := "state = 'flagged'"
-	args := []any{params.By, string(params.Resolution), params.Note, params.ID}
+	args := []any{params.By, string(params.Resolution), params.Note, params.ID, answer}
 	if params.Owner != uuid.Nil {
-		guard = "state = 'claimed' AND owner = ?5"
+		guard = "state = 'claimed' AND owner = ?6"
 		args = append(args, params.Owner.String())
 	}
 	row := s.db.QueryRowContext(ctx, `UPDATE claims SET state = 'resolved', resolved_utc = `+nowSQL+`,
 		resolved_by = ?1, resolution = ?2, resolution_note = ?3,
 		processed_utc = CASE WHEN ?2 = 'redriven' THEN `+nowSQL+` ELSE processed_utc END,
-		payload = CASE WHEN ?2 = 'redriven' THEN NULL ELSE payload END
+		payload = CASE WHEN ?2 = 'redriven' THEN NULL ELSE payload END, `+setAnswer(5)+`
 		WHERE id = ?4 AND `+guard+` RETURNING `+columns, args...)
 	c, err := scanClaim(row)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -616,9 +696,10 @@ func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (
 	if err != nil {
 		return 0, err
 	}
-	const finished = `state IN ('processed', 'resolved') AND coalesce(resolved_utc, processed_utc) < ` + agoSQL
+	// The expression matches the partial index ix_claims_finished.
+	const finished = `state IN ('processed', 'failed', 'resolved') AND coalesce(resolved_utc, failed_utc, processed_utc) < ` + agoSQL
 	res, err := s.db.ExecContext(ctx, `DELETE FROM claims WHERE id IN (
-			SELECT id FROM claims WHERE `+finished+` ORDER BY coalesce(resolved_utc, processed_utc) LIMIT ?2)
+			SELECT id FROM claims WHERE `+finished+` ORDER BY coalesce(resolved_utc, failed_utc, processed_utc) LIMIT ?2)
 		AND `+finished, ago(olderThan), limit)
 	if err != nil {
 		return 0, fmt.Errorf("purge claims: %w", translate(err))
@@ -641,8 +722,9 @@ func (s *Store) Stats(ctx context.Context) (*claim.Stats, error) {
 		(SELECT count(*) FROM claims WHERE state IN ('claimed', 'released') AND state = 'claimed'),
 		(SELECT count(*) FROM claims WHERE state IN ('claimed', 'released') AND state = 'released'),
 		(SELECT count(*) FROM claims WHERE state = 'flagged'),
+		(SELECT count(*) FROM claims WHERE state = 'failed'),
 		(SELECT min(claimed_utc) FROM claims WHERE state IN ('claimed', 'released'))`).
-		Scan(&now, &st.Claimed, &st.Released, &st.Flagged, &oldest)
+		Scan(&now, &st.Claimed, &st.Released, &st.Flagged, &st.Failed, &oldest)
 	if err != nil {
 		return nil, fmt.Errorf("claim stats: %w", translate(err))
 	}

@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,7 +48,10 @@ func harness() claimtest.Harness {
 				resolved_utc  = strftime('%Y-%m-%dT%H:%M:%f', resolved_utc,  '-' || ?1 || ' seconds'),
 				taken_over_utc   = strftime('%Y-%m-%dT%H:%M:%f', taken_over_utc,   '-' || ?1 || ' seconds'),
 				next_attempt_utc = strftime('%Y-%m-%dT%H:%M:%f', next_attempt_utc, '-' || ?1 || ' seconds'),
-				late_success_utc = strftime('%Y-%m-%dT%H:%M:%f', late_success_utc, '-' || ?1 || ' seconds')
+				late_success_utc = strftime('%Y-%m-%dT%H:%M:%f', late_success_utc, '-' || ?1 || ' seconds'),
+				failed_utc       = strftime('%Y-%m-%dT%H:%M:%f', failed_utc,       '-' || ?1 || ' seconds'),
+				answer_utc       = strftime('%Y-%m-%dT%H:%M:%f', answer_utc,       '-' || ?1 || ' seconds'),
+				key_revised_utc  = strftime('%Y-%m-%dT%H:%M:%f', key_revised_utc,  '-' || ?1 || ' seconds')
 				WHERE id = ?2`,
 			NoGrantsReason: "SQLite has no grants: a database file the process may not write opens read-only and is refused as read_only (ReadOnlyDatabaseRefusesEveryWrite)",
 			ReadOnly:       readOnlyStore,
@@ -186,5 +190,109 @@ func TestUpgradeFromTheFirstSchema(t *testing.T) {
 	}
 	if got, err := s.Get(ctx, taken.ID); err != nil || got.State != claim.StateProcessed {
 		t.Fatalf("after down and up: %+v %v", got, err)
+	}
+}
+
+// TestUpgradeToTheFailedState: a database at migration 00002, with claims
+// in every state it knows (and the highest ID purged), upgrades through
+// 00003, which rebuilds the table; its claims read unchanged, fail, take a
+// new key and count; the ID counter survives the rebuild. 00003 goes down
+// (a failed claim becomes flagged, with its reason) and up again.
+func TestUpgradeToTheFailedState(t *testing.T) {
+	ctx := t.Context()
+	s, err := sqlite.Open(ctx, "sqlite:"+filepath.Join(t.TempDir(), "v2.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	fsys, err := schema.Dialect("sqlite")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := goose.NewProvider(goose.DialectSQLite3, s.DB(), fsys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	owner := uuid.New()
+	insert := func(id int, mid, state string) {
+		t.Helper()
+		if _, err := s.DB().ExecContext(ctx, `INSERT INTO claims (id, message_id, consumer, owner, state, payload_hash, payload, claimed_by,
+			claimed_utc, heartbeat_utc, processed_utc, flagged_utc, flag_reason, route, fingerprint)
+			VALUES (?, ?, 'billing', ?, ?, x'01', x'7b7d', 'host-old', '2026-01-01T00:00:00.000', '2026-01-01T00:00:00.000',
+			CASE WHEN ?4 = 'processed' THEN '2026-01-01T00:00:01.000' END, CASE WHEN ?4 = 'flagged' THEN '2026-01-01T00:00:02.000' END,
+			CASE WHEN ?4 = 'flagged' THEN 'no heartbeat' ELSE '' END, 'payments', 'fp')`, id, mid, owner.String(), state); err != nil {
+			t.Fatal(err)
+		}
+	}
+	insert(1, "old-claimed", "claimed")
+	insert(2, "old-processed", "processed")
+	insert(3, "old-flagged", "flagged")
+	insert(100, "old-purged", "processed")
+	if _, err := s.DB().ExecContext(ctx, `DELETE FROM claims WHERE id = 100`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatalf("upgrade: %v", err)
+	}
+
+	stale, err := s.FindStale(ctx, &claim.FindStaleParams{StaleAfter: time.Minute})
+	if err != nil || len(stale) != 1 || stale[0].MessageID != "old-claimed" || stale[0].Owner != owner || stale[0].Answer != nil ||
+		stale[0].FailedAt != nil || stale[0].Key() != "old-claimed" || stale[0].KeyRevision != 0 || stale[0].DeadLetterSeq != nil {
+		t.Fatalf("the old claimed claim after the upgrade: %+v %v", stale, err)
+	}
+	if got, err := s.Get(ctx, 2); err != nil || got.State != claim.StateProcessed || got.ProcessedAt == nil {
+		t.Fatalf("the old processed claim: %+v %v", got, err)
+	}
+	taken, err := s.TakeOver(ctx, &claim.TakeOverParams{ID: 1, PreviousOwner: owner, Owner: uuid.New(),
+		Path: claim.PathReconciler, SilentFor: time.Minute, By: "reconciler", Route: "payments", Fingerprint: "fp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := int64(9)
+	if err := s.Fail(ctx, &claim.FailParams{ID: 1, Owner: taken.Owner, Reason: claim.FailRejected, Error: "HTTP 402: declined",
+		Answer: &claim.Answer{Status: 402}, DeadLetterSeq: &seq}); err != nil {
+		t.Fatalf("fail the old claim: %v", err)
+	}
+	if _, err := s.TakeOver(ctx, &claim.TakeOverParams{ID: 3, PreviousOwner: owner, Owner: uuid.New(), Path: claim.PathOperator,
+		By: "operator:ann", Reason: "cached 500", Route: "payments", Fingerprint: "fp", NewKey: true}); err != nil {
+		t.Fatalf("new key for the old flagged claim: %v", err)
+	}
+	st, err := s.Stats(ctx)
+	if err != nil || st.Failed != 1 || st.Claimed != 1 {
+		t.Fatalf("stats after the upgrade: %+v %v", st, err)
+	}
+	res, err := s.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "h", Claims: []claim.ClaimParams{{MessageID: "new-1", Consumer: "billing",
+		Owner: uuid.New(), PayloadHash: claim.HashPayload(nil)}}})
+	if err != nil || res[0].Outcome != claim.OutcomeWon || res[0].Claim.ID <= 100 {
+		t.Fatalf("a new claim after the rebuild: %+v %v (its ID must follow the purged 100)", res, err)
+	}
+
+	if _, err := p.DownTo(ctx, 2); err != nil {
+		t.Fatalf("down to 2: %v", err)
+	}
+	var state, reason string
+	if err := s.DB().QueryRowContext(ctx, `SELECT state, flag_reason FROM claims WHERE id = 1`).Scan(&state, &reason); err != nil {
+		t.Fatal(err)
+	}
+	if state != "flagged" || !strings.Contains(reason, claim.FailRejected) || !strings.Contains(reason, "HTTP 402: declined") {
+		t.Fatalf("a failed claim after the downgrade: %s %q, want flagged with its reason", state, reason)
+	}
+	if _, err := s.DB().ExecContext(ctx, `INSERT INTO claims (message_id, consumer, owner, state, payload_hash, claimed_utc, heartbeat_utc)
+		VALUES ('bad', 'c', 'o', 'failed', x'01', '2026-01-01T00:00:00.000', '2026-01-01T00:00:00.000')`); err == nil {
+		t.Fatal("schema 00002 took a failed claim")
+	}
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+	if got, err := s.Get(ctx, 1); err != nil || got.State != claim.StateFlagged || got.FailedAt != nil {
+		t.Fatalf("after down and up: %+v %v", got, err)
+	}
+	res2, err := s.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "h", Claims: []claim.ClaimParams{{MessageID: "new-2", Consumer: "billing",
+		Owner: uuid.New(), PayloadHash: claim.HashPayload(nil)}}})
+	if err != nil || res2[0].Claim.ID <= res[0].Claim.ID {
+		t.Fatalf("a new claim after down and up: %+v %v (IDs are never reused)", res2, err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -247,8 +248,78 @@ func ValidateTakeOver(p *claim.TakeOverParams) error {
 		return fmt.Errorf("take over claim %d: SilentFor must be positive for path %s, got %s", p.ID, p.Path, p.SilentFor)
 	case p.By == "":
 		return fmt.Errorf("take over claim %d: By (the new holder) is required", p.ID)
+	case p.NewKey && p.Path != claim.PathOperator:
+		return fmt.Errorf("take over claim %d: NewKey is only for an operator's redrive (path %s), not %s", p.ID, claim.PathOperator, p.Path)
+	case p.NewKey && strings.TrimSpace(p.Reason) == "":
+		return fmt.Errorf("take over claim %d: a new key needs a Reason (the operator's note)", p.ID)
 	}
 	return validateRoute(fmt.Sprintf("take over claim %d", p.ID), p.Route, p.Fingerprint)
+}
+
+// ValidateFail checks Fail's params.
+func ValidateFail(p *claim.FailParams) error {
+	switch n := utf8.RuneCountInString(p.Reason); {
+	case p.Owner == uuid.Nil:
+		return fmt.Errorf("fail claim %d: Owner is required", p.ID)
+	case n == 0:
+		return fmt.Errorf("fail claim %d: Reason (the dead-letter reason) is required", p.ID)
+	case n > claim.MaxFailReasonLength:
+		return fmt.Errorf("fail claim %d: Reason must be at most %d characters, got %d", p.ID, claim.MaxFailReasonLength, n)
+	}
+	return nil
+}
+
+// EncodeAnswer returns the JSON text an answer is stored as (not Valid:
+// no answer). Every string is made storable (claim.Storable: PostgreSQL
+// refuses NUL in JSON); an answer over claim.MaxAnswerBytes keeps its
+// status and step only, marked truncated.
+func EncodeAnswer(a *claim.Answer) (sql.NullString, error) {
+	if a == nil {
+		return sql.NullString{}, nil
+	}
+	clean := claim.Answer{Status: a.Status, Step: claim.Storable(a.Step), Truncated: a.Truncated}
+	storable := func(m map[string]string) map[string]string {
+		if len(m) == 0 {
+			return nil
+		}
+		out := make(map[string]string, len(m))
+		for k, v := range m {
+			out[claim.Storable(k)] = claim.Storable(v)
+		}
+		return out
+	}
+	clean.Headers, clean.Fields = storable(a.Headers), storable(a.Fields)
+	b, err := json.Marshal(clean)
+	if err != nil {
+		return sql.NullString{}, fmt.Errorf("encode answer: %w", err)
+	}
+	if len(b) > claim.MaxAnswerBytes {
+		clean = claim.Answer{Status: a.Status, Step: Bound(clean.Step, 64), Truncated: true}
+		if b, err = json.Marshal(clean); err != nil {
+			return sql.NullString{}, fmt.Errorf("encode answer: %w", err)
+		}
+	}
+	return sql.NullString{String: string(b), Valid: true}, nil
+}
+
+// NullInt64 is p as a nullable parameter.
+func NullInt64(p *int64) sql.NullInt64 {
+	if p == nil {
+		return sql.NullInt64{}
+	}
+	return sql.NullInt64{Int64: *p, Valid: true}
+}
+
+// DecodeAnswer parses the Answer column (nil: none).
+func DecodeAnswer(s *string) (*claim.Answer, error) {
+	if s == nil || *s == "" {
+		return nil, nil
+	}
+	var a claim.Answer
+	if err := json.Unmarshal([]byte(*s), &a); err != nil {
+		return nil, fmt.Errorf("decode answer: %w", err)
+	}
+	return &a, nil
 }
 
 // ValidateFlagOne checks Flag's params.
