@@ -11,6 +11,7 @@
 //	go run ./cmd/chaos -db "$SBCLAIM_TEST_SQLSERVER_URL" -seed 2   # a fresh database, dropped after
 //	go run ./cmd/chaos -seed 3 -flagged-histories   # why the reconciler had work
 //	go run ./cmd/chaos -recovery manual   # manual routes: crash-left claims go to operators
+//	go run ./cmd/chaos -answers mixed     # a payment API's declines, key conflicts and stored failures
 //	go run ./cmd/chaos -scenario naive|unique-index|two-phase
 //	go run ./cmd/chaos -bench   # SQLite, plus PostgreSQL / SQL Server when their URLs are set
 package main
@@ -50,6 +51,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		benchMS  = fs.String("bench-sqlserver", os.Getenv("SBCLAIM_TEST_SQLSERVER_URL"), "with -bench: SQL Server URL for the SQL Server rows, a fresh database per table (default $SBCLAIM_TEST_SQLSERVER_URL)")
 		verbose  = fs.Bool("v", false, "log the replicas' and reconciler's work to stderr")
 		samples  = fs.Bool("flagged-histories", false, "print the history of a few flagged claims of each kind (why the reconciler had work)")
+		answers  = fs.String("answers", "normal", "how the downstream answers: normal (every key performed) or mixed (like a payment API, a share of keys gets a final decline, a key conflict or a failure stored under the key)")
 		recovery = fs.String("recovery", "auto", "the routes' recovery: auto (the downstream honours Idempotency-Key: crash-left claims are repeated with the same key) or manual (they are flagged for operators)")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -62,6 +64,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	rec := sideeffects.Recovery(*recovery)
 	if *recovery == "" || !rec.Valid() {
 		fmt.Fprintf(stderr, "chaos: -recovery: %q is not auto or manual\n", *recovery)
+		return 2
+	}
+	ans := chaos.Answers(*answers)
+	if ans != chaos.AnswersNormal && ans != chaos.AnswersMixed {
+		fmt.Fprintf(stderr, "chaos: -answers: %q is not normal or mixed\n", *answers)
 		return 2
 	}
 	fl, err := chaos.ParseFaults(*faults)
@@ -113,6 +120,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		Seed:        *seed,
 		DatabaseURL: *db,
 		Recovery:    rec,
+		Answers:     ans,
 		Logger:      logger,
 	})
 	if err != nil {

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"slices"
@@ -344,6 +345,74 @@ func TestParseFaults(t *testing.T) {
 		}
 		if err != nil || !slices.Equal(got, tc.want) {
 			t.Errorf("ParseFaults(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+// With a payment API's answers and every fault on, declines and key
+// conflicts fail their claims and are dead-lettered once each, never
+// flagged; stored failures are flagged and settled under a new key.
+func TestChaosMixedAnswers(t *testing.T) {
+	t.Parallel()
+	for _, db := range []string{"sqlite", "postgres"} {
+		t.Run(db, func(t *testing.T) {
+			t.Parallel()
+			url := ""
+			if db == "postgres" {
+				url = claimtest.PostgresURL(t)
+			}
+			rep, err := Run(context.Background(), Config{Messages: 300, Faults: AllFaults, Seed: 12, DatabaseURL: url,
+				Answers: AnswersMixed, Logger: testLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b strings.Builder
+			rep.Write(&b)
+			t.Log("\n" + b.String())
+			if !rep.Pass() {
+				t.Fatalf("violations:\n%s", strings.Join(rep.Violations, "\n"))
+			}
+			if rep.Rejected < 3 || rep.AnswerConflicts < 3 || rep.CachedFailures < 3 {
+				t.Errorf("rejected %d, conflicts %d, cached failures %d: want at least 3 each", rep.Rejected, rep.AnswerConflicts, rep.CachedFailures)
+			}
+			if rep.ClaimStates[claim.StateFailed] != rep.Rejected+rep.AnswerConflicts || rep.FlaggedForOperators != rep.CachedFailures {
+				t.Errorf("failed claims %d (want %d), flagged %d (want %d, the cached failures)",
+					rep.ClaimStates[claim.StateFailed], rep.Rejected+rep.AnswerConflicts, rep.FlaggedForOperators, rep.CachedFailures)
+			}
+			if v := rep.Verdict(); !strings.Contains(v, fmt.Sprintf("rejected %d (dead-lettered once each, claims failed), conflicts %d", rep.Rejected, rep.AnswerConflicts)) ||
+				!strings.Contains(v, fmt.Sprintf("cached failures %d (flagged", rep.CachedFailures)) {
+				t.Errorf("verdict %q does not report the answers", v)
+			}
+		})
+	}
+}
+
+// forgetfulFail reports a final answer's claim as failed and writes
+// nothing: the claim stays claimed, its holder silent, and the next
+// delivery takes it over and dead-letters the key again.
+type forgetfulFail struct{ claim.Store }
+
+func (forgetfulFail) Fail(context.Context, *claim.FailParams) error { return nil }
+
+// The answers' checks bite: a processor that dead-letters a final answer
+// without failing its claim is caught.
+func TestChaosDetectsAFinalAnswerNotRecorded(t *testing.T) {
+	t.Parallel()
+	rep, err := Run(context.Background(), Config{Messages: 200, Seed: 13, Answers: AnswersMixed, Logger: testLogger(t),
+		wrapStore: func(s claim.Store) claim.Store { return forgetfulFail{s} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Pass() {
+		t.Fatal("the harness passed a processor that never fails a claim")
+	}
+	// The claim stays claimed; every delivery that takes it over gets the
+	// replayed decline and dead-letters its copy again (the reconciler's
+	// recovery, whose store is not wrapped, finally fails the claim).
+	want := []string{"times as " + claim.FailRejected + " (want once)"}
+	for _, w := range want {
+		if !slices.ContainsFunc(rep.Violations, func(v string) bool { return strings.Contains(v, w) }) {
+			t.Errorf("no violation mentions %q: %q", w, rep.Violations)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -68,6 +69,12 @@ type Config struct {
 	// Recovery is the routes' recovery mode [auto]: manual routes are never
 	// repeated without an operator, so crash-left claims are flagged.
 	Recovery sideeffects.Recovery
+	// Answers is how the downstream answers [AnswersNormal]. With
+	// AnswersMixed it answers like a payment API (Stripe's dialect) for a
+	// share of keys: a final decline (402), a key conflict (400
+	// idempotency_error) and a failure stored under the key (500, replayed
+	// to every repeat); the routes carry the answer rules for it.
+	Answers Answers
 	// ReconcileEvery is how often the reconciler ticks during the run, as
 	// it would in production [StaleAfter/2].
 	ReconcileEvery time.Duration
@@ -100,6 +107,7 @@ func (c Config) withDefaults() Config {
 	c.TakeoverAfter = cmp.Or(c.TakeoverAfter, time.Second)
 	c.StaleAfter = cmp.Or(c.StaleAfter, 2*time.Second)
 	c.Recovery = cmp.Or(c.Recovery, sideeffects.RecoveryAuto)
+	c.Answers = cmp.Or(c.Answers, AnswersNormal)
 	c.ReconcileEvery = cmp.Or(c.ReconcileEvery, c.StaleAfter/2)
 	c.EffectTimeout = cmp.Or(c.EffectTimeout, 300*time.Millisecond)
 	c.OutageWindows = cmp.Or(c.OutageWindows, 2)
@@ -127,6 +135,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("FaultShare must be in 0..0.15 (got %g)", c.FaultShare)
 	case !c.Recovery.Valid():
 		return fmt.Errorf("Recovery must be auto or manual (got %q)", c.Recovery)
+	case c.Answers != AnswersNormal && c.Answers != AnswersMixed:
+		return fmt.Errorf("Answers must be normal or mixed (got %q)", c.Answers)
 	}
 	return nil
 }
@@ -155,6 +165,9 @@ type harness struct {
 	ids       []string // distinct normal (routed) message IDs
 	poison    []string
 	conflicts []string
+	// answers: routed message ID → the downstream's reply to its key when
+	// not the normal one (AnswersMixed).
+	answers   map[string]fakedownstream.Reply
 	copies    map[string]int    // routed message ID → sends of its normal payload
 	conflictB map[string][]byte // conflict message ID → the conflicting payload
 
@@ -216,6 +229,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		hist:        newHistory(),
 		copies:      map[string]int{},
 		conflictB:   map[string][]byte{},
+		answers:     map[string]fakedownstream.Reply{},
 		led:         newLedger(cfg.TakeoverAfter, cfg.StaleAfter),
 		diedAt:      map[string]time.Time{},
 		timedOut:    map[string]bool{},
@@ -236,6 +250,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer h.base.(*http.Transport).CloseIdleConnections()
 	h.routes = fmt.Appendf(nil, "version: 1\nroutes:\n  - name: chaos\n    match: {subject: %s}\n    url: %s/effects\n    timeout: %s\n    recovery: %s\n",
 		EffectSubject, h.srv.URL, cfg.EffectTimeout, cfg.Recovery)
+	if cfg.Answers == AnswersMixed {
+		h.down.SetConflictStyle(fakedownstream.ConflictStripe)
+		h.routes = append(h.routes, mixedAnswerRules...)
+	}
 
 	h.queue = membus.NewQueue(QueueName, membus.QueueOptions{LockDuration: cfg.LockDuration, MaxDeliveryCount: cfg.MaxDeliveryCount})
 	h.plan()
@@ -349,8 +367,14 @@ func (h *harness) plan() {
 	}
 	slices.SortStableFunc(h.sent, func(a, b sentMessage) int { return cmp.Compare(a.order, b.order) })
 
+	if cfg.Answers == AnswersMixed {
+		h.planAnswers()
+	}
+
 	// Per-message faults, never on conflict keys (their outcome is checked
-	// separately).
+	// separately), nor the downstream's hangs on keys it answers other
+	// than normally (a hang stands for a performed effect whose answer was
+	// lost).
 	var faults []Fault
 	for _, f := range cfg.Faults {
 		if f.perMessage() {
@@ -362,12 +386,19 @@ func (h *harness) plan() {
 	next := 0
 	for _, f := range faults {
 		planned := per
-		if f != FaultResponseLost && f != FaultLostThen503 && f != FaultAckLost {
-			planned = 2 * per // spares for the hook faults (see faultBook)
+		if f != FaultResponseLost && f != FaultLostThen503 {
+			// Spares for the faults that fire at a point of the processor's
+			// work (a hook, a committed outcome write), which a message can
+			// miss when another fault or a kill settled its fate first (see
+			// faultBook).
+			planned = 2 * per
 		}
 		for k := 0; k < planned && next < len(candidates); next++ {
 			id := h.ids[candidates[next]]
 			if slices.Contains(h.conflicts, id) {
+				continue
+			}
+			if _, odd := h.answers[id]; odd && (f == FaultResponseLost || f == FaultLostThen503) {
 				continue
 			}
 			h.book.assign(id, f, k >= per)
@@ -405,7 +436,9 @@ func (h *harness) serveDownstream(w http.ResponseWriter, r *http.Request) {
 	arrived := time.Now()
 	tw := &trackWriter{ResponseWriter: w}
 	h.down.ServeHTTP(tw, r)
-	key := r.Header.Get("Idempotency-Key")
+	// The message the request is for: a redrive under a new key sends
+	// <id>:r<N> (the harness's message IDs have no colon).
+	key, _, _ := strings.Cut(r.Header.Get("Idempotency-Key"), ":")
 	if f := h.book.planFor(key); tw.status == 0 && r.Context().Err() != nil && (f == FaultResponseLost || f == FaultLostThen503) {
 		h.book.count(f, 1)
 		h.book.markHit(key, f)
@@ -615,6 +648,7 @@ func (h *harness) startReplica() {
 			AfterClaim:         h.crashHook(r, FaultDieAfterClaim),
 			AfterEffect:        h.crashHook(r, FaultDieAfterEffect),
 			AfterMarkProcessed: h.crashHook(r, FaultDieAfterProcessed),
+			AfterFail:          h.crashHook(r, FaultDieAfterProcessed),
 		},
 	})
 	if err != nil {
@@ -804,7 +838,7 @@ func (h *harness) noteFlagged(rep *Report, flagged []*claim.Claim) {
 			rep.FlagSamples[kind] = append(rep.FlagSamples[kind], fmt.Sprintf("claim %d %s (%s):\n    %s", c.ID, c.MessageID, cmpOr(why, "unexplained"), h.hist.of(c.MessageID)))
 		}
 		h.explained[c.MessageID] = why
-		if h.cfg.Recovery == sideeffects.RecoveryAuto {
+		if h.cfg.Recovery == sideeffects.RecoveryAuto && h.answerOf(c.MessageID) != fakedownstream.ReplyCachedFailure {
 			rep.violate("claim %d (%s) flagged for operators (%s) although its route is auto: recovery must settle what a crash leaves",
 				c.ID, c.MessageID, c.FlagReason)
 		}
@@ -840,8 +874,10 @@ func (h *harness) reconcile(ctx context.Context, rec *reconciler.Reconciler, rep
 		}
 		rep.Ticks++
 		h.noteFlagged(rep, res.Flagged)
-		if len(h.cfg.Faults) == 0 && len(res.Flagged) > 0 {
-			rep.violate("no fault was injected, yet the reconciler flagged claims (want none)")
+		if len(h.cfg.Faults) == 0 && slices.ContainsFunc(res.Flagged, func(c *claim.Claim) bool {
+			return h.answerOf(c.MessageID) != fakedownstream.ReplyCachedFailure
+		}) {
+			rep.violate("no fault was injected, yet the reconciler flagged claims other than the downstream's cached failures (want none)")
 		}
 		if res.Stats != nil && res.Stats.Claimed == 0 && res.Stats.Released == 0 {
 			break
@@ -874,13 +910,27 @@ func (h *harness) reconcile(ctx context.Context, rec *reconciler.Reconciler, rep
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			_, err := redrive(ctx, opStore, &reconciler.RedriveParams{
+			p := &reconciler.RedriveParams{
 				ID: c.ID, By: operatorName, Routes: reconciler.Routes{"": redriveRouter}, Logger: h.log,
 				HeartbeatInterval: h.cfg.HeartbeatInterval,
 				Retry:             sideeffects.RetryPolicy{MaxAttempts: 5, InitialInterval: 50 * time.Millisecond, MaxInterval: 500 * time.Millisecond, Budget: 10 * time.Second},
-			})
+			}
+			if h.answerOf(c.MessageID) == fakedownstream.ReplyCachedFailure {
+				// The operator saw the stored 500 (the claim's answer) and
+				// that nothing was charged under the key: a new key.
+				p.NewKey, p.Note = true, "the downstream stored a 500 under the key; nothing was performed"
+			}
+			_, err := redrive(ctx, opStore, p)
 			mu.Lock()
 			defer mu.Unlock()
+			var ee *reconciler.EffectError
+			if errors.As(err, &ee) && ee.Failed && h.answerOf(c.MessageID) != fakedownstream.ReplyNormal && h.answerOf(c.MessageID) != fakedownstream.ReplyCachedFailure {
+				// A manual route's claim flagged after a crash, whose
+				// redrive got the key's final answer: the claim failed.
+				h.hist.add(c.MessageID, "redrive of claim %d: the final answer failed the claim", c.ID)
+				rep.Redriven++
+				return
+			}
 			if err != nil {
 				rep.violate("redrive claim %d (%s): %v", c.ID, c.MessageID, err)
 				h.hist.add(c.MessageID, "redrive of claim %d: %v", c.ID, err)
@@ -906,6 +956,9 @@ func (h *harness) reconcile(ctx context.Context, rec *reconciler.Reconciler, rep
 //     it is not enough: a replica that was killed later, after it had
 //     settled the message, must have recorded the claim's outcome first.
 func (h *harness) explainLocked(c *claim.Claim) (why, kind string) {
+	if h.answers[c.MessageID] == fakedownstream.ReplyCachedFailure {
+		return "the downstream stored a failure under its key: a repeat with the same key can never succeed", "cached failure"
+	}
 	if f, ok := h.book.hitOn(c.MessageID); ok {
 		return fmt.Sprintf("fault %s happened to it", f), "fault " + string(f)
 	}
@@ -952,6 +1005,9 @@ func (h *harness) verify(ctx context.Context, rep *Report) {
 	// Downstream effects per key.
 	rep.EffectsPerKey = map[int]int{}
 	for _, id := range h.ids {
+		if _, odd := h.answers[id]; odd {
+			continue // no effect under its key: checkAnswers
+		}
 		n := h.down.Effects(id)
 		rep.EffectsPerKey[n]++
 		if n != 1 {
@@ -1008,12 +1064,19 @@ func (h *harness) verify(ctx context.Context, rep *Report) {
 	}
 	conflictDL := map[string]int{}
 	poisonDL := map[string]int{}
+	answerDL := map[string]map[string]int{} // message ID → reason → dead letters
 	for _, m := range h.queue.DeadLetters() {
 		reason := ""
 		if m.DeadLetterReason != nil {
 			reason = *m.DeadLetterReason
 		}
+		_, odd := h.answers[m.MessageID]
 		switch {
+		case odd:
+			if answerDL[m.MessageID] == nil {
+				answerDL[m.MessageID] = map[string]int{}
+			}
+			answerDL[m.MessageID][reason]++
 		case reason == processor.ReasonIdempotencyKeyConflict && slices.Contains(h.conflicts, m.MessageID):
 			conflictDL[m.MessageID]++
 		case reason == sideeffects.ReasonNoRoute && slices.Contains(h.poison, m.MessageID):
@@ -1036,6 +1099,7 @@ func (h *harness) verify(ctx context.Context, rep *Report) {
 	rep.ClaimStates = map[claim.State]int{}
 	perKey := map[string]int{}
 	hashes := map[string][]byte{}
+	byKey := map[string]*claim.Claim{}
 	var after int64
 	for {
 		page, err := h.db.Store.List(ctx, &claim.ListParams{Consumer: Consumer, AfterID: after, Limit: 1000})
@@ -1047,7 +1111,12 @@ func (h *harness) verify(ctx context.Context, rep *Report) {
 			rep.ClaimStates[c.State]++
 			perKey[c.MessageID]++
 			hashes[c.MessageID] = c.PayloadHash
+			byKey[c.MessageID] = c
 			switch c.State {
+			case claim.StateFailed:
+				if _, odd := h.answers[c.MessageID]; !odd {
+					rep.violate("claim %d (%s) failed (%s: %s) although the downstream answers its key normally", c.ID, c.MessageID, c.FailReason, c.LastError)
+				}
 			case claim.StateClaimed, claim.StateReleased:
 				rep.violate("claim %d (%s) left %s", c.ID, c.MessageID, c.State)
 			case claim.StateFlagged:
@@ -1100,6 +1169,8 @@ func (h *harness) verify(ctx context.Context, rep *Report) {
 			rep.violate("conflict %s (%s won): dead-lettered %d times as %s (want %d)", id, winner, conflictDL[id], processor.ReasonIdempotencyKeyConflict, want)
 		}
 	}
+
+	h.checkAnswers(rep, byKey, answerDL)
 
 	for _, f := range h.cfg.Faults {
 		if rep.Happened[f] == 0 {

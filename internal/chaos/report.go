@@ -62,6 +62,14 @@ type Report struct {
 	// RecoveryExplained counts reconciler recoveries by what explains
 	// them (each must be explained, like a flag).
 	RecoveryExplained map[string]int
+	// Rejected, AnswerConflicts and CachedFailures count the keys the
+	// downstream declined, answered as a key conflict, or failed with an
+	// answer stored under the key (AnswersMixed).
+	Rejected, AnswerConflicts, CachedFailures int
+	// FinalFlaggedFirst counts declined or conflicting keys whose claim
+	// was flagged first (a manual route after a crash) and failed by the
+	// operator's redrive.
+	FinalFlaggedFirst int
 	// RepeatedByTakeOver counts keys whose effect request was sent by more
 	// than one holder (after a take-over, with the same key).
 	RepeatedByTakeOver int
@@ -143,8 +151,8 @@ func (r *Report) Pass() bool { return len(r.Violations) == 0 }
 // Verdict is the report's one-line verdict.
 func (r *Report) Verdict() string {
 	if r.Pass() {
-		return fmt.Sprintf("VERDICT: PASS %d messages, %d sends, %d replicas (%d killed and replaced): every routed message's effect happened exactly once, %d faults injected; flagged for operators %d",
-			r.Distinct, r.Sent, r.Replicas, r.Kills, sum(r.Happened), r.FlaggedForOperators)
+		return fmt.Sprintf("VERDICT: PASS %d messages, %d sends, %d replicas (%d killed and replaced): every routed message's effect happened exactly once, %d faults injected; flagged for operators %d%s",
+			r.Distinct, r.Sent, r.Replicas, r.Kills, sum(r.Happened), r.FlaggedForOperators, r.answersLine())
 	}
 	reasons := slices.Clone(r.Violations)
 	if r.moreViolations > 0 {
