@@ -147,6 +147,7 @@ func Exercise(t *testing.T, h Harness) {
 		{"MissingGrantRefusesEveryWrite", s.noGrants},
 	}
 	tests = append(tests, s.takeOverTests()...)
+	tests = append(tests, s.consoleTests()...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
