@@ -74,6 +74,7 @@ func commands() []command {
 			envs: opEnvs, flags: resolveFlags},
 		{name: "redrive", args: "<id>", summary: "re-run a flagged claim's effect with the same idempotency key",
 			envs: redrive, flags: redriveFlags},
+		{name: "console", summary: "serve the operator console (review, redrive and resolve claims in a browser)", envs: consoleEnvs, flags: consoleFlags},
 	}
 }
 

@@ -130,7 +130,10 @@ func New(opts Options) (*Server, error) {
 	return s, nil
 }
 
-// validName checks an operator name from the configuration.
+// ValidOperatorName checks an operator name from the configuration
+// (Options.LocalOperator).
+func ValidOperatorName(name string) error { return validName(name) }
+
 func validName(name string) error {
 	switch {
 	case strings.TrimSpace(name) != name || name == "":
