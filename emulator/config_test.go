@@ -570,8 +570,8 @@ func TestComposeRoutes(t *testing.T) {
 	mounted := map[string]bool{}
 	for name, svc := range compose.Services {
 		routesPath := svc.Environment["SBCLAIM_ROUTES"]
-		if routesPath == "" {
-			continue
+		if routesPath == "" || strings.Contains(routesPath, "=") {
+			continue // consumer=path pairs (the console): TestComposeConsole
 		}
 		file, ok := svc.hostFile(routesPath)
 		if !ok {
