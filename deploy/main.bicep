@@ -399,7 +399,7 @@ resource processor 'Microsoft.App/containerApps@2025-07-01' = if (deployApps) {
     template: {
       // Container Apps sends SIGTERM, then SIGKILL after this many seconds.
       // SBCLAIM_TERMINATION_GRACE_PERIOD tells the processor the same
-      // number; it checks that SBCLAIM_SHUTDOWN_TIMEOUT (20s, in-flight
+      // number; it checks that SBCLAIM_SHUTDOWN_TIMEOUT (15s, in-flight
       // effects finish), the settle timeout and one store write fit in it.
       terminationGracePeriodSeconds: 30
       containers: [
@@ -427,7 +427,7 @@ resource processor 'Microsoft.App/containerApps@2025-07-01' = if (deployApps) {
               { name: 'SBCLAIM_HEARTBEAT_INTERVAL', value: heartbeatInterval }
               { name: 'SBCLAIM_TAKEOVER_AFTER', value: takeoverAfter }
               { name: 'SBCLAIM_STALE_AFTER', value: staleAfter }
-              { name: 'SBCLAIM_SHUTDOWN_TIMEOUT', value: '20s' }
+              { name: 'SBCLAIM_SHUTDOWN_TIMEOUT', value: '15s' }
               { name: 'SBCLAIM_TERMINATION_GRACE_PERIOD', value: '30s' }
               { name: 'SBCLAIM_DEDUP_KEY', value: 'message-id' }
               { name: 'SBCLAIM_STORE_PAYLOAD', value: 'true' }

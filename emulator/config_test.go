@@ -568,17 +568,41 @@ func TestComposeRoutes(t *testing.T) {
 	logger := slog.New(slog.DiscardHandler)
 
 	mounted := map[string]bool{}
+	consumerFile := map[string]string{} // consumer → the routes file its processors mount
+	var reconcilerRoutes map[string]string
 	for name, svc := range compose.Services {
-		routesPath := svc.Environment["SBCLAIM_ROUTES"]
-		if routesPath == "" || strings.Contains(routesPath, "=") {
-			continue // consumer=path pairs (the console): TestComposeConsole
+		spec := svc.Environment["SBCLAIM_ROUTES"]
+		if spec == "" {
+			continue
 		}
+		if strings.Contains(spec, "=") && name != "reconciler" {
+			continue // the operator console's pairs: TestComposeConsole
+		}
+		if strings.Contains(spec, "=") {
+			// The reconciler: consumer=path pairs, one routes file per
+			// consumer (checked against the processors' below).
+			reconcilerRoutes = map[string]string{}
+			for _, pair := range strings.Split(spec, ",") {
+				consumer, path, _ := strings.Cut(pair, "=")
+				file, ok := svc.hostFile(path)
+				if !ok {
+					t.Errorf("service %s: SBCLAIM_ROUTES entry %s=%s is not a file mounted from the repository", name, consumer, path)
+					continue
+				}
+				reconcilerRoutes[consumer] = file
+			}
+			continue
+		}
+		routesPath := spec
 		file, ok := svc.hostFile(routesPath)
 		if !ok {
 			t.Errorf("service %s: SBCLAIM_ROUTES=%s is not a file mounted from the repository", name, routesPath)
 			continue
 		}
 		mounted[filepath.Base(file)] = true
+		if c := svc.Environment["SBCLAIM_CONSUMER"]; c != "" {
+			consumerFile[c] = file
+		}
 
 		// The processor's own loader: schema, URLs, headers.
 		router, err := sideeffects.LoadRoutes(file, os.Getenv, logger)
@@ -622,6 +646,22 @@ func TestComposeRoutes(t *testing.T) {
 		}
 		if _, err := router.Route(message(want, `{"id":"x"}`)); err != nil {
 			t.Errorf("service %s: subject %q has no route: %v", name, want, err)
+		}
+	}
+
+	// The reconciler recovers each consumer's claims through that
+	// consumer's own routes file, and knows every consumer.
+	if reconcilerRoutes == nil {
+		t.Error("no service (the reconciler) sets SBCLAIM_ROUTES as consumer=path pairs")
+	}
+	for consumer, file := range consumerFile {
+		if got := reconcilerRoutes[consumer]; got != file {
+			t.Errorf("reconciler SBCLAIM_ROUTES: consumer %s uses %q, its processors mount %q", consumer, got, file)
+		}
+	}
+	for consumer := range reconcilerRoutes {
+		if consumerFile[consumer] == "" {
+			t.Errorf("reconciler SBCLAIM_ROUTES names consumer %s, which no processor has", consumer)
 		}
 	}
 

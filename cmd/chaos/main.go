@@ -10,6 +10,7 @@
 //	go run ./cmd/chaos -db "$SBCLAIM_TEST_POSTGRES_URL" -seed 2
 //	go run ./cmd/chaos -db "$SBCLAIM_TEST_SQLSERVER_URL" -seed 2   # a fresh database, dropped after
 //	go run ./cmd/chaos -seed 3 -flagged-histories   # why the reconciler had work
+//	go run ./cmd/chaos -recovery manual   # manual routes: crash-left claims go to operators
 //	go run ./cmd/chaos -scenario naive|unique-index|two-phase
 //	go run ./cmd/chaos -bench   # SQLite, plus PostgreSQL / SQL Server when their URLs are set
 package main
@@ -26,6 +27,7 @@ import (
 	"time"
 
 	"github.com/sbclaim/sbclaim/internal/chaos"
+	"github.com/sbclaim/sbclaim/internal/sideeffects"
 )
 
 func main() {
@@ -48,12 +50,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		benchMS  = fs.String("bench-sqlserver", os.Getenv("SBCLAIM_TEST_SQLSERVER_URL"), "with -bench: SQL Server URL for the SQL Server rows, a fresh database per table (default $SBCLAIM_TEST_SQLSERVER_URL)")
 		verbose  = fs.Bool("v", false, "log the replicas' and reconciler's work to stderr")
 		samples  = fs.Bool("flagged-histories", false, "print the history of a few flagged claims of each kind (why the reconciler had work)")
+		recovery = fs.String("recovery", "auto", "the routes' recovery: auto (the downstream honours Idempotency-Key: crash-left claims are repeated with the same key) or manual (they are flagged for operators)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "chaos: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	rec := sideeffects.Recovery(*recovery)
+	if *recovery == "" || !rec.Valid() {
+		fmt.Fprintf(stderr, "chaos: -recovery: %q is not auto or manual\n", *recovery)
 		return 2
 	}
 	fl, err := chaos.ParseFaults(*faults)
@@ -104,6 +112,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		Faults:      fl,
 		Seed:        *seed,
 		DatabaseURL: *db,
+		Recovery:    rec,
 		Logger:      logger,
 	})
 	if err != nil {

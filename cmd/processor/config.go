@@ -6,12 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/sbclaim/sbclaim/internal/claimdb"
 	"github.com/sbclaim/sbclaim/internal/processor"
+	"github.com/sbclaim/sbclaim/internal/redact"
 )
 
 // Config is the processor's configuration, parsed and validated.
@@ -27,6 +28,11 @@ type Config struct {
 	MaxConcurrentCalls int
 	MaxLockRenewal     time.Duration
 	HeartbeatInterval  time.Duration
+	TakeoverAfter      time.Duration
+	StaleAfter         time.Duration
+	StoreTimeout       time.Duration
+	SettleTimeout      time.Duration
+	GracePeriod        time.Duration
 	ShutdownTimeout    time.Duration
 	DedupKey           string
 	Key                processor.KeyFunc
@@ -77,7 +83,12 @@ func settings() []*setting {
 		{env: "SBCLAIM_MAX_CONCURRENT_CALLS", flag: "max-concurrent-calls", def: "16", usage: "messages worked on at once"},
 		{env: "SBCLAIM_MAX_LOCK_RENEWAL", flag: "max-lock-renewal", def: "5m", usage: "renew each message's lock for at most this long after receipt; 0 turns renewal off"},
 		{env: "SBCLAIM_HEARTBEAT_INTERVAL", flag: "heartbeat-interval", def: "30s", usage: "claim heartbeat interval (the reconciler's SBCLAIM_STALE_AFTER must be comfortably longer)"},
-		{env: "SBCLAIM_SHUTDOWN_TIMEOUT", flag: "shutdown-timeout", def: "25s", usage: "on SIGTERM, how long in-flight effects may finish (keep below Container Apps' 30s grace period)"},
+		{env: "SBCLAIM_TAKEOVER_AFTER", flag: "takeover-after", def: "90s", usage: "a redelivery takes a claim over, and repeats its effect with the same key, once its holder has shown no heartbeat for this long (by the database clock); at least 3 × SBCLAIM_HEARTBEAT_INTERVAL and at most SBCLAIM_STALE_AFTER"},
+		{env: "SBCLAIM_STALE_AFTER", flag: "stale-after", def: "5m", usage: "the reconciler's stale window (set both apps alike); SBCLAIM_TAKEOVER_AFTER must not exceed it"},
+		{env: "SBCLAIM_SHUTDOWN_TIMEOUT", flag: "shutdown-timeout", def: "15s", usage: "on SIGTERM, how long in-flight effects may finish; with SBCLAIM_SETTLE_TIMEOUT and SBCLAIM_STORE_TIMEOUT it must fit SBCLAIM_TERMINATION_GRACE_PERIOD"},
+		{env: "SBCLAIM_STORE_TIMEOUT", flag: "store-timeout", def: "5s", usage: "timeout of each claims-store call"},
+		{env: "SBCLAIM_SETTLE_TIMEOUT", flag: "settle-timeout", def: "5s", usage: "timeout of each settlement (complete, abandon, dead-letter)"},
+		{env: "SBCLAIM_TERMINATION_GRACE_PERIOD", flag: "termination-grace-period", def: "30s", usage: "the platform's time between SIGTERM and SIGKILL (Container Apps' terminationGracePeriodSeconds, default 30s)"},
 		{env: "SBCLAIM_DEDUP_KEY", flag: "dedup-key", def: "message-id", usage: "dedup key: message-id, property:<name>, or cloudevents (ce_source + ce_id)"},
 		{env: "SBCLAIM_STORE_PAYLOAD", flag: "store-payload", def: "true", usage: "keep the body on unfinished claims so flagged claims can be redriven (turn off for PII)"},
 		{env: "SBCLAIM_MAX_PAYLOAD_BYTES", flag: "max-payload-bytes", def: "262144", usage: "dead-letter bodies larger than this"},
@@ -137,7 +148,7 @@ func parseConfig(v map[string]*setting) (*Config, error) {
 	bad := func(field string, err error) {
 		val := v[field].val
 		if v[field].secret {
-			val = redact(val)
+			val = redact.Value(val)
 		}
 		errs = append(errs, &ConfigError{Field: field, Value: val, Err: err})
 	}
@@ -183,7 +194,7 @@ func parseConfig(v map[string]*setting) (*Config, error) {
 	case c.DatabaseURL == "":
 		bad("SBCLAIM_DATABASE_URL", errors.New("required"))
 	default:
-		if err := checkDatabaseURL(c.DatabaseURL); err != nil {
+		if err := claimdb.Check(c.DatabaseURL); err != nil {
 			bad("SBCLAIM_DATABASE_URL", err)
 		}
 	}
@@ -231,7 +242,24 @@ func parseConfig(v map[string]*setting) (*Config, error) {
 	c.MaxConcurrentCalls = integer("SBCLAIM_MAX_CONCURRENT_CALLS", 1, 256)
 	c.MaxLockRenewal = dur("SBCLAIM_MAX_LOCK_RENEWAL", 0)
 	c.HeartbeatInterval = dur("SBCLAIM_HEARTBEAT_INTERVAL", time.Second)
+	c.TakeoverAfter = dur("SBCLAIM_TAKEOVER_AFTER", time.Second)
+	c.StaleAfter = dur("SBCLAIM_STALE_AFTER", time.Second)
+	if floor := 3 * c.HeartbeatInterval; c.HeartbeatInterval > 0 && c.TakeoverAfter > 0 && c.TakeoverAfter < floor {
+		bad("SBCLAIM_TAKEOVER_AFTER", fmt.Errorf("must be at least 3 × SBCLAIM_HEARTBEAT_INTERVAL = 3 × %s = %s: a live holder that missed two heartbeats would be taken over", c.HeartbeatInterval, floor))
+	}
+	if c.StaleAfter > 0 && c.TakeoverAfter > c.StaleAfter {
+		bad("SBCLAIM_TAKEOVER_AFTER", fmt.Errorf("must not exceed SBCLAIM_STALE_AFTER (%s): redeliveries, which hold the message, take a silent holder's claim over before the reconciler does", c.StaleAfter))
+	}
 	c.ShutdownTimeout = dur("SBCLAIM_SHUTDOWN_TIMEOUT", time.Second)
+	c.StoreTimeout = dur("SBCLAIM_STORE_TIMEOUT", 100*time.Millisecond)
+	c.SettleTimeout = dur("SBCLAIM_SETTLE_TIMEOUT", 100*time.Millisecond)
+	c.GracePeriod = dur("SBCLAIM_TERMINATION_GRACE_PERIOD", time.Second)
+	if need := c.ShutdownTimeout + c.SettleTimeout + c.StoreTimeout; c.ShutdownTimeout > 0 && c.SettleTimeout > 0 && c.StoreTimeout > 0 &&
+		c.GracePeriod > 0 && need >= c.GracePeriod {
+		bad("SBCLAIM_SHUTDOWN_TIMEOUT", fmt.Errorf("SBCLAIM_SHUTDOWN_TIMEOUT + SBCLAIM_SETTLE_TIMEOUT + SBCLAIM_STORE_TIMEOUT = %s + %s + %s = %s must be less than SBCLAIM_TERMINATION_GRACE_PERIOD (%s): "+
+			"the last effects, their outcome write and their settlement must end before the platform's SIGKILL",
+			c.ShutdownTimeout, c.SettleTimeout, c.StoreTimeout, need, c.GracePeriod))
+	}
 	c.MaxPayloadBytes = integer("SBCLAIM_MAX_PAYLOAD_BYTES", 1, 100<<20)
 	c.EffectMaxAttempts = integer("SBCLAIM_EFFECT_MAX_ATTEMPTS", 1, 100)
 	c.EffectBudget = dur("SBCLAIM_EFFECT_RETRY_BUDGET", time.Millisecond)
@@ -276,26 +304,6 @@ func (c *Config) Entity() string {
 		return c.Queue
 	}
 	return c.Topic + "/" + c.Subscription
-}
-
-func checkDatabaseURL(s string) error {
-	switch {
-	case strings.HasPrefix(s, "sqlite:"):
-		if strings.TrimPrefix(s, "sqlite:") == "" {
-			return errors.New("sqlite: needs a file path (or :memory:)")
-		}
-		return nil
-	case strings.HasPrefix(s, "postgres://"), strings.HasPrefix(s, "postgresql://"), strings.HasPrefix(s, "sqlserver://"):
-		u, err := url.Parse(s)
-		if err != nil {
-			return errors.New("not a valid URL")
-		}
-		if u.Host == "" {
-			return errors.New("the URL has no host")
-		}
-		return nil
-	}
-	return errors.New("want sqlserver://, postgres:// or sqlite:")
 }
 
 func checkConnectionString(s string) error {
@@ -344,41 +352,4 @@ func splitHostPort(addr string) (string, int, error) {
 		return "", 0, errors.New("bad port")
 	}
 	return addr[:i], port, nil
-}
-
-// redact hides every secret in a setting's value: a URL's password and
-// password-like query parameters, a connection string's keys and
-// signatures. What is left still tells which server was meant.
-func redact(s string) string {
-	if s == "" {
-		return ""
-	}
-	if strings.Contains(s, "://") && !strings.Contains(s, ";") {
-		u, err := url.Parse(s)
-		if err != nil {
-			return "[redacted]"
-		}
-		if u.User != nil {
-			if _, ok := u.User.Password(); ok {
-				u.User = url.UserPassword(u.User.Username(), "xxxxx")
-			}
-		}
-		q := u.Query()
-		for k := range q {
-			if lk := strings.ToLower(k); strings.Contains(lk, "password") || strings.Contains(lk, "secret") || strings.Contains(lk, "key") || strings.Contains(lk, "token") {
-				q.Set(k, "xxxxx")
-			}
-		}
-		u.RawQuery = q.Encode()
-		return u.String()
-	}
-	parts := strings.Split(s, ";")
-	for i, part := range parts {
-		k, _, ok := strings.Cut(part, "=")
-		lk := strings.ToLower(strings.TrimSpace(k))
-		if ok && (strings.Contains(lk, "key") && lk != "sharedaccesskeyname" || strings.Contains(lk, "signature") || strings.Contains(lk, "password") || lk == "pwd") {
-			parts[i] = k + "=xxxxx"
-		}
-	}
-	return strings.Join(parts, ";")
 }

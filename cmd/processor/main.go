@@ -24,9 +24,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/claimdb"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
-	"github.com/sbclaim/sbclaim/internal/store"
 )
 
 func main() {
@@ -81,7 +81,7 @@ func serve(ctx context.Context, cfg *Config, logger *slog.Logger, getenv func(st
 	}
 
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	st, err := store.Open(openCtx, cfg.DatabaseURL)
+	st, err := claimdb.Open(openCtx, cfg.DatabaseURL)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("open claims store: %w", err)
@@ -113,30 +113,41 @@ func serve(ctx context.Context, cfg *Config, logger *slog.Logger, getenv func(st
 		MaxConcurrentCalls: cfg.MaxConcurrentCalls,
 		MaxLockRenewal:     cfg.MaxLockRenewal,
 		HeartbeatInterval:  cfg.HeartbeatInterval,
+		TakeoverAfter:      cfg.TakeoverAfter,
+		StaleAfter:         cfg.StaleAfter,
 		Retry: sideeffects.RetryPolicy{
 			MaxAttempts:     cfg.EffectMaxAttempts,
 			InitialInterval: 500 * time.Millisecond,
 			MaxInterval:     30 * time.Second,
 			Budget:          cfg.EffectBudget,
 		},
-		StorePayload:    cfg.StorePayload,
-		MaxPayloadBytes: cfg.MaxPayloadBytes,
-		ShutdownTimeout: cfg.ShutdownTimeout,
-		Logger:          logger,
-		Metrics:         metrics,
+		StorePayload:           cfg.StorePayload,
+		MaxPayloadBytes:        cfg.MaxPayloadBytes,
+		ShutdownTimeout:        cfg.ShutdownTimeout,
+		StoreTimeout:           cfg.StoreTimeout,
+		SettleTimeout:          cfg.SettleTimeout,
+		TerminationGracePeriod: cfg.GracePeriod,
+		Logger:                 logger,
+		Metrics:                metrics,
 	})
 	if err != nil {
 		return err
 	}
 
+	// Bind before receiving: a processor without /healthz, /readyz and
+	// /metrics must not consume messages (the platform could neither
+	// probe it nor scrape it).
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("listen on SBCLAIM_HTTP_ADDR %s: %w", cfg.HTTPAddr, err)
+	}
 	srv := &http.Server{
-		Addr:              cfg.HTTPAddr,
 		Handler:           httpHandler(p, st, reg),
 		ReadHeaderTimeout: 5 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
 	go func() {
-		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			logger.Error("http server failed", "error", err)
 		}
 	}()
@@ -160,7 +171,7 @@ func httpHandler(p *processor.Processor, st claim.Store, reg *prometheus.Registr
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if !p.Ready() {
-			http.Error(w, "receiver not open", http.StatusServiceUnavailable)
+			http.Error(w, p.NotReadyReason(), http.StatusServiceUnavailable)
 			return
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)

@@ -107,3 +107,37 @@ func TestSIGTERMExitsZero(t *testing.T) {
 		t.Errorf("the connection string's key was logged")
 	}
 }
+
+// TestListenerFailureExitsBeforeReceiving: when SBCLAIM_HTTP_ADDR cannot
+// be bound, the processor exits non-zero naming the variable, before it
+// opens a receiver (a processor nobody can probe or scrape must not
+// consume messages).
+func TestListenerFailureExitsBeforeReceiving(t *testing.T) {
+	dir := t.TempDir()
+	routes := filepath.Join(dir, "routes.yaml")
+	if err := os.WriteFile(routes, []byte("routes:\n  - name: p\n    match: {subject: p}\n    url: http://127.0.0.1:1/p\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	env := map[string]string{
+		"SBCLAIM_DATABASE_URL":                 testdb.URL(t, "sqlite"),
+		"SBCLAIM_SERVICEBUS_CONNECTION_STRING": "Endpoint=sb://127.0.0.1;SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey=" + testKey + ";UseDevelopmentEmulator=true;",
+		"SBCLAIM_QUEUE":                        "payments",
+		"SBCLAIM_CONSUMER":                     "billing",
+		"SBCLAIM_ROUTES":                       routes,
+		"SBCLAIM_HTTP_ADDR":                    busy.Addr().String(),
+	}
+	var stdout, stderr lockedBuffer
+	code := run(context.Background(), nil, func(k string) string { return env[k] }, &stdout, &stderr)
+	out := stdout.String() + stderr.String()
+	if code == 0 || !strings.Contains(out, "SBCLAIM_HTTP_ADDR") || !strings.Contains(out, "address already in use") {
+		t.Fatalf("exit %d, output:\n%s\nwant non-zero naming SBCLAIM_HTTP_ADDR", code, out)
+	}
+	if strings.Contains(out, "processor started") {
+		t.Errorf("the processor started receiving before its listener failed:\n%s", out)
+	}
+}

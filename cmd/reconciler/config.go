@@ -10,8 +10,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sbclaim/sbclaim/internal/claimdb"
 	"github.com/sbclaim/sbclaim/internal/console"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
+	"github.com/sbclaim/sbclaim/internal/redact"
 )
 
 // StaleFactor is how many heartbeat intervals a claim must miss before the
@@ -114,15 +116,14 @@ var settings = []setting{
 	{env: "SBCLAIM_DATABASE_URL", flag: "database-url", secret: true,
 		usage: "claims database: sqlite:<path>, postgres://..., sqlserver://... (required)",
 		set: func(c *Config, v string) error {
-			switch {
-			case v == "":
+			if v == "" {
 				return errors.New("required")
-			case strings.HasPrefix(v, "sqlite:"), strings.HasPrefix(v, "postgres://"),
-				strings.HasPrefix(v, "postgresql://"), strings.HasPrefix(v, "sqlserver://"):
-				c.DatabaseURL = v
-				return nil
 			}
-			return errors.New("unsupported scheme (want sqlite:, postgres:// or sqlserver://)")
+			if err := claimdb.Check(v); err != nil {
+				return err
+			}
+			c.DatabaseURL = v
+			return nil
 		}},
 	{env: "SBCLAIM_RECONCILE_SCHEDULE", flag: "schedule", def: reconciler.DefaultSchedule,
 		usage: `cron spec of the reconcile tick: 5 fields ("*/5 * * * *") or "@every 1m"`,
@@ -260,7 +261,7 @@ func bindConfig(fs *flag.FlagSet, getenv func(string) string, envs []string) *co
 		usage := s.usage + " [$" + s.env + "]"
 		if s.secret && def != "" {
 			// flag prints the default in -h: never show a secret.
-			usage += " (set: " + redactURL(def) + ")"
+			usage += " (set: " + redact.Value(def) + ")"
 			cf.values[s.env] = fs.String(s.flag, "", usage)
 			*cf.values[s.env] = def
 			continue
@@ -283,7 +284,7 @@ func (cf *configFlags) load() (*Config, error) {
 		if err := s.set(c, v); err != nil {
 			shown := v
 			if s.secret {
-				shown = redactURL(v)
+				shown = redact.Value(v)
 			}
 			errs = append(errs, &ConfigError{Field: s.env, Value: shown, Err: err})
 		}

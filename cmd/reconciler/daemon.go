@@ -16,9 +16,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/claimdb"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
+	"github.com/sbclaim/sbclaim/internal/redact"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
-	"github.com/sbclaim/sbclaim/internal/store"
 )
 
 // cmdRun is the daemon: the tick on the cron schedule, and /healthz and
@@ -156,9 +157,9 @@ func (e *env) routes() (reconciler.Routes, error) {
 
 // cmdMigrate applies the claims schema.
 func cmdMigrate(ctx context.Context, e *env, _ []string) int {
-	if err := store.Migrate(ctx, e.cfg.DatabaseURL); err != nil {
-		return e.fail("migrate", fmt.Errorf("migrate %s: %w", redactURL(e.cfg.DatabaseURL), err))
+	if err := claimdb.Migrate(ctx, e.cfg.DatabaseURL); err != nil {
+		return e.fail("migrate", fmt.Errorf("migrate %s: %w", redact.URL(e.cfg.DatabaseURL), err))
 	}
-	fmt.Fprintf(e.stdout, "claims schema is up to date on %s\n", redactURL(e.cfg.DatabaseURL))
+	fmt.Fprintf(e.stdout, "claims schema is up to date on %s\n", redact.URL(e.cfg.DatabaseURL))
 	return exitOK
 }

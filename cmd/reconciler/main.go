@@ -17,7 +17,8 @@ import (
 	"text/tabwriter"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/store"
+	"github.com/sbclaim/sbclaim/internal/claimdb"
+	"github.com/sbclaim/sbclaim/internal/redact"
 )
 
 func main() {
@@ -140,7 +141,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return exitUsage
 	}
 
-	errOut := newScrubWriter(stderr, secretsOf(cfg.DatabaseURL))
+	errOut := redact.NewScrubber(redact.Secrets(cfg.DatabaseURL)...).Writer(stderr)
 	e := &env{cfg: cfg, logger: newLogger(errOut, cfg), stdout: stdout, stderr: errOut, getenv: getenv}
 	return exec(ctx, e, rest)
 }
@@ -200,9 +201,9 @@ func newLogger(w io.Writer, cfg *Config) *slog.Logger {
 // openStore opens the claims store, with errors that never show the
 // database password.
 func (e *env) openStore(ctx context.Context) (claim.Store, error) {
-	st, err := store.Open(ctx, e.cfg.DatabaseURL)
+	st, err := claimdb.Open(ctx, e.cfg.DatabaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("open claims database %s: %w", redactURL(e.cfg.DatabaseURL), err)
+		return nil, fmt.Errorf("open claims database %s: %w", redact.URL(e.cfg.DatabaseURL), err)
 	}
 	return st, nil
 }

@@ -21,8 +21,9 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/claimdb"
+	"github.com/sbclaim/sbclaim/internal/redact"
 	"github.com/sbclaim/sbclaim/internal/sideeffects/fakedownstream"
-	"github.com/sbclaim/sbclaim/internal/store"
 )
 
 // cli runs the binary's run function with an environment of its own.
@@ -82,7 +83,7 @@ func eachDatabase(t *testing.T, fn func(t *testing.T, url string)) {
 
 func openStore(t *testing.T, url string) claim.Store {
 	t.Helper()
-	st, err := store.Open(context.Background(), url)
+	st, err := claimdb.Open(context.Background(), url)
 	if err != nil {
 		t.Fatalf("open store: %v", err)
 	}
@@ -482,19 +483,8 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		for _, args := range [][]string{{"once"}, {"list"}, {"migrate"}, {"-h"}, {"list", "-h"}} {
 			r := c.run(args...)
 			if strings.Contains(r.stdout+r.stderr, secret) {
-				t.Errorf("reconciler %v with %s printed the password:\n%s%s", args, redactURL(url), r.stdout, r.stderr)
+				t.Errorf("reconciler %v with %s printed the password:\n%s%s", args, redact.URL(url), r.stdout, r.stderr)
 			}
-		}
-	}
-	for in, want := range map[string]string{
-		"postgres://u:p4ssword@h:5432/db?sslmode=disable":   "postgres://u:xxxxx@h:5432/db?sslmode=disable",
-		"postgres://h/db?password=p4ssword&user=u":          "postgres://h/db?password=xxxxx&user=u",
-		"sqlserver://sa:p4ss@h?database=x":                  "sqlserver://sa:xxxxx@h?database=x",
-		"server=h;user id=sa;password=p4ss;database=claims": "server=h;user id=sa;password=xxxxx;database=claims",
-		"sqlite:/var/lib/claims.db":                         "sqlite:/var/lib/claims.db",
-	} {
-		if got := redactURL(in); got != want {
-			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
 		}
 	}
 }
@@ -646,5 +636,31 @@ func TestPrintable(t *testing.T) {
 	}
 	if got := printable("日本語のメッセージIDです", 8); got != "日本語のメ..." {
 		t.Errorf("truncation = %q, want whole runes", got)
+	}
+}
+
+// TestRunListenerFailureExitsBeforeScheduling: `reconciler run` whose
+// SBCLAIM_HTTP_ADDR cannot be bound exits non-zero, naming the variable,
+// before its first tick is scheduled.
+func TestRunListenerFailureExitsBeforeScheduling(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	url := "sqlite:" + filepath.Join(t.TempDir(), "claims.db")
+	c := newCLI(t, map[string]string{"SBCLAIM_DATABASE_URL": url, "SBCLAIM_HTTP_ADDR": busy.Addr().String()})
+	c.mustRun("migrate")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r := c.runCtx(ctx, "run")
+	if r.code == exitOK || !strings.Contains(r.stderr, "SBCLAIM_HTTP_ADDR") {
+		t.Fatalf("run with a busy port: exit %d, stderr %q; want a failure naming SBCLAIM_HTTP_ADDR", r.code, r.stderr)
+	}
+	if strings.Contains(r.stderr, "reconciler started") {
+		t.Errorf("the reconciler scheduled ticks before its listener failed: %q", r.stderr)
+	}
+	if ctx.Err() != nil {
+		t.Error("run did not return before the context ended: it kept running")
 	}
 }

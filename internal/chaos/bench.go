@@ -18,6 +18,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/claimdb"
 	"github.com/sbclaim/sbclaim/internal/membus"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
@@ -386,7 +387,7 @@ func benchLoop(ctx context.Context, p BenchParams, env *benchEnv, run string, re
 	return firstErr
 }
 
-func createBenchTables(ctx context.Context, db *sql.DB, d Dialect) error {
+func createBenchTables(ctx context.Context, db *sql.DB, d claimdb.Dialect) error {
 	key := keyType(d)
 	qs := []string{
 		"CREATE TABLE IF NOT EXISTS bench_naive (message_id " + key + " NOT NULL)",
@@ -394,7 +395,7 @@ func createBenchTables(ctx context.Context, db *sql.DB, d Dialect) error {
 		"CREATE TABLE IF NOT EXISTS bench_tx (message_id " + key + " NOT NULL)",
 		"CREATE UNIQUE INDEX IF NOT EXISTS ux_bench_tx_message_id ON bench_tx (message_id)",
 	}
-	if d == DialectSQLServer { // no IF NOT EXISTS in T-SQL's CREATE
+	if d == claimdb.SQLServer { // no IF NOT EXISTS in T-SQL's CREATE
 		qs = []string{
 			"IF OBJECT_ID(N'dbo.bench_naive', N'U') IS NULL CREATE TABLE dbo.bench_naive (message_id " + key + " NOT NULL)",
 			"IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE name = N'ix_bench_naive_message_id') CREATE INDEX ix_bench_naive_message_id ON dbo.bench_naive (message_id)",

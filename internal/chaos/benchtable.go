@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sbclaim/sbclaim/internal/claim/sqlstore"
+	"github.com/sbclaim/sbclaim/internal/claimdb"
 )
 
 // BenchConfig configures RunBenchmarks.
@@ -68,14 +69,14 @@ func RunBenchmarks(ctx context.Context, cfg BenchConfig, w io.Writer) error {
 	}
 
 	type row struct {
-		dialect Dialect
+		dialect claimdb.Dialect
 		latency time.Duration
 		conc    int
 		res     map[Variant]*BenchResult
 	}
 	var rows []row
 	type scanRow struct {
-		dialect Dialect
+		dialect claimdb.Dialect
 		res     []ScanResult
 	}
 	var scans []scanRow

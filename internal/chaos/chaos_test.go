@@ -7,11 +7,14 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
+	"github.com/sbclaim/sbclaim/internal/reconciler"
+	"github.com/sbclaim/sbclaim/internal/sideeffects"
 )
 
 // testLogger routes warnings to t.Log (the replicas log every fault).
@@ -36,12 +39,18 @@ func (w tWriter) Write(p []byte) (int, error) {
 
 func runChaos(t *testing.T, dbURL string, seed uint64) {
 	t.Helper()
+	runChaosWith(t, dbURL, seed, sideeffects.RecoveryAuto)
+}
+
+func runChaosWith(t *testing.T, dbURL string, seed uint64, recovery sideeffects.Recovery) {
+	t.Helper()
 	rep, err := Run(context.Background(), Config{
 		Messages:    300,
 		Replicas:    3,
 		Faults:      AllFaults,
 		Seed:        seed,
 		DatabaseURL: dbURL,
+		Recovery:    recovery,
 		Logger:      testLogger(t),
 	})
 	if err != nil {
@@ -64,9 +73,30 @@ func runChaos(t *testing.T, dbURL string, seed uint64) {
 	if rep.Kills == 0 || rep.ReplicasStarted != rep.Replicas+rep.Kills {
 		t.Errorf("replicas: %d killed, %d started (want every killed replica replaced)", rep.Kills, rep.ReplicasStarted)
 	}
-	if rep.Redriven == 0 {
-		t.Error("no claim was redriven: the die-after-claim and die-after-effect faults must leave stale claims")
+	if !strings.Contains(b.String(), "\nrecovery: recovered by redelivery ") {
+		t.Error("the report has no recovery: line")
 	}
+	switch recovery {
+	case sideeffects.RecoveryAuto:
+		// Crashes heal without operators: redeliveries take silent
+		// holders' claims over.
+		if rep.RecoveredByRedelivery == 0 || rep.FlaggedForOperators != 0 || rep.Redriven != 0 {
+			t.Errorf("auto routes: recovered by redelivery %d, flagged %d, redriven %d; want some, 0, 0",
+				rep.RecoveredByRedelivery, rep.FlaggedForOperators, rep.Redriven)
+		}
+	case sideeffects.RecoveryManual:
+		// Crash-left claims go to operators, each explained, and the
+		// stand-in operators redrive them all.
+		if rep.FlaggedForOperators == 0 || rep.Redriven != rep.FlaggedForOperators || rep.Unexplained != 0 {
+			t.Errorf("manual routes: flagged %d, redriven %d, unexplained %d; want some, all, 0",
+				rep.FlaggedForOperators, rep.Redriven, rep.Unexplained)
+		}
+	}
+}
+
+func TestChaosSQLiteManualRoutes(t *testing.T) {
+	t.Parallel()
+	runChaosWith(t, "", 10, sideeffects.RecoveryManual)
 }
 
 func TestChaosSQLite(t *testing.T) {
@@ -103,6 +133,10 @@ func (noDedupStore) Heartbeat(context.Context, *claim.HeartbeatParams) error { r
 
 func (noDedupStore) MarkProcessed(context.Context, *claim.MarkProcessedParams) error { return nil }
 
+func (noDedupStore) RecordAttempt(context.Context, *claim.RecordAttemptParams) error { return nil }
+
+func (noDedupStore) Release(context.Context, *claim.ReleaseParams) error { return nil }
+
 // TestChaosDetectsMissingDeduplication proves the checks bite: without
 // claims, duplicate deliveries each run the effect, which the downstream's
 // own idempotency would hide from an effects count alone.
@@ -125,51 +159,88 @@ func TestChaosDetectsMissingDeduplication(t *testing.T) {
 	if rep.Pass() {
 		t.Fatal("the harness passed a processor without deduplication")
 	}
-	if rep.MultiSender == 0 {
-		t.Error("no key was reported as sent by several deliveries")
+	if !slices.ContainsFunc(rep.Violations, func(v string) bool { return strings.Contains(v, "without ever having been granted the claim") }) {
+		t.Errorf("no request was reported as sent by a delivery that never held the claim: %q", rep.Violations)
 	}
 	if !strings.HasPrefix(rep.Verdict(), "VERDICT: FAIL: ") {
 		t.Errorf("verdict = %q", rep.Verdict())
 	}
 }
 
-// wonAsDuplicateStore turns every won claim into a duplicate of itself: the
-// processor completes every message without performing its effect, and
-// the claims are left for the reconciler, whose redrive performs them all.
-type wonAsDuplicateStore struct{ claim.Store }
-
-func (s wonAsDuplicateStore) ClaimBatch(ctx context.Context, p *claim.ClaimBatchParams) ([]claim.ClaimResult, error) {
-	res, err := s.Store.ClaimBatch(ctx, p)
-	for i := range res {
-		if res[i].Outcome == claim.OutcomeWon {
-			res[i].Outcome = claim.OutcomeDuplicate
-		}
-	}
-	return res, err
-}
-
 // forgetfulStore's MarkProcessed reports success and writes nothing: every
-// claim stays claimed, and the reconciler flags and redrives it.
+// claim stays claimed after its message was completed, and the reconciler
+// recovers it.
 type forgetfulStore struct{ claim.Store }
 
 func (forgetfulStore) MarkProcessed(context.Context, *claim.MarkProcessedParams) error { return nil }
 
-// TestChaosDetectsWorkLeftToRedrive proves that a redrive does not hide a
-// processor that leaves its work to the reconciler: every flagged claim
-// must be explained by a kill, a fault or an outage, and an effect that
-// only a redrive performed must be too. (Before this check, both broken
-// processors below passed with every claim flagged and redriven.)
-func TestChaosDetectsWorkLeftToRedrive(t *testing.T) {
+// eagerTakeOver ignores the holder's heartbeat: its take-overs take any
+// claimed claim at once, a live holder's included.
+type eagerTakeOver struct{ claim.Store }
+
+func (s eagerTakeOver) TakeOver(ctx context.Context, p *claim.TakeOverParams) (*claim.Claim, error) {
+	q := *p
+	q.SilentFor = time.Microsecond
+	return s.Store.TakeOver(ctx, &q)
+}
+
+// neverTakesOver makes every take-over look as if the claim had been
+// processed by someone else: the processor completes its copy without
+// running the effect, while the holder may be silent (dead).
+type neverTakesOver struct{ claim.Store }
+
+func (s neverTakesOver) TakeOver(ctx context.Context, p *claim.TakeOverParams) (*claim.Claim, error) {
+	c, err := s.Store.Get(ctx, p.ID)
+	if err != nil {
+		return nil, err
+	}
+	c.State = claim.StateProcessed
+	return c, claim.ErrStateChanged
+}
+
+// redriveWithoutHold is an operator's redrive that calls the downstream
+// without taking the claim first, then resolves it.
+func redriveWithoutHold(ctx context.Context, st claim.Store, p *reconciler.RedriveParams) (*claim.Claim, error) {
+	c, err := st.Get(ctx, p.ID)
+	if err != nil {
+		return nil, err
+	}
+	msg := reconciler.MessageFromClaim(c)
+	h, err := p.Routes.For(c.Consumer).Route(msg)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.Effect.Perform(ctx, msg, c.MessageID); err != nil {
+		return nil, err
+	}
+	return st.Resolve(ctx, &claim.ResolveParams{ID: c.ID, Resolution: claim.ResolutionRedriven, By: p.By, Note: "no hold"})
+}
+
+// TestChaosDetectsBrokenRecovery proves the checks bite on each way the
+// take-over protocol can break: a processor that leaves its work to the
+// reconciler (whose recovery would hide it), a take-over that ignores the
+// holder's heartbeat, a redelivery that completes while the holder is
+// silent, an operator's redrive that does not hold the claim.
+func TestChaosDetectsBrokenRecovery(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name   string
-		wrap   func(claim.Store) claim.Store
-		faults []Fault
+		name     string
+		wrap     func(claim.Store) claim.Store
+		redrive  func(context.Context, claim.Store, *reconciler.RedriveParams) (*claim.Claim, error)
+		recovery sideeffects.Recovery
+		faults   []Fault
+		want     string // a violation's text
 	}{
-		{"no-effect/no-faults", func(s claim.Store) claim.Store { return wonAsDuplicateStore{s} }, nil},
-		{"no-effect/all-faults", func(s claim.Store) claim.Store { return wonAsDuplicateStore{s} }, AllFaults},
-		{"no-mark-processed/no-faults", func(s claim.Store) claim.Store { return forgetfulStore{s} }, nil},
-		{"no-mark-processed/all-faults", func(s claim.Store) claim.Store { return forgetfulStore{s} }, AllFaults},
+		{"no-mark-processed/no-faults", func(s claim.Store) claim.Store { return forgetfulStore{s} }, nil, "", nil,
+			"recovered by the reconciler and nothing explains"},
+		{"no-mark-processed/all-faults", func(s claim.Store) claim.Store { return forgetfulStore{s} }, nil, "", AllFaults,
+			"recovered by the reconciler and nothing explains"},
+		{"takeover-ignores-heartbeat", func(s claim.Store) claim.Store { return eagerTakeOver{s} }, nil, "", []Fault{FaultLockExpiry},
+			"a live holder was taken over"},
+		{"completes-while-holder-silent", func(s claim.Store) claim.Store { return neverTakesOver{s} }, nil, "", []Fault{FaultDieAfterClaim},
+			"while the claim was still claimed"},
+		{"redrive-without-hold", nil, redriveWithoutHold, sideeffects.RecoveryManual, []Fault{FaultDieAfterClaim, FaultResponseLost},
+			"without ever having been granted the claim"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -178,8 +249,10 @@ func TestChaosDetectsWorkLeftToRedrive(t *testing.T) {
 				Replicas:  2,
 				Faults:    tc.faults,
 				Seed:      4,
+				Recovery:  tc.recovery,
 				Logger:    testLogger(t),
 				wrapStore: tc.wrap,
+				redrive:   tc.redrive,
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -188,18 +261,10 @@ func TestChaosDetectsWorkLeftToRedrive(t *testing.T) {
 			rep.Write(&b)
 			t.Log("\n" + b.String())
 			if rep.Pass() || !strings.HasPrefix(rep.Verdict(), "VERDICT: FAIL: ") {
-				t.Fatalf("the harness passed a processor that leaves its work to the reconciler: %s", rep.Verdict())
+				t.Fatalf("the harness passed a broken recovery: %s", rep.Verdict())
 			}
-			if rep.Unexplained == 0 {
-				t.Errorf("no flagged claim was reported unexplained (flagged %d: %v)", rep.Flagged, rep.FlagExplained)
-			}
-			if len(rep.Histories) == 0 {
-				t.Error("no history was reported for an unexplained claim")
-			}
-			if tc.faults == nil && !slices.ContainsFunc(rep.Violations, func(v string) bool {
-				return strings.Contains(v, "no fault was injected, yet the reconciler flagged claims")
-			}) {
-				t.Errorf("with no faults, flagged claims were not a violation of their own: %q", rep.Violations)
+			if !slices.ContainsFunc(rep.Violations, func(v string) bool { return strings.Contains(v, tc.want) }) {
+				t.Errorf("no violation says %q: %q", tc.want, rep.Violations)
 			}
 		})
 	}
@@ -280,12 +345,5 @@ func TestParseFaults(t *testing.T) {
 		if err != nil || !slices.Equal(got, tc.want) {
 			t.Errorf("ParseFaults(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
 		}
-	}
-}
-
-func TestRedact(t *testing.T) {
-	got := Redact("postgres://u:secret@h:5432/db?sslmode=disable")
-	if strings.Contains(got, "secret") {
-		t.Errorf("Redact kept the password: %s", got)
 	}
 }

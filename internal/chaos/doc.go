@@ -32,33 +32,45 @@
 //     the server is lost); half of these messages are refused 503 by the
 //     downstream first, so the write is a Release.
 //
-// When the queue is idle the replicas stop, and the reconciler's tick runs
-// (StaleAfter 1 s) until no claim is claimed or released, redriving every
-// claim it flags (reconciler.Redrive). Then the report checks:
+// The reconciler ticks during the run (every ReconcileEvery, StaleAfter
+// 2 s, recovery on with the replicas' routes), as the scheduled job does in
+// production. When the queue is idle the replicas stop, the reconciler
+// ticks until no claim is claimed or released, and then every flagged claim
+// is redriven (reconciler.Redrive) by a stand-in for operators, counted
+// apart. Then the report checks:
 //
 //   - downstream effects per key: exactly 1 for every routed message, 0 for
 //     the unroutable ones;
-//   - that no key's effect was sent by more than one delivery: each effect
-//     request carries the sending delivery (X-Chaos-Delivery), and a second
-//     delivery whose request may have performed the effect means the claim
-//     failed to stop it, even though the downstream's own idempotency would
-//     hide it from the effect count;
+//   - the take-over protocol, against the ledger the harness keeps of who
+//     held each claim when (every grant, heartbeat and release, and every
+//     downstream request that may have performed an effect, each tagged
+//     with its sender: a delivery's replica, the reconciler's recovery, an
+//     operator's redrive): at most one ClaimBatch ever wins a key; a
+//     claimed claim is taken over only after its holder showed no life for
+//     the path's window (TakeoverAfter for a redelivery, StaleAfter for
+//     the reconciler) — a live holder is never taken over; every request
+//     that may have performed an effect was sent by a holder of the claim;
+//   - with auto routes, that no delivery completed its copy while its
+//     claim was still claimed by a holder that was dead or silent for
+//     TakeoverAfter (it had to take the claim over and run the effect);
 //   - the queue: nothing left, dead letters only by design (NoRoute for the
 //     unroutable messages, IdempotencyKeyConflict for the losing payload of
 //     a conflict);
 //   - claims: one per routed message, none left claimed, released or
 //     flagged, resolved only as redriven;
-//   - every claim the reconciler flagged is explained: a fault happened to
-//     its key, an outage refused a call on it (MarkProcessed, Release,
-//     RecordAttempt, Heartbeat, TakeOver), or its owner was killed while
-//     holding a delivery of it. An unexplained one means the processor
-//     left work to the reconciler (the redrive would otherwise hide it);
-//     the report prints its history (deliveries, store calls, downstream
-//     requests). With no faults, nothing may be flagged at all;
-//   - redrive requests carry X-Chaos-Redrive, so the report counts effects
-//     performed by the processor and effects only a redrive performed; the
-//     latter must be explained likewise;
+//   - every claim the reconciler flagged, and every claim its recovery
+//     pass had to re-run, is explained: a fault happened to its key, an
+//     outage refused a call on it, or its holder was killed while holding
+//     a delivery of it. With auto routes (Config.Recovery, -recovery) no
+//     claim may be flagged at all: recovery settles what a crash leaves;
+//     with manual routes crash-left claims are flagged (and explained).
+//     With no faults, nothing may be flagged;
 //   - every fault that is on happened at least once.
+//
+// The report's "recovery:" line counts claims recovered by redelivery (a
+// delivery took the claim over from a released or silent holder), by the
+// reconciler, and flagged for operators, and gives the time from a key's
+// first send (and first delivery) to its one effect: p50, p99 and max.
 //
 // Report.Write prints the counts and ends with one verdict line
 // ("VERDICT: PASS ..." or "VERDICT: FAIL: <reasons>").

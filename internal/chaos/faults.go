@@ -271,6 +271,9 @@ func (k *killReceiver) CompleteMessage(ctx context.Context, m *azservicebus.Rece
 	}
 	err := k.r.CompleteMessage(ctx, m, o)
 	k.rep.settled(m, "complete", err)
+	if err == nil {
+		k.rep.h.checkCompletion(m, k.rep.host)
+	}
 	return err
 }
 
@@ -299,6 +302,13 @@ func (k *killReceiver) RenewMessageLock(ctx context.Context, m *azservicebus.Rec
 	return k.r.RenewMessageLock(ctx, m, o)
 }
 
+func (k *killReceiver) PeekMessages(ctx context.Context, n int, o *azservicebus.PeekMessagesOptions) ([]*azservicebus.ReceivedMessage, error) {
+	if k.rep.dead.Load() {
+		return nil, k.lost("peek")
+	}
+	return k.r.PeekMessages(ctx, n, o)
+}
+
 func (k *killReceiver) Close(ctx context.Context) error { return k.r.Close(ctx) }
 
 // received notes a delivery the replica now holds.
@@ -318,20 +328,24 @@ func (r *replica) settled(m *azservicebus.ReceivedMessage, op string, err error)
 	r.h.hist.add(m.MessageID, "%s %s delivery %d (lock %x): %s", r.host, op, m.DeliveryCount, m.LockToken[:4], errText(err))
 }
 
-// RedriveHeader marks the effect requests of the harness's redrives (the
-// reconciler's, not a delivery's), so the report can tell effects the
-// processor performed from effects only a redrive performed.
-const RedriveHeader = "X-Chaos-Redrive"
+// RedriveHeader marks the effect requests of the operators' redrives, and
+// RecoveryHeader those of the reconciler's recovery pass, so the report
+// can tell effects a delivery performed from effects only the reconciler
+// or an operator performed.
+const (
+	RedriveHeader  = "X-Chaos-Redrive"
+	RecoveryHeader = "X-Chaos-Recovery"
+)
 
-// redriveSender names redrive requests among an effect's performers.
-const redriveSender = "redrive"
+// taggedTransport sets header on every request.
+type taggedTransport struct {
+	base   http.RoundTripper
+	header string
+}
 
-// redriveTransport tags every request with RedriveHeader.
-type redriveTransport struct{ base http.RoundTripper }
-
-func (t redriveTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+func (t taggedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	req = req.Clone(req.Context())
-	req.Header.Set(RedriveHeader, "1")
+	req.Header.Set(t.header, "1")
 	return t.base.RoundTrip(req)
 }
 
@@ -354,7 +368,14 @@ func (t *killTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		req = req.Clone(req.Context())
 		req.Header.Set(DeliveryHeader, d)
 	}
-	return t.base.RoundTrip(req)
+	resp, err := t.base.RoundTrip(req)
+	if err != nil && req.Context().Err() != nil {
+		// No answer before the route's timeout (or the attempt's end):
+		// the outcome is unknown, whether a fault hung the answer or the
+		// machine was too slow to give it in time.
+		t.rep.h.noteTimeout(req.Header.Get("Idempotency-Key"))
+	}
+	return resp, err
 }
 
 // DeliveryHeader tells the downstream which delivery (replica and lock

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/membus"
@@ -59,17 +60,30 @@ type Config struct {
 	LockDuration       time.Duration // [1s]
 	MaxDeliveryCount   int           // [10]
 	HeartbeatInterval  time.Duration // [100ms]
-	StaleAfter         time.Duration // reconciler [1s]
-	EffectTimeout      time.Duration // the HTTP route's timeout [300ms]
-	OutageWindows      int           // store-outage windows [2]
-	OutageDuration     time.Duration // length of each window [400ms]
-	DrainTimeout       time.Duration // bound on draining the queue [90s]
+	// TakeoverAfter is the processors' SBCLAIM_TAKEOVER_AFTER [1s]: longer
+	// than an outage window plus a heartbeat, so a holder whose heartbeats
+	// an outage refused is not taken over while it still works.
+	TakeoverAfter time.Duration
+	StaleAfter    time.Duration // reconciler [2s]
+	// Recovery is the routes' recovery mode [auto]: manual routes are never
+	// repeated without an operator, so crash-left claims are flagged.
+	Recovery sideeffects.Recovery
+	// ReconcileEvery is how often the reconciler ticks during the run, as
+	// it would in production [StaleAfter/2].
+	ReconcileEvery time.Duration
+	EffectTimeout  time.Duration // the HTTP route's timeout [300ms]
+	OutageWindows  int           // store-outage windows [2]
+	OutageDuration time.Duration // length of each window [400ms]
+	DrainTimeout   time.Duration // bound on draining the queue [90s]
 
 	Logger *slog.Logger // nil: discard
 
 	// wrapStore, when set, wraps each replica's store (tests use it to
 	// break deduplication and check that the harness notices).
 	wrapStore func(claim.Store) claim.Store
+	// redrive, when set, replaces the operators' end-of-run redrive (a
+	// test's broken redrive the harness must notice).
+	redrive func(ctx context.Context, st claim.Store, p *reconciler.RedriveParams) (*claim.Claim, error)
 }
 
 func (c Config) withDefaults() Config {
@@ -83,7 +97,10 @@ func (c Config) withDefaults() Config {
 	c.LockDuration = cmp.Or(c.LockDuration, time.Second)
 	c.MaxDeliveryCount = cmp.Or(c.MaxDeliveryCount, 10)
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, 100*time.Millisecond)
-	c.StaleAfter = cmp.Or(c.StaleAfter, time.Second)
+	c.TakeoverAfter = cmp.Or(c.TakeoverAfter, time.Second)
+	c.StaleAfter = cmp.Or(c.StaleAfter, 2*time.Second)
+	c.Recovery = cmp.Or(c.Recovery, sideeffects.RecoveryAuto)
+	c.ReconcileEvery = cmp.Or(c.ReconcileEvery, c.StaleAfter/2)
 	c.EffectTimeout = cmp.Or(c.EffectTimeout, 300*time.Millisecond)
 	c.OutageWindows = cmp.Or(c.OutageWindows, 2)
 	c.OutageDuration = cmp.Or(c.OutageDuration, 400*time.Millisecond)
@@ -108,6 +125,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("DupShare must be at most 1 (got %g)", c.DupShare)
 	case c.FaultShare < 0 || c.FaultShare > 0.15:
 		return fmt.Errorf("FaultShare must be in 0..0.15 (got %g)", c.FaultShare)
+	case !c.Recovery.Valid():
+		return fmt.Errorf("Recovery must be auto or manual (got %q)", c.Recovery)
 	}
 	return nil
 }
@@ -126,6 +145,11 @@ type harness struct {
 	book    *faultBook
 	out     outage
 	metrics *processor.Metrics
+	led     *ledger
+	// firstSend and effectAt are per key: when its first copy was sent,
+	// first delivered, and when its effect was performed.
+	firstSend, firstDelivery, effectAt map[string]time.Time
+	recMetrics                         *reconciler.Metrics
 
 	sent      []sentMessage
 	ids       []string // distinct normal (routed) message IDs
@@ -144,8 +168,7 @@ type harness struct {
 	kills    int
 	started  int
 	wg       sync.WaitGroup
-	seen     map[string]uint32          // message ID → highest delivery count received
-	senders  map[string]map[string]bool // key → deliveries whose effect request may have performed
+	seen     map[string]uint32 // message ID → highest delivery count received
 	// performers: key → who sent each request that performed the effect
 	// (a delivery, or "redrive").
 	performers map[string][]string
@@ -154,6 +177,15 @@ type harness struct {
 	heldAtDeath map[string]map[string]bool
 	// explained: key → why its claim was flagged (filled by reconcile).
 	explained map[string]string
+	// completedSilent: deliveries completed while their claim's holder
+	// was silent or dead (violations; see checkCompletion).
+	completedSilent []string
+	// diedAt: killed replica's host → when it died.
+	diedAt map[string]time.Time
+	// timedOut: keys whose effect request got no answer in time, a fault
+	// or not (a loaded machine answers slowly): an unknown outcome the
+	// processor saw, which explains a flag on a manual route.
+	timedOut map[string]bool
 
 	hist *history
 }
@@ -178,13 +210,17 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		book:        newFaultBook(),
 		metrics:     processor.NewMetrics(nil),
 		seen:        map[string]uint32{},
-		senders:     map[string]map[string]bool{},
 		performers:  map[string][]string{},
 		heldAtDeath: map[string]map[string]bool{},
 		explained:   map[string]string{},
 		hist:        newHistory(),
 		copies:      map[string]int{},
 		conflictB:   map[string][]byte{},
+		led:         newLedger(cfg.TakeoverAfter, cfg.StaleAfter),
+		diedAt:      map[string]time.Time{},
+		timedOut:    map[string]bool{},
+		firstSend:   map[string]time.Time{}, firstDelivery: map[string]time.Time{}, effectAt: map[string]time.Time{},
+		recMetrics: reconciler.NewMetrics(prometheus.NewRegistry()),
 	}
 	db, err := OpenDatabase(ctx, cfg.DatabaseURL)
 	if err != nil {
@@ -198,18 +234,22 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer h.srv.Close()
 	h.base = &http.Transport{MaxIdleConns: 512, MaxIdleConnsPerHost: 512, IdleConnTimeout: 30 * time.Second}
 	defer h.base.(*http.Transport).CloseIdleConnections()
-	h.routes = fmt.Appendf(nil, "version: 1\nroutes:\n  - name: chaos\n    match: {subject: %s}\n    url: %s/effects\n    timeout: %s\n",
-		EffectSubject, h.srv.URL, cfg.EffectTimeout)
+	h.routes = fmt.Appendf(nil, "version: 1\nroutes:\n  - name: chaos\n    match: {subject: %s}\n    url: %s/effects\n    timeout: %s\n    recovery: %s\n",
+		EffectSubject, h.srv.URL, cfg.EffectTimeout, cfg.Recovery)
 
 	h.queue = membus.NewQueue(QueueName, membus.QueueOptions{LockDuration: cfg.LockDuration, MaxDeliveryCount: cfg.MaxDeliveryCount})
 	h.plan()
 	for _, s := range h.sent {
+		if _, ok := h.firstSend[*s.msg.MessageID]; !ok {
+			h.firstSend[*s.msg.MessageID] = time.Now()
+		}
 		if err := h.queue.SendMessage(ctx, s.msg, nil); err != nil {
 			return nil, fmt.Errorf("chaos: send: %w", err)
 		}
 	}
 
-	rep := &Report{Config: cfg, Database: db.String(), Dialect: db.Dialect, FlagReasons: map[string]int{}, FlagExplained: map[string]int{}, FlagSamples: map[string][]string{}}
+	rep := &Report{Config: cfg, Database: db.String(), Dialect: db.Dialect, FlagReasons: map[string]int{}, FlagExplained: map[string]int{},
+		FlagSamples: map[string][]string{}, RecoveryExplained: map[string]int{}}
 	start := time.Now()
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
@@ -219,6 +259,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	monitorDone := make(chan struct{})
 	go func() { defer close(monitorDone); h.monitor(runCtx) }()
+	rec, err := h.newReconciler()
+	if err != nil {
+		return nil, err
+	}
+	reconcilerDone := make(chan struct{})
+	go func() { defer close(reconcilerDone); h.reconcileDuringRun(runCtx, rec, rep) }()
 
 	dctx, cancel := context.WithTimeout(ctx, cfg.DrainTimeout)
 	drainErr := h.queue.WaitIdle(dctx)
@@ -234,6 +280,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	h.mu.Unlock()
 	stopRun()
 	<-monitorDone
+	<-reconcilerDone
 	h.out.active.Store(false)
 	waitDone := make(chan struct{})
 	go func() { h.wg.Wait(); close(waitDone) }()
@@ -244,7 +291,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 
 	recStart := time.Now()
-	h.reconcile(ctx, rep)
+	h.reconcile(ctx, rec, rep)
 	rep.ReconcileTime = time.Since(recStart)
 	h.verify(ctx, rep)
 	rep.Duration = time.Since(start)
@@ -355,6 +402,7 @@ func (h *harness) enabled(f Fault) bool { return slices.Contains(h.cfg.Faults, f
 // key's first request, which performs it; the harness's downstream has no
 // latency, so no other request goes unanswered).
 func (h *harness) serveDownstream(w http.ResponseWriter, r *http.Request) {
+	arrived := time.Now()
 	tw := &trackWriter{ResponseWriter: w}
 	h.down.ServeHTTP(tw, r)
 	key := r.Header.Get("Idempotency-Key")
@@ -363,9 +411,12 @@ func (h *harness) serveDownstream(w http.ResponseWriter, r *http.Request) {
 		h.book.markHit(key, f)
 	}
 	d := r.Header.Get(DeliveryHeader)
-	from := d
-	if r.Header.Get(RedriveHeader) != "" {
-		from = redriveSender
+	from, _, _ := strings.Cut(d, "/") // the replica's host
+	switch {
+	case r.Header.Get(RedriveHeader) != "":
+		from = operatorHost
+	case r.Header.Get(RecoveryHeader) != "":
+		from = reconcilerHost
 	}
 	performed := tw.status == 0 || tw.status >= 200 && tw.status < 300 && !tw.replayed
 	what := fmt.Sprintf("answered %d", tw.status)
@@ -381,17 +432,27 @@ func (h *harness) serveDownstream(w http.ResponseWriter, r *http.Request) {
 	if key == "" {
 		return
 	}
+	if mayHavePerformed(tw.status) {
+		h.led.requested(key, cmpOr(from, "(untagged)"), arrived)
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if performed {
 		h.performers[key] = append(h.performers[key], cmpOr(from, "(untagged)"))
-	}
-	if d != "" && mayHavePerformed(tw.status) {
-		if h.senders[key] == nil {
-			h.senders[key] = map[string]bool{}
+		if _, ok := h.effectAt[key]; !ok {
+			h.effectAt[key] = arrived
 		}
-		h.senders[key][d] = true
 	}
+}
+
+func (h *harness) noteTimeout(key string) {
+	if key == "" {
+		return
+	}
+	h.hist.add(key, "an effect request got no answer in time")
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.timedOut[key] = true
 }
 
 func (h *harness) sawDelivery(m *azservicebus.ReceivedMessage) {
@@ -399,6 +460,48 @@ func (h *harness) sawDelivery(m *azservicebus.ReceivedMessage) {
 	defer h.mu.Unlock()
 	if m.DeliveryCount > h.seen[m.MessageID] {
 		h.seen[m.MessageID] = m.DeliveryCount
+	}
+	if _, ok := h.firstDelivery[m.MessageID]; !ok {
+		h.firstDelivery[m.MessageID] = time.Now()
+	}
+}
+
+// checkCompletion checks a completed delivery against its claim: with
+// auto routes a delivery must never complete its copy while the claim is
+// still claimed by a holder that went silent (it had to take the claim
+// over and run the effect), nor while it is released.
+func (h *harness) checkCompletion(m *azservicebus.ReceivedMessage, host string) {
+	if h.cfg.Recovery == sideeffects.RecoveryManual {
+		return // completing while a manual route's holder is silent is the design
+	}
+	id := h.hist.idOf(m.MessageID)
+	if id == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := h.db.Store.Get(ctx, id)
+	if err != nil {
+		return
+	}
+	if c.State != claim.StateClaimed {
+		return
+	}
+	now := time.Now()
+	holder, silent := h.led.holder(m.MessageID, now)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	died, dead := h.diedAt[holder]
+	// Slack for the claim read after the completion: a holder that died,
+	// or went silent, just now could not have been known to.
+	const slack = 250 * time.Millisecond
+	switch {
+	case dead && now.Sub(died) > slack:
+		h.completedSilent = append(h.completedSilent, fmt.Sprintf("%s: %s completed delivery %d while the claim was still claimed by %s, dead for %s: the claim's fate was open (it had to wait for the holder's silence, take the claim over and run the effect)",
+			m.MessageID, host, m.DeliveryCount, holder, now.Sub(died).Round(time.Millisecond)))
+	case silent > h.cfg.TakeoverAfter+slack:
+		h.completedSilent = append(h.completedSilent, fmt.Sprintf("%s: %s completed delivery %d while the claim was still claimed by %s, silent for %s: it had to take the claim over and run the effect",
+			m.MessageID, host, m.DeliveryCount, holder, silent.Round(time.Millisecond)))
 	}
 }
 
@@ -480,10 +583,11 @@ func (h *harness) startReplica() {
 	if err != nil {
 		panic("chaos: routes: " + err.Error()) // the harness's own fixed routes file
 	}
-	// The chain, outermost first: a test's wrapper, the history, lost
-	// acknowledgements, the dead-replica gate, the outage gate.
+	// The chain, outermost first: a test's wrapper, lost acknowledgements,
+	// the history and ledger (what the store really did), the dead-replica
+	// gate, the outage gate.
 	var st claim.Store = &gateStore{inner: &gateStore{inner: h.db.Store, gate: h.out.gate}, gate: r.gate, calls: &h.trips}
-	st = &traceStore{Store: &lostAckStore{Store: st, h: h}, host: r.host, hist: h.hist}
+	st = &lostAckStore{Store: &traceStore{Store: st, host: r.host, hist: h.hist, led: h.led}, h: h}
 	if h.cfg.wrapStore != nil {
 		st = h.cfg.wrapStore(st)
 	}
@@ -497,6 +601,8 @@ func (h *harness) startReplica() {
 		MaxConcurrentCalls: h.cfg.MaxConcurrentCalls,
 		MaxLockRenewal:     30 * time.Second,
 		HeartbeatInterval:  h.cfg.HeartbeatInterval,
+		TakeoverAfter:      h.cfg.TakeoverAfter,
+		StaleAfter:         h.cfg.StaleAfter,
 		Retry:              sideeffects.RetryPolicy{MaxAttempts: 4, InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond, Budget: 3 * time.Second},
 		StorePayload:       true,
 		SettleTimeout:      2 * time.Second,
@@ -558,6 +664,7 @@ func (r *replica) die() {
 	h.mu.Lock()
 	h.kills++
 	h.heldAtDeath[r.host] = held
+	h.diedAt[r.host] = time.Now()
 	h.mu.Unlock()
 	for id := range held {
 		h.hist.add(id, "%s killed while holding a delivery", r.host)
@@ -628,20 +735,102 @@ func (fr *faultRouter) Route(msg *azservicebus.ReceivedMessage) (sideeffects.Han
 	return hd, nil
 }
 
-// reconcile runs reconciler ticks until no claim is left claimed or
-// released, redriving every claim a tick flags.
-func (h *harness) reconcile(ctx context.Context, rep *Report) {
-	rec := reconciler.New(h.db.Store, reconciler.Config{
-		StaleAfter:    h.cfg.StaleAfter,
-		Retention:     30 * 24 * time.Hour,
-		FlagBatchSize: 500,
-		QueryTimeout:  30 * time.Second,
-	}, h.log, nil)
-	redriveRouter, err := sideeffects.ParseRoutes(h.routes, func(string) string { return "" }, &http.Client{Transport: redriveTransport{h.base}}, h.log)
+// Holders of claims that are not replicas, as the ledger and the
+// downstream requests name them.
+const (
+	reconcilerHost = "reconciler"
+	operatorName   = "chaos"
+	operatorHost   = "operator:" + operatorName
+)
+
+// newReconciler is the reconciler of the run: recovery on (the replicas'
+// routes, its requests tagged RecoveryHeader), its store behind the
+// outage gate and its own trace, ticking during the run and after it.
+func (h *harness) newReconciler() (*reconciler.Reconciler, error) {
+	router, err := sideeffects.ParseRoutes(h.routes, func(string) string { return "" }, &http.Client{Transport: taggedTransport{h.base, RecoveryHeader}}, h.log)
+	if err != nil {
+		return nil, fmt.Errorf("chaos: reconciler routes: %w", err)
+	}
+	st := &traceStore{Store: &gateStore{inner: h.db.Store, gate: h.out.gate}, host: reconcilerHost, hist: h.hist, led: h.led}
+	return reconciler.New(st, reconciler.Config{
+		StaleAfter:          h.cfg.StaleAfter,
+		HeartbeatInterval:   h.cfg.HeartbeatInterval,
+		Retention:           30 * 24 * time.Hour,
+		FlagBatchSize:       500,
+		QueryTimeout:        30 * time.Second,
+		Routes:              reconciler.Routes{"": router},
+		RecoveryMaxAttempts: 3,
+		RecoveryBackoff:     h.cfg.StaleAfter / 2,
+		RecoveryBackoffMax:  2 * h.cfg.StaleAfter,
+		Host:                reconcilerHost,
+	}, h.log, h.recMetrics)
+}
+
+// reconcileDuringRun ticks the reconciler while the replicas run, as the
+// scheduled job does in production.
+func (h *harness) reconcileDuringRun(ctx context.Context, rec *reconciler.Reconciler, rep *Report) {
+	t := time.NewTicker(h.cfg.ReconcileEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		res, err := rec.RunOnce(ctx)
+		if err != nil && ctx.Err() == nil {
+			h.log.Warn("reconciler tick during the run failed", "error", err)
+		}
+		if res != nil {
+			h.noteFlagged(rep, res.Flagged)
+		}
+	}
+}
+
+// noteFlagged records claims the reconciler flagged: each must be
+// explained (a fault, an outage, a kill) and, with auto routes, none is
+// expected at all: recovery settles crash-left claims.
+func (h *harness) noteFlagged(rep *Report, flagged []*claim.Claim) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, c := range flagged {
+		rep.Flagged++
+		rep.FlagReasons[flagReasonKind(c.FlagReason)]++
+		h.hist.add(c.MessageID, "reconciler flagged claim %d (%s; claimed by %s, delivery %d, attempts %d, last error %q)",
+			c.ID, c.FlagReason, c.ClaimedBy, c.DeliveryCount, c.Attempts, c.LastError)
+		why, kind := h.explainLocked(c)
+		rep.FlagExplained[kind]++
+		if len(rep.FlagSamples[kind]) < maxSamples {
+			rep.FlagSamples[kind] = append(rep.FlagSamples[kind], fmt.Sprintf("claim %d %s (%s):\n    %s", c.ID, c.MessageID, cmpOr(why, "unexplained"), h.hist.of(c.MessageID)))
+		}
+		h.explained[c.MessageID] = why
+		if h.cfg.Recovery == sideeffects.RecoveryAuto {
+			rep.violate("claim %d (%s) flagged for operators (%s) although its route is auto: recovery must settle what a crash leaves",
+				c.ID, c.MessageID, c.FlagReason)
+		}
+		if why == "" {
+			rep.Unexplained++
+			rep.violate("claim %d (%s) flagged (%s) and nothing explains it: claimed by %s, which was not killed holding it; no fault happened to the key; no store call for it was refused by an outage",
+				c.ID, c.MessageID, flagReasonKind(c.FlagReason), c.ClaimedBy)
+			rep.history(c.MessageID, h.hist.of(c.MessageID))
+		}
+	}
+}
+
+// reconcile runs reconciler ticks after the replicas stopped until no
+// claim is left claimed or released, then redrives every flagged claim,
+// as an operator would: the stand-in for operators, counted apart.
+func (h *harness) reconcile(ctx context.Context, rec *reconciler.Reconciler, rep *Report) {
+	redriveRouter, err := sideeffects.ParseRoutes(h.routes, func(string) string { return "" }, &http.Client{Transport: taggedTransport{h.base, RedriveHeader}}, h.log)
 	if err != nil {
 		rep.violate("redrive routes: %v", err)
 		return
 	}
+	redrive := h.cfg.redrive
+	if redrive == nil {
+		redrive = reconciler.Redrive
+	}
+	opStore := &traceStore{Store: h.db.Store, host: operatorHost, hist: h.hist, led: h.led}
 	deadline := time.Now().Add(h.cfg.StaleAfter*3 + 30*time.Second)
 	for {
 		res, err := rec.RunOnce(ctx)
@@ -650,57 +839,12 @@ func (h *harness) reconcile(ctx context.Context, rep *Report) {
 			return
 		}
 		rep.Ticks++
-		// Redrive what the tick flagged, a few at a time (an operator
-		// would go one by one; the harness has no time to wait).
-		var (
-			wg  sync.WaitGroup
-			mu  sync.Mutex
-			sem = make(chan struct{}, 8)
-		)
-		if len(h.cfg.Faults) == 0 && len(res.Flagged) > 0 && rep.Flagged == 0 {
+		h.noteFlagged(rep, res.Flagged)
+		if len(h.cfg.Faults) == 0 && len(res.Flagged) > 0 {
 			rep.violate("no fault was injected, yet the reconciler flagged claims (want none)")
 		}
-		for _, c := range res.Flagged {
-			rep.Flagged++
-			rep.FlagReasons[flagReasonKind(c.FlagReason)]++
-			h.hist.add(c.MessageID, "reconciler flagged claim %d (%s; claimed by %s, delivery %d, attempts %d, last error %q)",
-				c.ID, c.FlagReason, c.ClaimedBy, c.DeliveryCount, c.Attempts, c.LastError)
-			why, kind := h.explain(c)
-			rep.FlagExplained[kind]++
-			if len(rep.FlagSamples[kind]) < maxSamples {
-				rep.FlagSamples[kind] = append(rep.FlagSamples[kind], fmt.Sprintf("claim %d %s (%s):\n    %s", c.ID, c.MessageID, cmpOr(why, "unexplained"), h.hist.of(c.MessageID)))
-			}
-			h.mu.Lock()
-			h.explained[c.MessageID] = why
-			h.mu.Unlock()
-			if why == "" {
-				rep.Unexplained++
-				rep.violate("claim %d (%s) flagged (%s) and nothing explains it: claimed by %s, which was not killed holding it; no fault happened to the key; no store call for it was refused by an outage",
-					c.ID, c.MessageID, flagReasonKind(c.FlagReason), c.ClaimedBy)
-				rep.history(c.MessageID, h.hist.of(c.MessageID))
-			}
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer func() { <-sem; wg.Done() }()
-				_, err := reconciler.Redrive(ctx, h.db.Store, &reconciler.RedriveParams{
-					ID: c.ID, By: "chaos", Router: redriveRouter, Logger: h.log,
-					Retry: sideeffects.RetryPolicy{MaxAttempts: 5, InitialInterval: 50 * time.Millisecond, MaxInterval: 500 * time.Millisecond, Budget: 10 * time.Second},
-				})
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					rep.violate("redrive claim %d (%s): %v", c.ID, c.MessageID, err)
-					h.hist.add(c.MessageID, "redrive of claim %d: %v", c.ID, err)
-					return
-				}
-				h.hist.add(c.MessageID, "redrive of claim %d: resolved", c.ID)
-				rep.Redriven++
-			}()
-		}
-		wg.Wait()
 		if res.Stats != nil && res.Stats.Claimed == 0 && res.Stats.Released == 0 {
-			return
+			break
 		}
 		if time.Now().After(deadline) {
 			rep.violate("claims still unfinished after reconciling until %s", deadline.Format(time.TimeOnly))
@@ -713,6 +857,40 @@ func (h *harness) reconcile(ctx context.Context, rep *Report) {
 		case <-time.After(h.cfg.StaleAfter / 5):
 		}
 	}
+
+	// The operators: redrive what is flagged, a few at a time.
+	flagged, err := h.db.Store.List(ctx, &claim.ListParams{States: []claim.State{claim.StateFlagged}, Limit: 100000})
+	if err != nil {
+		rep.violate("list flagged claims: %v", err)
+		return
+	}
+	var (
+		wg  sync.WaitGroup
+		mu  sync.Mutex
+		sem = make(chan struct{}, 8)
+	)
+	for _, c := range flagged {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			_, err := redrive(ctx, opStore, &reconciler.RedriveParams{
+				ID: c.ID, By: operatorName, Routes: reconciler.Routes{"": redriveRouter}, Logger: h.log,
+				HeartbeatInterval: h.cfg.HeartbeatInterval,
+				Retry:             sideeffects.RetryPolicy{MaxAttempts: 5, InitialInterval: 50 * time.Millisecond, MaxInterval: 500 * time.Millisecond, Budget: 10 * time.Second},
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				rep.violate("redrive claim %d (%s): %v", c.ID, c.MessageID, err)
+				h.hist.add(c.MessageID, "redrive of claim %d: %v", c.ID, err)
+				return
+			}
+			h.hist.add(c.MessageID, "redrive of claim %d: resolved", c.ID)
+			rep.Redriven++
+		}()
+	}
+	wg.Wait()
 }
 
 // explain says why a flagged claim may legitimately have been left
@@ -727,18 +905,22 @@ func (h *harness) reconcile(ctx context.Context, rep *Report) {
 //     delivery of the message (received, not yet settled). Merely owning
 //     it is not enough: a replica that was killed later, after it had
 //     settled the message, must have recorded the claim's outcome first.
-func (h *harness) explain(c *claim.Claim) (why, kind string) {
+func (h *harness) explainLocked(c *claim.Claim) (why, kind string) {
 	if f, ok := h.book.hitOn(c.MessageID); ok {
 		return fmt.Sprintf("fault %s happened to it", f), "fault " + string(f)
 	}
 	if ops := h.out.refusedFor(c.ID); len(ops) > 0 {
 		return fmt.Sprintf("an outage refused %s on it", strings.Join(ops, ", ")), "outage refused " + strings.Join(ops, "+")
 	}
-	h.mu.Lock()
-	held := h.heldAtDeath[c.ClaimedBy][c.MessageID]
-	h.mu.Unlock()
-	if held {
-		return fmt.Sprintf("%s was killed holding it", c.ClaimedBy), "killed holding it"
+	if h.timedOut[c.MessageID] {
+		return "an effect request of it got no answer within the route's timeout: its outcome was unknown", "answer timed out"
+	}
+	holder := c.ClaimedBy
+	if c.TakeOverPath == claim.PathReconciler || c.TakeOverPath == claim.PathOperator {
+		holder = c.PreviousHolder // who left it to the reconciler
+	}
+	if h.heldAtDeath[holder][c.MessageID] {
+		return fmt.Sprintf("%s was killed holding it", holder), "killed holding it"
 	}
 	return "", "UNEXPLAINED"
 }
@@ -786,21 +968,32 @@ func (h *harness) verify(ctx context.Context, rep *Report) {
 		by := h.performers[id]
 		switch {
 		case len(by) == 0:
-		case by[0] == redriveSender:
+		case by[0] == operatorHost:
 			rep.EffectsByRedrive++
 			if h.explained[id] == "" {
-				rep.violate("%s: its effect was performed only by the reconciler's redrive, and nothing explains why the processor did not perform it", id)
+				rep.violate("%s: its effect was performed only by an operator's redrive, and nothing explains why the processor did not perform it", id)
 			}
+		case by[0] == reconcilerHost:
+			rep.EffectsByReconciler++
 		default:
 			rep.EffectsByProcessor++
 		}
-		if n := len(h.senders[id]); n > 1 {
-			rep.MultiSender++
-			rep.violate("%s: %d deliveries ran the effect (%s): the claim did not stop the second; only the downstream's idempotency hid it",
-				id, n, strings.Join(sortedKeys(h.senders[id]), ", "))
+		if t, ok := h.effectAt[id]; ok {
+			rep.TimeToEffect = append(rep.TimeToEffect, t.Sub(h.firstSend[id]))
+			if d, ok := h.firstDelivery[id]; ok {
+				rep.DeliveryToEffect = append(rep.DeliveryToEffect, t.Sub(d))
+			}
 		}
 	}
+	for _, v := range h.completedSilent {
+		rep.violate("%s", v)
+	}
 	h.mu.Unlock()
+	problems, repeated := h.led.check()
+	rep.RepeatedByTakeOver = repeated
+	for _, p := range problems {
+		rep.violate("%s", p)
+	}
 	rep.Effects = h.down.TotalEffects()
 	rep.Requests = h.down.TotalRequests()
 
@@ -863,6 +1056,27 @@ func (h *harness) verify(ctx context.Context, rep *Report) {
 				if c.Resolution != claim.ResolutionRedriven {
 					rep.violate("claim %d (%s) resolved as %s", c.ID, c.MessageID, c.Resolution)
 				}
+			case claim.StateProcessed:
+				switch c.TakeOverPath {
+				case claim.PathRedelivery:
+					rep.RecoveredByRedelivery++
+				case claim.PathReconciler:
+					rep.RecoveredByReconciler++
+					// A claim the reconciler had to recover is left work,
+					// like a flagged one: it must be explained.
+					h.mu.Lock()
+					why, kind := h.explainLocked(c)
+					h.mu.Unlock()
+					rep.RecoveryExplained[kind]++
+					if why == "" {
+						rep.violate("claim %d (%s) was recovered by the reconciler and nothing explains why the processors left it: held by %s, which was not killed holding it; no fault or outage touched it",
+							c.ID, c.MessageID, c.PreviousHolder)
+						rep.history(c.MessageID, h.hist.of(c.MessageID))
+					}
+				}
+			}
+			if c.FlaggedAt != nil {
+				rep.FlaggedForOperators++
 			}
 			after = c.ID
 		}

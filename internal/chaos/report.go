@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/claimdb"
 	"github.com/sbclaim/sbclaim/internal/membus"
 	"github.com/sbclaim/sbclaim/internal/processor"
 )
@@ -21,7 +22,7 @@ const maxListed = 20
 type Report struct {
 	Config   Config
 	Database string // redacted
-	Dialect  Dialect
+	Dialect  claimdb.Dialect
 
 	Sent, Distinct, Poison, Conflicts int
 	Replicas, ReplicasStarted, Kills  int
@@ -48,16 +49,27 @@ type Report struct {
 	// few flagged claims (WriteFlagSamples prints them).
 	FlagSamples map[string][]string
 	Unexplained int
-	// EffectsByProcessor and EffectsByRedrive count routed keys whose
-	// effect was performed by a delivery's request or only by the
-	// reconciler's redrive.
-	EffectsByProcessor, EffectsByRedrive int
+	// EffectsByProcessor, EffectsByReconciler and EffectsByRedrive count
+	// routed keys whose effect was performed by a delivery's request, by
+	// the reconciler's recovery, or only by an operator's redrive.
+	EffectsByProcessor, EffectsByReconciler, EffectsByRedrive int
+
+	// RecoveredByRedelivery and RecoveredByReconciler count processed
+	// claims whose last holder took them over (a redelivery from a silent
+	// or releasing holder; the reconciler's recovery pass).
+	// FlaggedForOperators counts claims that were ever flagged.
+	RecoveredByRedelivery, RecoveredByReconciler, FlaggedForOperators int
+	// RecoveryExplained counts reconciler recoveries by what explains
+	// them (each must be explained, like a flag).
+	RecoveryExplained map[string]int
+	// RepeatedByTakeOver counts keys whose effect request was sent by more
+	// than one holder (after a take-over, with the same key).
+	RepeatedByTakeOver int
+	// TimeToEffect is, per key, the time from its first send to its one
+	// effect; DeliveryToEffect from its first delivery.
+	TimeToEffect, DeliveryToEffect []time.Duration
 
 	DrainTime, ReconcileTime, Duration time.Duration
-
-	// MultiSender counts keys whose effect was sent by more than one
-	// delivery (each such key is also a violation).
-	MultiSender int
 
 	Violations     []string
 	moreViolations int
@@ -102,14 +114,37 @@ func (r *Report) WriteFlagSamples(w io.Writer) {
 	}
 }
 
+// RecoveryLine is the report's "recovery:" line: who healed what, and how
+// long a key waited for its effect.
+func (r *Report) RecoveryLine() string {
+	return fmt.Sprintf("recovery: recovered by redelivery %d, recovered by reconciler %d, flagged for operators %d, "+
+		"time to effect p50 %s p99 %s max %s (from first send; from first delivery p50 %s p99 %s max %s)",
+		r.RecoveredByRedelivery, r.RecoveredByReconciler, r.FlaggedForOperators,
+		quantile(r.TimeToEffect, 0.5), quantile(r.TimeToEffect, 0.99), quantile(r.TimeToEffect, 1),
+		quantile(r.DeliveryToEffect, 0.5), quantile(r.DeliveryToEffect, 0.99), quantile(r.DeliveryToEffect, 1))
+}
+
+// quantile returns the q-quantile of ds (nearest rank), rounded for
+// reading; "-" when empty.
+func quantile(ds []time.Duration, q float64) string {
+	if len(ds) == 0 {
+		return "-"
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(q*float64(len(s))+0.5) - 1
+	i = min(max(i, 0), len(s)-1)
+	return s[i].Round(time.Millisecond).String()
+}
+
 // Pass reports whether the run found no violation.
 func (r *Report) Pass() bool { return len(r.Violations) == 0 }
 
 // Verdict is the report's one-line verdict.
 func (r *Report) Verdict() string {
 	if r.Pass() {
-		return fmt.Sprintf("VERDICT: PASS %d messages, %d sends, %d replicas (%d killed and replaced): every routed message's effect happened exactly once, %d faults injected",
-			r.Distinct, r.Sent, r.Replicas, r.Kills, sum(r.Happened))
+		return fmt.Sprintf("VERDICT: PASS %d messages, %d sends, %d replicas (%d killed and replaced): every routed message's effect happened exactly once, %d faults injected; flagged for operators %d",
+			r.Distinct, r.Sent, r.Replicas, r.Kills, sum(r.Happened), r.FlaggedForOperators)
 	}
 	reasons := slices.Clone(r.Violations)
 	if r.moreViolations > 0 {
@@ -146,8 +181,10 @@ func (r *Report) Write(w io.Writer) {
 	for _, n := range sortedKeys(r.EffectsPerKey) {
 		fmt.Fprintf(w, " %d effect(s): %d keys;", n, r.EffectsPerKey[n])
 	}
-	fmt.Fprintf(w, " total effects %d, raw requests %d; keys whose effect was sent by more than one delivery: %d\n", r.Effects, r.Requests, r.MultiSender)
-	fmt.Fprintf(w, "effects performed by the processor: %d keys; only by the reconciler's redrive: %d keys\n", r.EffectsByProcessor, r.EffectsByRedrive)
+	fmt.Fprintf(w, " total effects %d, raw requests %d; keys whose effect request was sent again by a holder that took the claim over: %d\n", r.Effects, r.Requests, r.RepeatedByTakeOver)
+	fmt.Fprintf(w, "effects performed by a delivery: %d keys; by the reconciler's recovery: %d keys; only by an operator's redrive: %d keys\n",
+		r.EffectsByProcessor, r.EffectsByReconciler, r.EffectsByRedrive)
+	fmt.Fprintln(w, r.RecoveryLine())
 
 	q := r.Queue
 	fmt.Fprintf(w, "queue: sent %d, completed %d, dead-lettered %d %s, still in queue %d; deliveries %d (redeliveries %d), lock expiries %d, lock losses %d\n",
@@ -157,8 +194,9 @@ func (r *Report) Write(w io.Writer) {
 	for _, s := range claim.States {
 		fmt.Fprintf(w, " %s %d;", s, r.ClaimStates[s])
 	}
-	fmt.Fprintf(w, " reconciler flagged %d %s, redriven %d\n", r.Flagged, fmtMap(r.FlagReasons), r.Redriven)
-	fmt.Fprintf(w, "flagged claims explained by: %s (unexplained %d)\n", fmtMap(r.FlagExplained), r.Unexplained)
+	fmt.Fprintf(w, " reconciler flagged %d %s; operators' redrives at the end %d\n", r.Flagged, fmtMap(r.FlagReasons), r.Redriven)
+	fmt.Fprintf(w, "flagged claims explained by: %s (unexplained %d); reconciler recoveries explained by: %s\n",
+		fmtMap(r.FlagExplained), r.Unexplained, fmtMap(r.RecoveryExplained))
 
 	fmt.Fprintf(w, "processor outcomes (all replicas):")
 	for _, o := range outcomes {
@@ -192,7 +230,7 @@ func (r *Report) Write(w io.Writer) {
 var outcomes = []processor.Result{
 	processor.ResultProcessed, processor.ResultDuplicate, processor.ResultConflict,
 	processor.ResultReleased, processor.ResultDeadLettered, processor.ResultUnknown,
-	processor.ResultAbandoned, processor.ResultFlagged, processor.ResultCrashed,
+	processor.ResultAbandoned, processor.ResultLost, processor.ResultFlagged, processor.ResultCrashed,
 }
 
 func outcomeCounts(m *processor.Metrics) map[processor.Result]int {

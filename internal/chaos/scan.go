@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/claimdb"
 )
 
 // ScanResult is the reconciler's stale scan (FlagStale with nothing
@@ -49,7 +50,7 @@ func BenchScan(ctx context.Context, db *Database, sizes []int, reps int) ([]Scan
 	const batch = 200_000
 	var insert, analyze string
 	switch db.Dialect {
-	case DialectSQLite:
+	case claimdb.SQLite:
 		insert = `WITH RECURSIVE seq(x) AS (SELECT ?1 UNION ALL SELECT x + 1 FROM seq WHERE x < ?2)
 			INSERT INTO claims (message_id, consumer, owner, state, payload_hash, claimed_utc, heartbeat_utc, processed_utc)
 			SELECT 'done-' || x, 'scan', '00000000-0000-0000-0000-000000000000', 'processed', x'00',
@@ -57,13 +58,13 @@ func BenchScan(ctx context.Context, db *Database, sizes []int, reps int) ([]Scan
 				strftime('%Y-%m-%dT%H:%M:%f','now','-1 hour')
 			FROM seq`
 		analyze = "ANALYZE"
-	case DialectPostgres:
+	case claimdb.Postgres:
 		insert = `INSERT INTO claims (message_id, consumer, owner, state, payload_hash, claimed_utc, heartbeat_utc, processed_utc)
 			SELECT 'done-' || x, 'scan', '00000000-0000-0000-0000-000000000000', 'processed', '\x00'::bytea,
 				now() - interval '1 hour', now() - interval '1 hour', now() - interval '1 hour'
 			FROM generate_series($1::bigint, $2::bigint) AS x`
 		analyze = "ANALYZE claims"
-	case DialectSQLServer:
+	case claimdb.SQLServer:
 		// Rows have..to numbered from a cross join of a catalog view
 		// (thousands of rows squared: more than a batch).
 		insert = `INSERT INTO dbo.Claims (MessageId, Consumer, Owner, State, PayloadHash, ClaimedUtc, HeartbeatUtc, ProcessedUtc)

@@ -20,6 +20,7 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/claimdb"
 	"github.com/sbclaim/sbclaim/internal/membus"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
@@ -253,11 +254,11 @@ func runSQLScenario(ctx context.Context, s Scenario, d *Database, cfg ScenarioCo
 	return res, nil
 }
 
-func placeholders(d Dialect) func(int) string {
+func placeholders(d claimdb.Dialect) func(int) string {
 	switch d {
-	case DialectPostgres:
+	case claimdb.Postgres:
 		return func(i int) string { return fmt.Sprintf("$%d", i) }
-	case DialectSQLServer:
+	case claimdb.SQLServer:
 		return func(i int) string { return fmt.Sprintf("@p%d", i) }
 	}
 	return func(int) string { return "?" }
@@ -267,8 +268,8 @@ func placeholders(d Dialect) func(int) string {
 // message_id columns: on SQL Server nvarchar, the type go-mssqldb sends a
 // Go string as (a varchar column compared with an nvarchar parameter is
 // converted row by row, and the index is scanned instead of sought).
-func keyType(d Dialect) string {
-	if d == DialectSQLServer {
+func keyType(d claimdb.Dialect) string {
+	if d == claimdb.SQLServer {
 		return "NVARCHAR(128)"
 	}
 	return "VARCHAR(128)"
@@ -432,6 +433,10 @@ func (r *oneCopyReceiver) DeadLetterMessage(ctx context.Context, m *azservicebus
 
 func (r *oneCopyReceiver) RenewMessageLock(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.RenewMessageLockOptions) error {
 	return r.inner.RenewMessageLock(ctx, m, o)
+}
+
+func (r *oneCopyReceiver) PeekMessages(ctx context.Context, n int, o *azservicebus.PeekMessagesOptions) ([]*azservicebus.ReceivedMessage, error) {
+	return r.inner.PeekMessages(ctx, n, o)
 }
 
 func (r *oneCopyReceiver) Close(ctx context.Context) error { return r.inner.Close(ctx) }

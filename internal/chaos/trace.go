@@ -21,6 +21,7 @@ type history struct {
 	mu     sync.Mutex
 	events map[string][]string
 	keys   map[int64]string // claim ID → dedup key
+	ids    map[string]int64 // dedup key → claim ID
 }
 
 // maxEventsPerKey bounds one key's history (a key bouncing through many
@@ -28,7 +29,7 @@ type history struct {
 const maxEventsPerKey = 64
 
 func newHistory() *history {
-	return &history{start: time.Now(), events: map[string][]string{}, keys: map[int64]string{}}
+	return &history{start: time.Now(), events: map[string][]string{}, keys: map[int64]string{}, ids: map[string]int64{}}
 }
 
 func (t *history) add(key, format string, args ...any) {
@@ -47,6 +48,14 @@ func (t *history) setKey(id int64, key string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.keys[id] = key
+	t.ids[key] = id
+}
+
+// idOf returns the claim ID of a dedup key (0 when none was seen).
+func (t *history) idOf(key string) int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.ids[key]
 }
 
 // keyOf returns the dedup key of claim id ("" when no store call of a
@@ -64,13 +73,15 @@ func (t *history) of(key string) string {
 	return strings.Join(t.events[key], "\n    ")
 }
 
-// traceStore is the outermost harness wrapper of a replica's store: it
-// records every call that decides or changes a claim, with its answer, in
-// the history (successful heartbeats are left out: there are too many).
+// traceStore wraps a store for one holder (a replica, the reconciler, an
+// operator): it records every call that decides or changes a claim, with
+// what the store did, in the history (successful heartbeats are left out:
+// there are too many), and the grants and signs of life in the ledger.
 type traceStore struct {
 	claim.Store
 	host string
 	hist *history
+	led  *ledger
 }
 
 func errText(err error) string {
@@ -81,8 +92,13 @@ func errText(err error) string {
 }
 
 func (s *traceStore) ClaimBatch(ctx context.Context, p *claim.ClaimBatchParams) ([]claim.ClaimResult, error) {
+	start := time.Now()
 	res, err := s.Store.ClaimBatch(ctx, p)
+	end := time.Now()
 	for i, c := range p.Claims {
+		if err == nil && i < len(res) && res[i].Outcome == claim.OutcomeWon && res[i].Claim != nil && res[i].Claim.Owner == c.Owner {
+			s.led.won(c.MessageID, s.host, c.Owner, start, end)
+		}
 		switch {
 		case err != nil:
 			s.hist.add(c.MessageID, "%s ClaimBatch (delivery %d): %s", s.host, c.DeliveryCount, errText(err))
@@ -99,21 +115,40 @@ func (s *traceStore) ClaimBatch(ctx context.Context, p *claim.ClaimBatchParams) 
 }
 
 func (s *traceStore) TakeOver(ctx context.Context, p *claim.TakeOverParams) (*claim.Claim, error) {
+	start := time.Now()
 	c, err := s.Store.TakeOver(ctx, p)
-	owner := ""
-	if c != nil {
-		owner = fmt.Sprintf(" (new owner %.8s)", c.Owner)
+	end := time.Now()
+	key := s.hist.keyOf(p.ID)
+	if err == nil {
+		s.led.tookOver(key, s.host, p, start, end)
+		s.hist.add(key, "%s TakeOver claim %d (path %s, delivery %d, from %.8s): ok, new owner %.8s", s.host, p.ID, p.Path, p.DeliveryCount, p.PreviousOwner, p.Owner)
+		return c, nil
 	}
-	s.hist.add(s.hist.keyOf(p.ID), "%s TakeOver claim %d (delivery %d): %s%s", s.host, p.ID, p.DeliveryCount, errText(err), owner)
+	s.hist.add(key, "%s TakeOver claim %d (path %s, delivery %d, from %.8s): %s", s.host, p.ID, p.Path, p.DeliveryCount, p.PreviousOwner, errText(err))
 	return c, err
 }
 
 func (s *traceStore) Heartbeat(ctx context.Context, p *claim.HeartbeatParams) error {
+	start := time.Now()
 	err := s.Store.Heartbeat(ctx, p)
 	if err != nil {
 		s.hist.add(s.hist.keyOf(p.ID), "%s Heartbeat claim %d (owner %.8s): %s", s.host, p.ID, p.Owner, errText(err))
+		return err
 	}
-	return err
+	s.led.alive(p.Owner, start)
+	return nil
+}
+
+func (s *traceStore) Flag(ctx context.Context, p *claim.FlagParams) (*claim.Claim, error) {
+	c, err := s.Store.Flag(ctx, p)
+	s.hist.add(s.hist.keyOf(p.ID), "%s Flag claim %d (owner %.8s, %s): %s: %s", s.host, p.ID, p.Owner, p.State, p.Reason, errText(err))
+	return c, err
+}
+
+func (s *traceStore) Resolve(ctx context.Context, p *claim.ResolveParams) (*claim.Claim, error) {
+	c, err := s.Store.Resolve(ctx, p)
+	s.hist.add(s.hist.keyOf(p.ID), "%s Resolve claim %d as %s: %s", s.host, p.ID, p.Resolution, errText(err))
+	return c, err
 }
 
 func (s *traceStore) MarkProcessed(ctx context.Context, p *claim.MarkProcessedParams) error {
@@ -124,6 +159,9 @@ func (s *traceStore) MarkProcessed(ctx context.Context, p *claim.MarkProcessedPa
 
 func (s *traceStore) Release(ctx context.Context, p *claim.ReleaseParams) error {
 	err := s.Store.Release(ctx, p)
+	if err == nil {
+		s.led.released(p.Owner)
+	}
 	s.hist.add(s.hist.keyOf(p.ID), "%s Release claim %d (owner %.8s, cause %q): %s", s.host, p.ID, p.Owner, p.Error, errText(err))
 	return err
 }
@@ -145,10 +183,9 @@ type lostAckStore struct {
 
 func (s *lostAckStore) lose(op string, id int64, run func() error) error {
 	key := s.h.hist.keyOf(id)
-	if key == "" || !s.h.book.fire(key, FaultAckLost) {
-		return run()
-	}
-	if err := run(); err != nil {
+	// The fault is spent only on a write that committed: one the store
+	// refused (an outage, a dead replica) would lose nothing.
+	if err := run(); err != nil || key == "" || !s.h.book.fire(key, FaultAckLost) {
 		return err
 	}
 	s.h.book.count(FaultAckLost, 1)

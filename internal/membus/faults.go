@@ -114,6 +114,19 @@ func (q *Queue) FailRenewals(n int) {
 	q.failRenewals = n
 }
 
+// SetUnreachable, while on, makes the broker unreachable, as a network
+// partition or a namespace outage does: ReceiveMessages delivers nothing
+// and blocks (the SDK keeps retrying its connection until the caller's
+// context ends), PeekMessages fails with CodeConnectionLost, and
+// settlements and renewals fail with CodeConnectionLost without effect.
+// Locks keep running out meanwhile.
+func (q *Queue) SetUnreachable(on bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.unreachable = on
+	q.notifyLocked()
+}
+
 // DuplicateSends, while on, enqueues every sent message twice with the same
 // MessageID (and its own SequenceNumber), as a producer retry after a lost
 // send acknowledgement does.

@@ -464,3 +464,43 @@ func TestConcurrentReceivers(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 }
+
+// TestUnreachableBroker: while the broker is unreachable nothing is
+// delivered (the receive blocks until its context ends), a peek and a
+// settlement fail with CodeConnectionLost, and locks still run out;
+// afterwards delivery resumes.
+func TestUnreachableBroker(t *testing.T) {
+	q := membus.NewQueue("q", membus.QueueOptions{LockDuration: time.Minute})
+	id := "m1"
+	if err := q.SendMessage(context.Background(), &azservicebus.Message{MessageID: &id}, nil); err != nil {
+		t.Fatal(err)
+	}
+	r := q.NewReceiver()
+	got, err := r.PeekMessages(context.Background(), 10, nil)
+	if err != nil || len(got) != 1 || got[0].MessageID != "m1" || got[0].LockedUntil != nil {
+		t.Fatalf("peek: %v %v", got, err)
+	}
+	msgs, err := r.ReceiveMessages(context.Background(), 1, nil)
+	if err != nil || len(msgs) != 1 {
+		t.Fatal(msgs, err)
+	}
+	q.SetUnreachable(true)
+	var sbErr *azservicebus.Error
+	if err := r.CompleteMessage(context.Background(), msgs[0], nil); !errors.As(err, &sbErr) || sbErr.Code != azservicebus.CodeConnectionLost {
+		t.Fatalf("complete while unreachable: %v", err)
+	}
+	if _, err := r.PeekMessages(context.Background(), 1, nil); !errors.As(err, &sbErr) || sbErr.Code != azservicebus.CodeConnectionLost {
+		t.Fatalf("peek while unreachable: %v", err)
+	}
+	q.ExpireLock("m1") // the lock runs out meanwhile; the message is available again
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if got, err := r.ReceiveMessages(ctx, 1, nil); err == nil || len(got) != 0 {
+		t.Fatalf("receive while unreachable: %v %v, want nothing until the context ends", got, err)
+	}
+	q.SetUnreachable(false)
+	msgs, err = r.ReceiveMessages(context.Background(), 1, nil)
+	if err != nil || len(msgs) != 1 || msgs[0].DeliveryCount != 2 {
+		t.Fatalf("receive after the outage: %v %v", msgs, err)
+	}
+}

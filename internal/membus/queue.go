@@ -53,6 +53,7 @@ type Queue struct {
 	duplicateSends  bool
 	failReceives    int
 	failReceiveCode azservicebus.Code
+	unreachable     bool // SetUnreachable: the broker cannot be reached
 	failSettlements int
 	failRenewals    int
 }

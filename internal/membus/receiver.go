@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,7 +69,7 @@ func (r *Receiver) ReceiveMessages(ctx context.Context, maxMessages int, options
 		q.mu.Lock()
 		now := time.Now()
 		q.expireLocked(now)
-		for len(out) < maxMessages && len(q.available) > 0 {
+		for len(out) < maxMessages && len(q.available) > 0 && !q.unreachable {
 			out = append(out, q.deliverLocked(now))
 		}
 		changed, next := q.changed, q.nextExpiryLocked()
@@ -92,6 +93,38 @@ func (r *Receiver) ReceiveMessages(ctx context.Context, maxMessages int, options
 			}
 		}
 	}
+}
+
+// PeekMessages returns copies of up to maxMessageCount available messages
+// without locking them (the SDK's peek: no lock token, the message stays
+// available). Unlike the SDK it keeps no peek cursor: every call starts at
+// the head. It fails with CodeConnectionLost while the broker is
+// unreachable: a cheap probe of the connection.
+func (r *Receiver) PeekMessages(ctx context.Context, maxMessageCount int, _ *azservicebus.PeekMessagesOptions) ([]*azservicebus.ReceivedMessage, error) {
+	if err := r.checkOpen(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	q := r.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.unreachable {
+		return nil, sbError(azservicebus.CodeConnectionLost, "queue %s: peek: broker unreachable", q.name)
+	}
+	var out []*azservicebus.ReceivedMessage
+	for _, e := range q.available {
+		if len(out) == maxMessageCount {
+			break
+		}
+		m := *e.msg
+		m.Body = slices.Clone(e.msg.Body)
+		m.ApplicationProperties = maps.Clone(e.msg.ApplicationProperties)
+		m.LockToken, m.LockedUntil = [16]byte{}, nil
+		out = append(out, &m)
+	}
+	return out, nil
 }
 
 // CompleteMessage removes the message from the queue.
@@ -184,6 +217,10 @@ func (r *Receiver) lookup(ctx context.Context, op string, m *azservicebus.Receiv
 	}
 	q := r.q
 	q.mu.Lock()
+	if q.unreachable {
+		q.mu.Unlock()
+		return nil, sbError(azservicebus.CodeConnectionLost, "queue %s: %s message %s: broker unreachable", q.name, op, m.MessageID)
+	}
 	if *fail > 0 {
 		*fail--
 		*faults++

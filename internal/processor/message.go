@@ -140,9 +140,7 @@ func (p *Processor) handleBatch(ctx, work context.Context, lr *liveReceiver, msg
 			run(d, func() verdict { return p.afterClaim(ctx, work, d, res) })
 		}
 	case claim.StoreWide(err) || len(batch) == 1:
-		if claim.StoreWide(err) {
-			p.storeDown.Store(true)
-		}
+		p.storeErr(err)
 		// Whatever this call may have committed carries this delivery's
 		// owner tokens, so the redelivery's claim finds it (an orphan row
 		// whose holder shows no life is taken over after TakeoverAfter).
@@ -171,9 +169,7 @@ func (p *Processor) claimOne(ctx, work context.Context, d *delivery) verdict {
 		err = fmt.Errorf("store returned %d results for 1 claim", len(results))
 	}
 	if err != nil {
-		if claim.StoreWide(err) {
-			p.storeDown.Store(true)
-		}
+		p.storeErr(err)
 		return abandoned(ResultAbandoned, "why", "claim failed", "error", err)
 	}
 	return p.afterClaim(ctx, work, d, results[0])
@@ -335,16 +331,20 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 			case err == nil:
 				return p.runHeld(work, d, taken)
 			case errors.Is(err, claim.ErrStateChanged) && taken != nil:
-				again = taken.State != claim.StateClaimed || taken.Owner != c.Owner
+				// The claim as it is now: decide again at once when it
+				// changed hands or state, else wait for its holder.
+				changed := taken.State != claim.StateClaimed || taken.Owner != c.Owner
 				c = taken
+				if changed {
+					continue
+				}
 			case errors.Is(err, claim.ErrRouteChanged) && taken != nil:
 				// Recorded since we read it (a claim from before routes
 				// were recorded, taken over meanwhile): decide again.
-				again, c = true, taken
+				c = taken
+				continue
 			default:
-				if claim.StoreWide(err) {
-					p.storeDown.Store(true)
-				}
+				p.storeErr(err)
 				return abandoned(ResultAbandoned, "why", "take-over failed", "error", err)
 			}
 		}
@@ -446,9 +446,7 @@ func (p *Processor) flagRouteChanged(work context.Context, d *delivery, c *claim
 	case errors.Is(err, claim.ErrStateChanged):
 		return verdict{}, false
 	}
-	if claim.StoreWide(err) {
-		p.storeDown.Store(true)
-	}
+	p.storeErr(err)
 	return abandoned(ResultAbandoned, "why", "flagging a route change failed", "error", err), true
 }
 
@@ -494,6 +492,7 @@ func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) v
 			// stays claimed and goes silent; the redelivery takes it over
 			// and repeats the effect with the same key (deduplicated
 			// downstream), or the reconciler recovers it.
+			p.storeErr(err)
 			d.log.Error("effect done but marking processed failed", "error", err)
 			return abandoned(ResultUnknown, "why", "marking processed failed", "error", err)
 		}
@@ -510,6 +509,7 @@ func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) v
 		case relErr != nil:
 			// The claim stays claimed and goes silent; whoever takes it
 			// over repeats the effect (it was not performed).
+			p.storeErr(relErr)
 			d.log.Warn("effect not performed but the release failed", "error", relErr)
 			return abandoned(ResultUnknown, "why", "release failed", "error", relErr)
 		}
@@ -589,7 +589,7 @@ func (p *Processor) runTx(work context.Context, d *delivery) verdict {
 		eo := sideeffects.Classify(err)
 		if claim.StoreWide(err) {
 			eo = sideeffects.OutcomeRetryable
-			p.storeDown.Store(true)
+			p.storeErr(err)
 		}
 		p.metrics.EffectSeconds.WithLabelValues(d.handler.Name, eo.String()).Observe(time.Since(start).Seconds())
 		d.log.Warn("transactional effect rolled back", "error", err, "effect_outcome", eo.String())
@@ -668,15 +668,18 @@ func (p *Processor) ownState(work context.Context, c *claim.Claim, state claim.S
 func (p *Processor) get(work context.Context, id int64) (*claim.Claim, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(work), p.opts.StoreTimeout)
 	defer cancel()
-	return p.opts.Store.Get(ctx, id)
+	c, err := p.opts.Store.Get(ctx, id)
+	p.storeErr(err)
+	return c, err
 }
 
 func (p *Processor) countHeartbeat(err error) {
 	if err == nil {
 		p.metrics.Heartbeats.Inc()
-	} else {
-		p.metrics.HeartbeatFailures.Inc()
+		return
 	}
+	p.metrics.HeartbeatFailures.Inc()
+	p.storeErr(err)
 }
 
 // renewLock renews the message's lock on its own goroutine, from receipt

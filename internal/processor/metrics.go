@@ -60,6 +60,9 @@ type Metrics struct {
 	LateEffects         prometheus.Counter
 	ClaimsInFlight      prometheus.Gauge
 	Receivers           prometheus.Counter
+	StoreBreakerOpen    prometheus.Gauge
+	StoreBreakerTrips   *prometheus.CounterVec // class
+	BrokerReachable     prometheus.Gauge
 }
 
 // NewMetrics creates the collectors and registers them with reg (nil: not
@@ -116,10 +119,23 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sbclaim_receivers_opened_total",
 			Help: "Service Bus receivers opened (more than one means a receiver was recreated).",
 		}),
+		StoreBreakerOpen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sbclaim_store_breaker_open",
+			Help: "1 while the claim store refuses work store-wide and receiving is paused.",
+		}),
+		StoreBreakerTrips: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sbclaim_store_breaker_trips_total",
+			Help: "Times receiving was paused because the claim store refused work, by failure class (connection, busy, failover, timeout, read_only, no_space, permission).",
+		}, []string{"class"}),
+		BrokerReachable: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sbclaim_servicebus_reachable",
+			Help: "1 while Service Bus answered the last receive or probe.",
+		}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Messages, m.DeadLetters, m.EffectSeconds, m.TakeOvers, m.LockRenewals, m.LockRenewalFailures,
-			m.LockLosses, m.Heartbeats, m.HeartbeatFailures, m.DuplicateWaits, m.LateEffects, m.ClaimsInFlight, m.Receivers)
+			m.LockLosses, m.Heartbeats, m.HeartbeatFailures, m.DuplicateWaits, m.LateEffects, m.ClaimsInFlight, m.Receivers,
+			m.StoreBreakerOpen, m.StoreBreakerTrips, m.BrokerReachable)
 	}
 	return m
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/cenkalti/backoff/v5"
+	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
@@ -70,8 +71,21 @@ type Options struct {
 	// processed, release) retries a store outage. Default 30s.
 	RecordRetryWindow time.Duration
 	// ShutdownTimeout is how long in-flight effects may run after Run's
-	// context ends. Default 25s (below Container Apps' 30 s grace period).
+	// context ends. Default 15s: with SettleTimeout and one StoreTimeout
+	// write after it, it must fit the platform's grace period (Container
+	// Apps' 30s): see TerminationGracePeriod.
 	ShutdownTimeout time.Duration
+	// TerminationGracePeriod is the platform's time between SIGTERM and
+	// SIGKILL. When set, ShutdownTimeout + SettleTimeout + StoreTimeout
+	// (the last outcome write) must fit it, or New refuses the options: a
+	// SIGKILL must not land between an effect and its record.
+	TerminationGracePeriod time.Duration
+	// BrokerProbeInterval is how often, while no receive has returned
+	// messages for that long, the processor probes Service Bus (a peek)
+	// to keep Ready honest. Default 10s; BrokerProbeTimeout (default 5s)
+	// bounds each probe. Ready turns false within interval + timeout of
+	// Service Bus becoming unreachable.
+	BrokerProbeInterval, BrokerProbeTimeout time.Duration
 	// Host is recorded as ClaimedBy. Default: os.Hostname.
 	Host string
 
@@ -103,8 +117,14 @@ type Processor struct {
 	log     *slog.Logger
 	metrics *Metrics
 
-	ready     atomic.Bool // a receiver is open
-	storeDown atomic.Bool // the last claim attempt found the store unavailable
+	receiverOpen atomic.Bool  // a receiver is open
+	brokerOK     atomic.Bool  // the broker answered recently (a receive or a probe)
+	lastReceive  atomic.Int64 // unix nanos of the last receive that returned messages
+
+	breaker breaker // the store-wide failure breaker
+
+	mu  sync.Mutex
+	cur Receiver // the open receiver, for the broker probe
 
 	inflight sync.WaitGroup // per-message workers
 }
@@ -125,6 +145,8 @@ func New(opts Options) (*Processor, error) {
 		"MaxLockRenewal": opts.MaxLockRenewal, "HeartbeatInterval": opts.HeartbeatInterval,
 		"SettleTimeout": opts.SettleTimeout, "StoreTimeout": opts.StoreTimeout, "ShutdownTimeout": opts.ShutdownTimeout,
 		"RecordRetryWindow": opts.RecordRetryWindow, "TakeoverAfter": opts.TakeoverAfter, "StaleAfter": opts.StaleAfter,
+		"TerminationGracePeriod": opts.TerminationGracePeriod, "BrokerProbeInterval": opts.BrokerProbeInterval,
+		"BrokerProbeTimeout": opts.BrokerProbeTimeout,
 	} {
 		if d < 0 {
 			return nil, fmt.Errorf("processor: %s cannot be negative (got %s)", name, d)
@@ -152,9 +174,18 @@ func New(opts Options) (*Processor, error) {
 	}
 	opts.MaxPayloadBytes = cmp.Or(opts.MaxPayloadBytes, 256*1024)
 	opts.SettleTimeout = cmp.Or(opts.SettleTimeout, 5*time.Second)
-	opts.StoreTimeout = cmp.Or(opts.StoreTimeout, 10*time.Second)
+	opts.StoreTimeout = cmp.Or(opts.StoreTimeout, DefaultStoreTimeout)
 	opts.RecordRetryWindow = cmp.Or(opts.RecordRetryWindow, 30*time.Second)
-	opts.ShutdownTimeout = cmp.Or(opts.ShutdownTimeout, 25*time.Second)
+	opts.ShutdownTimeout = cmp.Or(opts.ShutdownTimeout, DefaultShutdownTimeout)
+	opts.BrokerProbeInterval = cmp.Or(opts.BrokerProbeInterval, 10*time.Second)
+	opts.BrokerProbeTimeout = cmp.Or(opts.BrokerProbeTimeout, 5*time.Second)
+	if g := opts.TerminationGracePeriod; g > 0 {
+		if need := opts.ShutdownTimeout + opts.SettleTimeout + opts.StoreTimeout; need >= g {
+			return nil, fmt.Errorf("processor: ShutdownTimeout + SettleTimeout + StoreTimeout = %s + %s + %s = %s must be less than TerminationGracePeriod (%s): "+
+				"after SIGTERM the last effects may run for ShutdownTimeout, their outcome write for StoreTimeout and their settlement for SettleTimeout before the platform's SIGKILL",
+				opts.ShutdownTimeout, opts.SettleTimeout, opts.StoreTimeout, need, g)
+		}
+	}
 	if opts.Host == "" {
 		opts.Host, _ = os.Hostname()
 	}
@@ -171,9 +202,32 @@ func New(opts Options) (*Processor, error) {
 	}, nil
 }
 
-// Ready reports whether the processor has a receiver whose last receive
-// did not fail (for /readyz, together with a store ping).
-func (p *Processor) Ready() bool { return p.ready.Load() }
+// Defaults of the store and shutdown timeouts: 15s + 5s (settle) + 5s
+// fit Container Apps' 30s grace period with room to spare.
+const (
+	DefaultShutdownTimeout = 15 * time.Second
+	DefaultStoreTimeout    = 5 * time.Second
+)
+
+// Ready reports whether the processor can work (for /readyz): a receiver
+// is open, Service Bus answered recently (a receive returned messages, or
+// the periodic probe succeeded), and the claim store's breaker is closed.
+func (p *Processor) Ready() bool {
+	return p.receiverOpen.Load() && p.brokerOK.Load() && !p.breaker.isOpen()
+}
+
+// NotReadyReason says why Ready is false ("" when it is true).
+func (p *Processor) NotReadyReason() string {
+	switch {
+	case !p.receiverOpen.Load():
+		return "no Service Bus receiver is open"
+	case !p.brokerOK.Load():
+		return "Service Bus did not answer the last probe"
+	case p.breaker.isOpen():
+		return "the claim store refuses work (" + p.breaker.class().String() + "): receiving is paused"
+	}
+	return ""
+}
 
 // Run receives and processes messages until ctx ends, then shuts down
 // gracefully: it stops receiving, lets in-flight effects finish for up to
@@ -193,8 +247,12 @@ func (p *Processor) Run(ctx context.Context) error {
 
 	slots := make(chan struct{}, p.opts.MaxConcurrentCalls)
 	var cur *liveReceiver
+	probeNow := make(chan struct{}, 1)
+	probeDone := make(chan struct{})
+	go func() { defer close(probeDone); p.probeBroker(ctx, probeNow) }()
 	defer func() {
-		p.ready.Store(false)
+		p.receiverOpen.Store(false)
+		<-probeDone
 		p.inflight.Wait()
 		if cur != nil {
 			cur.retire(p.opts.SettleTimeout)
@@ -208,12 +266,17 @@ func (p *Processor) Run(ctx context.Context) error {
 				break // ctx ended while retrying
 			}
 			cur = r
-			p.ready.Store(true)
+			p.setReceiver(r.r)
+			select { // the SDK connects lazily: ask the broker now
+			case probeNow <- struct{}{}:
+			default:
+			}
 		}
 
-		// While the store is down, receiving would only abandon messages
-		// and burn their delivery counts: wait until it answers again.
-		if p.storeDown.Load() {
+		// While the store refuses work (unreachable, read-only, full, no
+		// grant), receiving would only abandon messages and burn their
+		// delivery counts: wait until it accepts writes again.
+		if p.breaker.isOpen() {
 			p.waitForStore(ctx)
 			continue
 		}
@@ -237,9 +300,10 @@ func (p *Processor) Run(ctx context.Context) error {
 		}
 
 		msgs, err := cur.r.ReceiveMessages(ctx, free, nil)
-		// Ready while receives succeed: a receiver whose connection fails
-		// (the SDK connects lazily) is not ready.
-		p.ready.Store(err == nil || ctx.Err() != nil)
+		if len(msgs) > 0 {
+			p.lastReceive.Store(time.Now().UnixNano())
+			p.setBrokerOK(true, nil)
+		}
 		if len(msgs) < free {
 			for range free - len(msgs) {
 				<-slots
@@ -254,7 +318,8 @@ func (p *Processor) Run(ctx context.Context) error {
 			}
 			if needsNewReceiver(err) {
 				p.log.Warn("receiver lost, recreating", "error", err)
-				p.ready.Store(false)
+				p.setReceiver(nil)
+				p.setBrokerOK(false, err)
 				cur.retire(p.opts.SettleTimeout)
 				cur = nil
 				continue
@@ -286,21 +351,141 @@ func (l *liveReceiver) retire(timeout time.Duration) {
 	}()
 }
 
-// waitForStore pings the store with backoff until it answers or ctx ends.
+// setReceiver records the open receiver (nil: none) for the broker probe.
+func (p *Processor) setReceiver(r Receiver) {
+	p.mu.Lock()
+	p.cur = r
+	p.mu.Unlock()
+	p.receiverOpen.Store(r != nil)
+}
+
+func (p *Processor) receiver() Receiver {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cur
+}
+
+// setBrokerOK records whether Service Bus answered, logging each change.
+func (p *Processor) setBrokerOK(ok bool, err error) {
+	if p.brokerOK.Swap(ok) == ok {
+		return
+	}
+	if ok {
+		p.log.Info("Service Bus answers: ready")
+		p.metrics.BrokerReachable.Set(1)
+		return
+	}
+	p.log.Warn("Service Bus does not answer: not ready", "error", err)
+	p.metrics.BrokerReachable.Set(0)
+}
+
+// probeBroker keeps brokerOK honest while no receive brings messages (an
+// idle receiver and an unreachable broker look alike from ReceiveMessages,
+// which blocks while the SDK retries its connection): every
+// BrokerProbeInterval without traffic, or when asked on now, it peeks one
+// message (no lock, nothing changes) within BrokerProbeTimeout.
+func (p *Processor) probeBroker(ctx context.Context, now <-chan struct{}) {
+	t := time.NewTicker(p.opts.BrokerProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if time.Since(time.Unix(0, p.lastReceive.Load())) < p.opts.BrokerProbeInterval {
+				continue // messages arrived just now: the broker answers
+			}
+		case <-now:
+		}
+		r := p.receiver()
+		if r == nil {
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, p.opts.BrokerProbeTimeout)
+		_, err := r.PeekMessages(pctx, 1, nil)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		p.setBrokerOK(err == nil, err)
+	}
+}
+
+// storeErr trips the breaker when err says the whole store refuses work
+// (claim.StoreWide: unreachable, failing over, read-only, out of space,
+// missing grant) and reports whether it did.
+func (p *Processor) storeErr(err error) bool {
+	if !claim.StoreWide(err) {
+		return false
+	}
+	if p.breaker.trip(err) {
+		class := claim.ClassOf(err)
+		p.metrics.StoreBreakerTrips.WithLabelValues(class.String()).Inc()
+		p.metrics.StoreBreakerOpen.Set(1)
+		p.log.Warn("claim store refuses work: pausing receives until it accepts writes again",
+			"class", class.String(), "error", err)
+	}
+	return true
+}
+
+// waitForStore probes the store with backoff until it accepts a write or
+// ctx ends, then closes the breaker. The probe is a heartbeat of a claim
+// that does not exist: a store that accepts writes answers
+// ErrStateChanged (the guarded UPDATE ran and matched nothing); a
+// read-only, full or unreachable one answers a store-wide error. A ping
+// would not do: a read-only database after a failover answers reads.
 func (p *Processor) waitForStore(ctx context.Context) {
-	p.log.Warn("claim store unavailable: pausing receives until it answers")
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval = 100 * time.Millisecond
 	b.MaxInterval = 10 * time.Second
 	_, err := backoff.Retry(ctx, func() (struct{}, error) {
 		pctx, cancel := context.WithTimeout(ctx, p.opts.StoreTimeout)
 		defer cancel()
-		return struct{}{}, p.opts.Store.Ping(pctx)
+		err := p.opts.Store.Heartbeat(pctx, &claim.HeartbeatParams{ID: -1, Owner: uuid.New()})
+		if claim.StoreWide(err) {
+			return struct{}{}, err
+		}
+		return struct{}{}, nil
 	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(0))
 	if err == nil {
-		p.storeDown.Store(false)
-		p.log.Info("claim store answers again: receiving")
+		p.breaker.reset()
+		p.metrics.StoreBreakerOpen.Set(0)
+		p.log.Info("claim store accepts writes again: receiving")
 	}
+}
+
+// breaker is open while the claim store refuses work store-wide.
+type breaker struct {
+	mu   sync.Mutex
+	open bool
+	cls  claim.Class
+}
+
+// trip opens the breaker; it reports whether it was closed before.
+func (b *breaker) trip(err error) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	was := b.open
+	b.open, b.cls = true, claim.ClassOf(err)
+	return !was
+}
+
+func (b *breaker) reset() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.open = false
+}
+
+func (b *breaker) isOpen() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.open
+}
+
+func (b *breaker) class() claim.Class {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.cls
 }
 
 func (p *Processor) openReceiver(ctx context.Context) (*liveReceiver, error) {

@@ -903,14 +903,17 @@ func TestReceivesOnlyForFreeSlots(t *testing.T) {
 	}
 }
 
-// TestLostClaimStopsItsEffect: the claim is flagged (or taken over)
-// while its effect runs. The next heartbeat finds it lost and cancels the
+// TestEffectFinishingAfterFlag (a lost claim stops its effect): the claim
+// is flagged (or taken over) while its effect runs. (It used to flag with
+// FlagStale(StaleAfter: 1ns), which a heartbeat written in the same
+// millisecond — SQLite's time resolution — could dodge: 3 runs in 8 failed.
+// It now flags with the guarded Flag on the held claim's owner.) The next heartbeat finds it lost and cancels the
 // effect's context; nothing more is written for the old holder (no
 // attempt, no release), the outcome is "lost", and the message, whose
 // claim is now in operators' hands, is completed. An effect that ignores
 // its context and succeeds anyway is recorded on the claim as a late
 // success — loudly when an operator had discarded the claim.
-func TestLostClaimStopsItsEffect(t *testing.T) {
+func TestEffectFinishingAfterFlag(t *testing.T) {
 	for _, tc := range []struct {
 		name               string
 		ignoreCtx, discard bool

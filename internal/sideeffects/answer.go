@@ -34,7 +34,7 @@ const (
 // its compact JSON text (a number 1000 is "1000", an object {"a":1} is
 // `{"a":1}`). A header with several values is joined with ", ". Control
 // characters are replaced by spaces, invalid UTF-8 by U+FFFD, secret
-// header values (fromEnv) by [REDACTED]. An Answer holds at most
+// header values (fromEnv) by redact.Mask. An Answer holds at most
 // MaxAnswerEntries entries, each value at most MaxAnswerValueBytes, and at
 // most MaxAnswerBytes as JSON; Truncated says something was cut or left
 // out. A field or header the answer did not have is absent.

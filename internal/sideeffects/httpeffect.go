@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+
+	"github.com/sbclaim/sbclaim/internal/redact"
 )
 
 // Application properties forwarded as request headers when a message
@@ -85,7 +87,7 @@ type httpRoute struct {
 	steps       []*httpStep
 	client      *http.Client
 	logger      *slog.Logger
-	redact      *redactor
+	redact      *redact.Scrubber
 }
 
 type httpStep struct {

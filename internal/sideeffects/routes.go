@@ -21,6 +21,8 @@ import (
 	"go.yaml.in/yaml/v3"
 	"golang.org/x/text/language"
 	"golang.org/x/text/message"
+
+	"github.com/sbclaim/sbclaim/internal/redact"
 )
 
 // RoutesSchema is the JSON Schema a routes file is validated against at
@@ -523,7 +525,7 @@ func buildRouter(file *routesFile, getenv func(string) string, client *http.Clie
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	red := newRedactor(secrets)
+	red := redact.NewScrubber(secrets...)
 	for _, r := range router.routes {
 		r.redact = red
 	}
@@ -656,23 +658,6 @@ func validHeaderValue(v string) bool {
 	return true
 }
 
-// redactor replaces every secret header value with [REDACTED].
-type redactor struct{ r *strings.Replacer }
-
-func newRedactor(secrets []string) *redactor {
-	// Longest first, so a secret that contains another is replaced whole.
-	secrets = slices.Clone(secrets)
-	slices.SortStableFunc(secrets, func(a, b string) int { return len(b) - len(a) })
-	secrets = slices.Compact(secrets)
-	var pairs []string
-	for _, s := range secrets {
-		if s != "" {
-			pairs = append(pairs, s, "[REDACTED]")
-		}
-	}
-	return &redactor{r: strings.NewReplacer(pairs...)}
-}
-
 // urlSecrets are the parts of a route URL that a downstream echoing its
 // request must not put in an excerpt or a recorded answer: the path (a
 // webhook's secret) and the query values (an API key), when long enough
@@ -696,11 +681,4 @@ func urlSecrets(raw string) []string {
 		}
 	}
 	return out
-}
-
-func (r *redactor) String(s string) string {
-	if r == nil || r.r == nil {
-		return s
-	}
-	return r.r.Replace(s)
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
+	"github.com/sbclaim/sbclaim/internal/redact"
 	"github.com/sbclaim/sbclaim/internal/sideeffects/fakedownstream"
 )
 
@@ -295,7 +296,7 @@ func TestSecretHeaderValuesNeverLeak(t *testing.T) {
 	logger.Info("sanity line")
 
 	all := strings.Join(errs, "\n") + "\n" + logs.String()
-	if !strings.Contains(all, "sanity line") || !strings.Contains(all, "[REDACTED]") {
+	if !strings.Contains(all, "sanity line") || !strings.Contains(all, redact.Mask) {
 		t.Fatalf("nothing captured or no redaction happened:\n%s", all)
 	}
 	if strings.Contains(all, secret) {

@@ -8,20 +8,17 @@ package testdb
 import (
 	"context"
 	"database/sql"
-	"net/url"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
 	"github.com/sbclaim/sbclaim/internal/claim/mssql"
 	"github.com/sbclaim/sbclaim/internal/claim/postgres"
 	"github.com/sbclaim/sbclaim/internal/claim/sqlite"
+	"github.com/sbclaim/sbclaim/internal/claimdb"
 )
 
 // Backends names the stores every protocol test runs on. PostgreSQL and SQL
@@ -60,37 +57,47 @@ func URL(t testing.TB, backend string) string {
 	t.Helper()
 	switch backend {
 	case "sqlite":
-		u := "sqlite:" + filepath.Join(t.TempDir(), "claims.db")
-		s, err := sqlite.Open(context.Background(), u)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-		if err := sqlite.Migrate(context.Background(), s.DB()); err != nil {
-			t.Fatal(err)
-		}
-		return u
+		return scratch(t, "", claimdb.ScratchOptions{})
 	case "postgres":
-		return postgresSchemaURL(t)
+		return scratch(t, claimtest.PostgresURL(t), claimdb.ScratchOptions{})
 	case "sqlserver":
-		return sqlServerDatabaseURL(t)
+		return scratch(t, claimtest.RequireOrSkip(t, "sqlserver", SQLServerURLEnv), claimdb.ScratchOptions{
+			// READ_COMMITTED_SNAPSHOT is on, as on Azure SQL Database,
+			// unless SBCLAIM_TEST_SQLSERVER_RCSI=off.
+			LockingReads: strings.EqualFold(os.Getenv("SBCLAIM_TEST_SQLSERVER_RCSI"), "off"),
+		})
 	}
 	t.Fatalf("testdb: unknown backend %q", backend)
 	return ""
 }
 
-// SQLite opens a migrated SQLite store in a temp file.
+// scratch creates a claimdb.Scratch next to base, removed when the test
+// ends, and returns its URL.
+func scratch(t testing.TB, base string, opts claimdb.ScratchOptions) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	opts.Prefix = "testdb"
+	sc, err := claimdb.NewScratch(ctx, base, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := sc.Close(); err != nil {
+			t.Errorf("remove %s: %v", sc, err)
+		}
+	})
+	return sc.URL
+}
+
+// SQLite opens a migrated SQLite store in a fresh file.
 func SQLite(t testing.TB) *sqlite.Store {
 	t.Helper()
-	ctx := context.Background()
-	s, err := sqlite.Open(ctx, "sqlite:"+filepath.Join(t.TempDir(), "claims.db"))
+	s, err := sqlite.Open(context.Background(), URL(t, "sqlite"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	if err := sqlite.Migrate(ctx, s.DB()); err != nil {
-		t.Fatal(err)
-	}
 	return s
 }
 
@@ -99,30 +106,12 @@ func Postgres(t testing.TB) *postgres.Store {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s, err := postgres.Open(ctx, postgresSchemaURL(t))
+	s, err := postgres.Open(ctx, URL(t, "postgres"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
-}
-
-// postgresSchemaURL creates a schema, migrates it, drops it at cleanup, and
-// returns a URL whose search_path selects it.
-func postgresSchemaURL(t testing.TB) string {
-	t.Helper()
-	u := EmptyPostgresURL(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	s, err := postgres.Open(ctx, u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if err := postgres.Migrate(ctx, s.DB()); err != nil {
-		t.Fatal(err)
-	}
-	return u
 }
 
 // EmptyPostgresURL creates an empty schema (for tests of the migrations
@@ -131,34 +120,7 @@ func postgresSchemaURL(t testing.TB) string {
 // SBCLAIM_TEST_POSTGRES_URL.
 func EmptyPostgresURL(t testing.TB) string {
 	t.Helper()
-	base := claimtest.PostgresURL(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	admin, err := sql.Open("pgx", base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := "testdb_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:16]
-	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+name); err != nil {
-		admin.Close()
-		t.Fatalf("create schema: %v", err)
-	}
-	t.Cleanup(func() {
-		defer admin.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if _, err := admin.ExecContext(ctx, "DROP SCHEMA "+name+" CASCADE"); err != nil {
-			t.Errorf("drop schema %s: %v", name, err)
-		}
-	})
-	u, err := url.Parse(base)
-	if err != nil {
-		t.Fatalf("parse %s: %v", claimtest.PostgresURLEnv, err)
-	}
-	q := u.Query()
-	q.Set("search_path", name)
-	u.RawQuery = q.Encode()
-	return u.String()
+	return scratch(t, claimtest.PostgresURL(t), claimdb.ScratchOptions{Empty: true})
 }
 
 // SQLServer opens a migrated SQL Server store on a fresh database.
@@ -166,60 +128,10 @@ func SQLServer(t testing.TB) *mssql.Store {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s, err := mssql.Open(ctx, sqlServerDatabaseURL(t))
+	s, err := mssql.Open(ctx, URL(t, "sqlserver"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
-}
-
-// sqlServerDatabaseURL creates a database (READ_COMMITTED_SNAPSHOT on, as
-// on Azure SQL Database, unless SBCLAIM_TEST_SQLSERVER_RCSI=off), migrates it, drops it at cleanup, and returns its
-// URL.
-func sqlServerDatabaseURL(t testing.TB) string {
-	t.Helper()
-	base := claimtest.RequireOrSkip(t, "sqlserver", SQLServerURLEnv)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	admin, err := mssql.Open(ctx, base)
-	if err != nil {
-		t.Fatalf("open %s: %v", SQLServerURLEnv, err)
-	}
-	name := "[testdb_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:16] + "]"
-	if _, err := admin.DB().ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
-		admin.Close()
-		t.Fatalf("create database: %v", err)
-	}
-	t.Cleanup(func() {
-		defer admin.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_, _ = admin.DB().ExecContext(ctx, "ALTER DATABASE "+name+" SET SINGLE_USER WITH ROLLBACK IMMEDIATE")
-		if _, err := admin.DB().ExecContext(ctx, "DROP DATABASE "+name); err != nil {
-			t.Logf("drop database %s: %v", name, err)
-		}
-	})
-	if !strings.EqualFold(os.Getenv("SBCLAIM_TEST_SQLSERVER_RCSI"), "off") {
-		if _, err := admin.DB().ExecContext(ctx, "ALTER DATABASE "+name+" SET READ_COMMITTED_SNAPSHOT ON WITH ROLLBACK IMMEDIATE"); err != nil {
-			t.Fatalf("turn on READ_COMMITTED_SNAPSHOT: %v", err)
-		}
-	}
-	u, err := url.Parse(base)
-	if err != nil {
-		t.Fatalf("parse %s: %v", SQLServerURLEnv, err)
-	}
-	q := u.Query()
-	q.Del("database")
-	q.Set("database", strings.Trim(name, "[]"))
-	u.RawQuery = q.Encode()
-	s, err := mssql.Open(ctx, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if err := mssql.Migrate(ctx, s.DB()); err != nil {
-		t.Fatal(err)
-	}
-	return u.String()
 }

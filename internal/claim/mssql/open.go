@@ -6,7 +6,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"github.com/sbclaim/sbclaim/internal/claim/sqlstore"
 	"net/url"
 	"os"
 	"strconv"
@@ -17,6 +16,8 @@ import (
 	"github.com/microsoft/go-mssqldb/azuread"
 	"github.com/pressly/goose/v3"
 
+	"github.com/sbclaim/sbclaim/internal/claim/sqlstore"
+	"github.com/sbclaim/sbclaim/internal/redact"
 	schema "github.com/sbclaim/sbclaim/sql"
 )
 
@@ -55,7 +56,7 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 	s := New(db)
 	if err := s.Ping(ctx); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("open %s: %w", Redact(rawURL), scrub(err, rawURL))
+		return nil, fmt.Errorf("open %s: %w", redact.URL(rawURL), scrub(err, rawURL))
 	}
 	return s, nil
 }
@@ -74,7 +75,7 @@ func newConnector(rawURL, azureClientID string) (driver.Connector, error) {
 		c, err = mssqldb.NewConnector(dsn)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("sql server URL %s: %w", Redact(rawURL), scrub(err, rawURL))
+		return nil, fmt.Errorf("sql server URL %s: %w", redact.URL(rawURL), scrub(err, rawURL))
 	}
 	return c, nil
 }
@@ -124,72 +125,10 @@ func prepareURL(rawURL, azureClientID string) (dsn string, fedAuth bool, err err
 	return u.String(), fedAuth, nil
 }
 
-// Redact returns the URL with its password (in the user info or a
-// password= parameter) replaced by "xxxxx", for logs and errors.
-func Redact(rawURL string) string {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return "sqlserver://(unparsable URL)"
-	}
-	if _, ok := u.User.Password(); ok {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	}
-	q := u.Query()
-	changed := false
-	for k := range q {
-		if strings.EqualFold(k, "password") || strings.EqualFold(k, "pwd") || strings.EqualFold(k, "clientassertion") || strings.EqualFold(k, "systemtoken") {
-			q.Set(k, "xxxxx")
-			changed = true
-		}
-	}
-	if changed {
-		u.RawQuery = q.Encode()
-	}
-	return u.String()
-}
-
 // scrub removes the URL's secrets from an error's text, should a driver
 // error ever quote them; errors without them pass through unchanged.
 func scrub(err error, rawURL string) error {
-	if err == nil {
-		return nil
-	}
-	msg := err.Error()
-	secrets := secretsOf(rawURL)
-	leaked := false
-	for _, s := range secrets {
-		if strings.Contains(msg, s) {
-			msg = strings.ReplaceAll(msg, s, "xxxxx")
-			leaked = true
-		}
-	}
-	if !leaked {
-		return err
-	}
-	return errors.New(msg)
-}
-
-// secretsOf returns the secret values of a URL (password, raw and
-// escaped forms), longest first.
-func secretsOf(rawURL string) []string {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return nil
-	}
-	var out []string
-	if p, ok := u.User.Password(); ok && p != "" {
-		out = append(out, p, url.QueryEscape(p), url.PathEscape(p))
-	}
-	for k, vs := range u.Query() {
-		if strings.EqualFold(k, "password") || strings.EqualFold(k, "pwd") || strings.EqualFold(k, "clientassertion") || strings.EqualFold(k, "systemtoken") {
-			for _, v := range vs {
-				if v != "" {
-					out = append(out, v, url.QueryEscape(v))
-				}
-			}
-		}
-	}
-	return out
+	return redact.NewScrubber(redact.Secrets(rawURL)...).Error(err)
 }
 
 // migrationLock is the sp_getapplock resource that serialises migrations

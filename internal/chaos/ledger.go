@@ -1,0 +1,180 @@
+package chaos
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+)
+
+// ledger records, from the outside, who held each key's claim when: every
+// grant (a ClaimBatch that won, a TakeOver that succeeded), every sign of
+// life of an owner (the claim or take-over itself, a heartbeat written, a
+// release), and every downstream request that may have performed an
+// effect. It checks the take-over protocol against that record:
+//
+//   - at most one ClaimBatch ever wins a key (the unique index);
+//   - a take-over of a claimed claim happens only after its holder showed
+//     no life for the path's window (TakeoverAfter for a redelivery,
+//     StaleAfter for the reconciler): a live holder is never taken over;
+//   - every request that may have performed a key's effect was sent by a
+//     holder of the key's claim (a replica, the reconciler or an operator
+//     that had been granted it before it sent).
+//
+// Times are the harness's own clock, taken around the store calls: a sign
+// of life counts from the moment its call started (the database wrote it
+// no earlier), a grant from the moment its call returned (nothing could be
+// sent before), so clock skew inside one process cannot cause a false
+// violation.
+type ledger struct {
+	takeoverAfter, staleAfter time.Duration
+
+	mu       sync.Mutex
+	owners   map[uuid.UUID]*owner
+	grants   map[string][]grant // key → grants in order
+	requests map[string][]request
+	wins     map[string]int
+	problems []string
+}
+
+type owner struct {
+	host      string
+	key       string
+	lastAlive time.Time // start of the latest write that proved it alive
+	released  bool
+}
+
+type grant struct {
+	host, path string // path: "won" or a claim.TakeOverPath
+	owner      uuid.UUID
+	at         time.Time // when the grant's call returned
+}
+
+type request struct {
+	sender string
+	at     time.Time
+}
+
+func newLedger(takeoverAfter, staleAfter time.Duration) *ledger {
+	return &ledger{
+		takeoverAfter: takeoverAfter, staleAfter: staleAfter,
+		owners: map[uuid.UUID]*owner{}, grants: map[string][]grant{}, requests: map[string][]request{}, wins: map[string]int{},
+	}
+}
+
+func (l *ledger) problem(format string, args ...any) {
+	if len(l.problems) < 200 {
+		l.problems = append(l.problems, fmt.Sprintf(format, args...))
+	}
+}
+
+// won records a ClaimBatch that won key for host.
+func (l *ledger) won(key, host string, o uuid.UUID, start, end time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.wins[key]++
+	if l.wins[key] == 2 {
+		l.problem("%s: a second ClaimBatch won the key (the claims index did not stop it)", key)
+	}
+	l.owners[o] = &owner{host: host, key: key, lastAlive: start}
+	l.grants[key] = append(l.grants[key], grant{host: host, path: "won", owner: o, at: end})
+}
+
+// tookOver records a successful take-over, and checks it was allowed.
+func (l *ledger) tookOver(key, host string, p *claim.TakeOverParams, start, end time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if prev, ok := l.owners[p.PreviousOwner]; ok && !prev.released && p.Path != claim.PathOperator {
+		window := l.takeoverAfter
+		if p.Path == claim.PathReconciler {
+			window = l.staleAfter
+		}
+		if silent := end.Sub(prev.lastAlive); silent < window {
+			l.problem("%s: %s took the claim over (path %s) from %s, which had shown life %s earlier, within its window of %s: a live holder was taken over",
+				key, host, p.Path, prev.host, silent.Round(time.Millisecond), window)
+		}
+	}
+	l.owners[p.Owner] = &owner{host: host, key: key, lastAlive: start}
+	l.grants[key] = append(l.grants[key], grant{host: host, path: string(p.Path), owner: p.Owner, at: end})
+}
+
+// alive records a write that proved o alive (a heartbeat written).
+func (l *ledger) alive(o uuid.UUID, start time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w, ok := l.owners[o]; ok && start.After(w.lastAlive) {
+		w.lastAlive = start
+	}
+}
+
+// released records that o released its claim (its effect not performed).
+func (l *ledger) released(o uuid.UUID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w, ok := l.owners[o]; ok {
+		w.released = true
+	}
+}
+
+// requested records a downstream request that may have performed key's
+// effect.
+func (l *ledger) requested(key, sender string, at time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.requests[key] = append(l.requests[key], request{sender: sender, at: at})
+}
+
+// holder returns the host currently holding key's claim by the ledger
+// and how long ago it last showed life ("" when nobody was granted it).
+func (l *ledger) holder(key string, now time.Time) (host string, silent time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	gs := l.grants[key]
+	if len(gs) == 0 {
+		return "", 0
+	}
+	g := gs[len(gs)-1]
+	if o := l.owners[g.owner]; o != nil {
+		return o.host, now.Sub(o.lastAlive)
+	}
+	return g.host, 0
+}
+
+// check returns every protocol violation the ledger saw, and how many
+// keys had their effect sent by more than one holder (legitimately, after
+// a take-over).
+func (l *ledger) check() (problems []string, repeated int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	problems = slices.Clone(l.problems)
+	keys := make([]string, 0, len(l.requests))
+	for k := range l.requests {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, key := range keys {
+		senders := map[string]bool{}
+		for _, r := range l.requests[key] {
+			senders[r.sender] = true
+			held := false
+			for _, g := range l.grants[key] {
+				if g.host == r.sender && !g.at.After(r.at) {
+					held = true
+					break
+				}
+			}
+			if !held {
+				problems = append(problems, fmt.Sprintf("%s: %s sent a request that may have performed the effect without ever having been granted the claim", key, r.sender))
+			}
+		}
+		if len(senders) > 1 {
+			repeated++
+		}
+	}
+	return problems, repeated
+}
