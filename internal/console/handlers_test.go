@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -422,4 +424,62 @@ func TestLocalOperator(t *testing.T) {
 			t.Errorf("LocalOperator %q accepted", bad)
 		}
 	}
+}
+
+var rowID = regexp.MustCompile(`<tr id="claim-(\d+)">`)
+
+// The list filters by state, consumer, route and reason prefix, pages by
+// id (after=), and every page's address is a link that shows it again.
+func TestListFiltersAndKeysetPaging(t *testing.T) {
+	f := setup(t, nil)
+	var want []string
+	for i := range console.PageSize + 2 {
+		reason := "no heartbeat since x"
+		if i%2 == 1 {
+			reason = "route changed: y"
+		}
+		c := f.flagged("billing", "", `{"amount":1}`, nil, reason)
+		if i%2 == 1 {
+			want = append(want, fmt.Sprint(c.ID))
+		}
+	}
+	f.flagged("shipping", "", `{"amount":1}`, nil, "route changed: z")
+	f.claimMsg("billing", "", `{"amount":1}`, nil)
+	a := f.client(alice, aliceID)
+	ids := func(r response) []string {
+		var out []string
+		for _, m := range rowID.FindAllStringSubmatch(r.body, -1) {
+			out = append(out, m[1])
+		}
+		return out
+	}
+	page := a.getPage("/claims?state=flagged&consumer=billing&route=payments&reason=" + url.QueryEscape("route changed"))
+	mustStatus(t, "filtered", page, http.StatusOK)
+	if got := ids(page); !slices.Equal(got, want) {
+		t.Errorf("filtered list %v, want %v", got, want)
+	}
+	all := a.getPage("/claims?state=flagged")
+	first := ids(all)
+	if len(first) != console.PageSize {
+		t.Fatalf("first page has %d rows, want %d", len(first), console.PageSize)
+	}
+	next := regexp.MustCompile(`<a href="([^"]+)" id="next-page">`).FindStringSubmatch(all.body)
+	if next == nil {
+		t.Fatal("no next-page link")
+	}
+	link := strings.ReplaceAll(next[1], "&amp;", "&")
+	if link != "/claims?after="+first[len(first)-1]+"&state=flagged" {
+		t.Errorf("next-page link %q", link)
+	}
+	second := a.getPage(link)
+	if got := ids(second); len(got) != 3 || slices.Contains(first, got[0]) {
+		t.Errorf("second page %v", got)
+	}
+	mustContain(t, "second page", second, `id="first-page"`)
+	if strings.Contains(second.body, `id="next-page"`) {
+		t.Error("the last page links to a next one")
+	}
+	bad := a.getPage("/claims?state=bogus&older=soon")
+	mustStatus(t, "bad filter", bad, http.StatusBadRequest)
+	mustContain(t, "bad filter", bad, "state &#34;bogus&#34; is not a claim state", "older than")
 }

@@ -47,7 +47,7 @@ func (s *Server) operator(r *http.Request) *Operator {
 	name := strings.TrimSpace(r.Header.Get(HeaderPrincipalName))
 	id := strings.TrimSpace(r.Header.Get(HeaderPrincipalID))
 	if name == "" || id == "" || !utf8.ValidString(name+id) || strings.ContainsFunc(name+id, isInvisible) ||
-		len(id) > 100 {
+		len(id) > 64 {
 		return nil
 	}
 	if r := []rune(name); len(r) > maxNameLength {
