@@ -149,7 +149,8 @@ func knownSettings(t *testing.T, cmd string) map[string]bool {
 	return known
 }
 
-// sections splits main.bicep into the processor app and the reconciler job.
+// sections splits main.bicep into the processor app and the reconciler job
+// (which ends where the operator console begins; see console_test.go).
 func sections(t *testing.T) (processor, reconciler string) {
 	t.Helper()
 	src := read(t, "main.bicep")
@@ -158,7 +159,11 @@ func sections(t *testing.T) (processor, reconciler string) {
 	if p < 0 || r < 0 || r < p {
 		t.Fatal("main.bicep: cannot find the processor app and the reconciler job")
 	}
-	return src[p:r], src[r:]
+	end := len(src)
+	if c := strings.Index(src, "// ---- Operator console (container app"); c > r {
+		end = c
+	}
+	return src[p:r], src[r:end]
 }
 
 func envNames(section string) []string {

@@ -13,7 +13,8 @@
 //   asks for readiness.
 //
 //   pass 2, deployApps=true: the same, plus the processor container app
-//   and the reconciler job. Re-running either pass is safe (ARM is
+//   and the reconciler job (and, with deployConsole=true, the operator
+//   console behind Microsoft Entra sign-in). Re-running either pass is safe (ARM is
 //   incremental; pass 1 after pass 2 leaves the apps as they are).
 //
 // Identities (the README's privileges table is checked against this file
@@ -23,6 +24,9 @@
 //                           (sqlStatements) the sbclaim_processor role;
 //   id-<prefix>-reconciler  the reconciler job's code: the
 //                           sbclaim_reconciler database role only;
+//   id-<prefix>-console     the operator console's code: the
+//                           sbclaim_reconciler database role only (its user
+//                           is in sqlStatements when deployConsole is true);
 //   id-<prefix>-scaler      the KEDA scale rule only: Azure Service Bus Data
 //                           Owner on the watched queue or topic (the scaler
 //                           reads message counts, which needs Manage
@@ -158,6 +162,27 @@ param retention string = '168h'
 @minValue(30)
 param logRetentionDays int = 30
 
+// ---- Operator console (pass 2, with deployConsole) -------------------------------
+
+@description('Deploy the operator console (reconciler console: review, redrive and resolve claims in a browser) as a container app with external ingress and Microsoft Entra sign-in (built-in authentication). Set it in both passes: pass 1 then prints the console identity\'s database user in sqlStatements and its URLs in consoleUrl and consoleRedirectUri.')
+param deployConsole bool = false
+
+@description('Application (client) id of the Microsoft Entra app registration operators sign in with. Its web redirect URI must be the consoleRedirectUri output (https://<console FQDN>/.auth/login/aad/callback). Required with deployConsole.')
+param consoleClientId string = ''
+
+@description('A client secret of that app registration (stored as a Container Apps secret). Empty: sign-in uses the OpenID Connect implicit flow, which needs "ID tokens" enabled on the app registration.')
+@secure()
+param consoleClientSecret string = ''
+
+@description('Object ids of the Entra groups whose members may sign in (the token must carry the groups claim: set groupMembershipClaims to SecurityGroup on the app registration). With consoleAllowedPrincipals also empty, anyone who can sign in to the app registration may: then set "Assignment required" on its enterprise application and assign the operators.')
+param consoleAllowedGroups array = []
+
+@description('Object ids of the users (or other principals) who may sign in, in addition to consoleAllowedGroups.')
+param consoleAllowedPrincipals array = []
+
+@description('Microsoft Entra tenant of the app registration.')
+param consoleTenantId string = tenant().tenantId
+
 // ---- Derived values ------------------------------------------------------------
 
 var useQueue = !empty(queueName)
@@ -165,6 +190,19 @@ var useRegistry = !empty(registryName)
 var registryServer = useRegistry ? '${registryName}${environment().suffixes.acrLoginServer}' : ''
 var processorAppName = '${namePrefix}-processor'
 var reconcilerJobName = '${namePrefix}-reconciler'
+var consoleAppName = '${namePrefix}-console'
+// Known from the environment in pass 1, before the app exists, so the app
+// registration's redirect URI can be set before pass 2.
+var consoleUrl = 'https://${consoleAppName}.${containerAppsEnv.properties.defaultDomain}'
+// The app registration's secret, when given, is a Container Apps secret
+// the authentication configuration names.
+var consoleAuthSecretName = 'microsoft-provider-authentication-secret'
+var consoleAuthSecrets = empty(consoleClientSecret) ? [] : [
+  {
+    name: consoleAuthSecretName
+    value: consoleClientSecret
+  }
+]
 var sqlHost = '${sqlServerName}${environment().suffixes.sqlServerHostname}'
 
 // go-mssqldb with its azuread driver: a token for the user-assigned identity
@@ -287,6 +325,11 @@ resource processorIdentity 'Microsoft.ManagedIdentity/userAssignedIdentities@202
 
 resource reconcilerIdentity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
   name: 'id-${namePrefix}-reconciler'
+  location: location
+}
+
+resource consoleIdentity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
+  name: 'id-${namePrefix}-console'
   location: location
 }
 
@@ -535,18 +578,160 @@ resource reconcilerJob 'Microsoft.App/jobs@2025-07-01' = if (deployApps) {
   ]
 }
 
-// ---- Room for the operator console (a later issue) ------------------------------------
+// ---- Operator console (container app behind Entra sign-in, pass 2) ----------------------
 //
-// `reconciler console` will be a third resource here: a
-// Microsoft.App/containerApps@2025-07-01 app running the reconciler image
-// with args ['console'], external ingress, its own user-assigned identity
-// (the sbclaim_reconciler role, or a narrower one) with lifecycle 'Main'
-// and the pull identity with 'None', the same routesSecrets and
-// routesVolume (redrive), and a child
-// Microsoft.App/containerApps/authConfigs@2025-07-01 named 'current' with
-// the azureActiveDirectory provider and unauthenticatedClientAction
-// 'RedirectToLoginPage' (Entra built-in auth), deployed in pass 2 behind
-// its own deployConsole switch.
+// reconciler console with external ingress. The platform's built-in
+// authentication (authConfigs below) signs every request in with Microsoft
+// Entra ID before it reaches the container, redirects unauthenticated
+// browsers to the login page, and passes the signed-in user to the code as
+// X-MS-CLIENT-PRINCIPAL-NAME / -ID (it strips those headers from clients'
+// requests): the console records actions with that identity and is
+// read-only without it. SBCLAIM_CONSOLE_LOCAL_OPERATOR is never set here.
+// One replica: the oldest-unfinished-age history is kept in the process.
+// The routes and their secrets are mounted as in the reconciler job, for
+// redrive; the console shows route names only, never the routes file.
+
+resource consoleApp 'Microsoft.App/containerApps@2025-07-01' = if (deployApps && deployConsole) {
+  name: consoleAppName
+  location: location
+  identity: {
+    type: 'UserAssigned'
+    userAssignedIdentities: union({
+      '${consoleIdentity.id}': {}
+    }, pullIdentities)
+  }
+  properties: {
+    environmentId: containerAppsEnv.id
+    workloadProfileName: 'Consumption'
+    configuration: {
+      activeRevisionsMode: 'Single'
+      ingress: {
+        external: true
+        targetPort: 8082
+        transport: 'auto'
+        allowInsecure: false
+      }
+      registries: registries
+      identitySettings: concat([
+        { identity: consoleIdentity.id, lifecycle: 'Main' }
+      ], pullIdentitySettings)
+      secrets: concat(routesSecrets, consoleAuthSecrets)
+    }
+    template: {
+      // An action in flight (a redrive) gets SBCLAIM_SHUTDOWN_TIMEOUT to
+      // finish after SIGTERM.
+      terminationGracePeriodSeconds: 30
+      containers: [
+        {
+          name: 'console'
+          image: reconcilerImage
+          args: [
+            'console'
+          ]
+          resources: {
+            cpu: json('0.25')
+            memory: '0.5Gi'
+          }
+          env: concat([
+              { name: 'AZURE_CLIENT_ID', value: consoleIdentity.properties.clientId }
+              {
+                name: 'SBCLAIM_DATABASE_URL'
+                value: databaseUrl(sqlHost, sqlDatabaseName, consoleIdentity.properties.clientId)
+              }
+              { name: 'SBCLAIM_CONSOLE_ADDR', value: ':8082' }
+              { name: 'SBCLAIM_ROUTES', value: '/etc/sbclaim/routes.yaml' }
+              { name: 'SBCLAIM_HEARTBEAT_INTERVAL', value: heartbeatInterval }
+              { name: 'SBCLAIM_SHUTDOWN_TIMEOUT', value: '25s' }
+              { name: 'SBCLAIM_LOG_FORMAT', value: 'json' }
+              // Not read by the console: a change of the routes or their
+              // secrets changes the template, so a new revision rolls out.
+              { name: 'DEPLOY_CONFIG_HASH', value: configHash }
+            ], routeSecretEnvVars)
+          volumeMounts: [
+            {
+              volumeName: 'routes'
+              mountPath: '/etc/sbclaim'
+            }
+          ]
+          probes: [
+            {
+              // The platform's probes reach the container port directly,
+              // not through the sign-in.
+              type: 'Liveness'
+              httpGet: {
+                path: '/healthz'
+                port: 8082
+              }
+              initialDelaySeconds: 5
+              periodSeconds: 15
+              timeoutSeconds: 5
+              failureThreshold: 3
+            }
+            {
+              type: 'Readiness'
+              httpGet: {
+                path: '/healthz'
+                port: 8082
+              }
+              initialDelaySeconds: 2
+              periodSeconds: 10
+              timeoutSeconds: 5
+              failureThreshold: 3
+            }
+          ]
+        }
+      ]
+      volumes: [
+        routesVolume
+      ]
+      scale: {
+        minReplicas: 1
+        maxReplicas: 1
+      }
+    }
+  }
+  dependsOn: [
+    acrPull
+  ]
+}
+
+// Built-in authentication of the console: Microsoft Entra ID, every
+// unauthenticated request redirected to its login page, HTTPS only, and
+// (when given) only the allowed groups and users.
+resource consoleAuth 'Microsoft.App/containerApps/authConfigs@2025-07-01' = if (deployApps && deployConsole) {
+  parent: consoleApp
+  name: 'current'
+  properties: {
+    platform: {
+      enabled: true
+    }
+    globalValidation: {
+      unauthenticatedClientAction: 'RedirectToLoginPage'
+      redirectToProvider: 'azureactivedirectory'
+    }
+    httpSettings: {
+      requireHttps: true
+    }
+    identityProviders: {
+      azureActiveDirectory: {
+        enabled: true
+        registration: {
+          clientId: consoleClientId
+          clientSecretSettingName: empty(consoleClientSecret) ? null : consoleAuthSecretName
+          openIdIssuer: '${environment().authentication.loginEndpoint}${consoleTenantId}/v2.0'
+        }
+        validation: {
+          defaultAuthorizationPolicy: {
+            allowedPrincipals: {
+              groups: consoleAllowedGroups
+              identities: consoleAllowedPrincipals
+            }
+          }
+        }
+      }
+    }
+  }
+}
 
 // ---- Outputs (all available after pass 1) ------------------------------------------------
 
@@ -560,9 +745,19 @@ output reconcilerIdentityName string = reconcilerIdentity.name
 output reconcilerIdentityClientId string = reconcilerIdentity.properties.clientId
 output reconcilerIdentityPrincipalId string = reconcilerIdentity.properties.principalId
 output serviceBusNamespace string = serviceBusAccess.outputs.fullyQualifiedNamespace
+output consoleAppName string = consoleAppName
+output consoleIdentityName string = consoleIdentity.name
+output consoleIdentityClientId string = consoleIdentity.properties.clientId
+output consoleIdentityPrincipalId string = consoleIdentity.properties.principalId
+@description('The operator console\'s address (after pass 2 with deployConsole).')
+output consoleUrl string = consoleUrl
+@description('The web redirect URI to register on the console\'s Entra app registration (known after pass 1).')
+output consoleRedirectUri string = '${consoleUrl}/.auth/login/aad/callback'
 
-@description('T-SQL, run in the database as an Entra principal after sql/grants/sqlserver.sql: one contained user per identity, and its role. Idempotent: every statement checks first, so it can be run again.')
-output sqlStatements string = join([
+@description('T-SQL, run in the database as an Entra principal after sql/grants/sqlserver.sql: one contained user per identity (the console\'s with deployConsole), and its role. Idempotent: every statement checks first, so it can be run again.')
+output sqlStatements string = join(concat([
   usersSql(processorIdentity.name, processorIdentity.properties.principalId, 'sbclaim_processor')
   usersSql(reconcilerIdentity.name, reconcilerIdentity.properties.principalId, 'sbclaim_reconciler')
-], '\n')
+], deployConsole ? [
+  usersSql(consoleIdentity.name, consoleIdentity.properties.principalId, 'sbclaim_reconciler')
+] : []), '\n')

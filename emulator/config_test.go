@@ -575,6 +575,9 @@ func TestComposeRoutes(t *testing.T) {
 		if spec == "" {
 			continue
 		}
+		if strings.Contains(spec, "=") && name != "reconciler" {
+			continue // the operator console's pairs: TestComposeConsole
+		}
 		if strings.Contains(spec, "=") {
 			// The reconciler: consumer=path pairs, one routes file per
 			// consumer (checked against the processors' below).

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sbclaim/sbclaim/internal/claimdb"
+	"github.com/sbclaim/sbclaim/internal/console"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
 	"github.com/sbclaim/sbclaim/internal/redact"
 )
@@ -44,9 +45,14 @@ type Config struct {
 	RecoveryConcurrency int
 	Operator            string
 	HTTPAddr            string
-	LogFormat           string // json | text
-	LogLevel            slog.Level
-	ShutdownTimeout     time.Duration
+	// The operator console (console.go): its listen address, the local
+	// operator of local development, and whether `run` serves it too.
+	ConsoleAddr          string
+	ConsoleLocalOperator string
+	RunConsole           bool
+	LogFormat            string // json | text
+	LogLevel             slog.Level
+	ShutdownTimeout      time.Duration
 }
 
 // ConfigError is an invalid setting: it names the environment variable (and
@@ -182,6 +188,37 @@ var settings = []setting{
 	stringSetting("SBCLAIM_HTTP_ADDR", "http-addr", ":8081",
 		"listen address of /healthz and /metrics (empty: no HTTP server)",
 		func(c *Config) *string { return &c.HTTPAddr }),
+	{env: "SBCLAIM_CONSOLE_ADDR", flag: "console-addr", def: ":8082",
+		usage: "listen address of the operator console (reconciler console, or run with SBCLAIM_RUN_CONSOLE=true): host:port, e.g. :8082 or 127.0.0.1:8082",
+		set: func(c *Config, v string) error {
+			if err := validListenAddr(v); err != nil {
+				return err
+			}
+			c.ConsoleAddr = v
+			return nil
+		}},
+	{env: "SBCLAIM_CONSOLE_LOCAL_OPERATOR", flag: "console-local-operator",
+		usage: "local development only: the console records every action as this operator, \"not signed in\", instead of reading the platform's sign-in headers (without either, the console is read-only)",
+		set: func(c *Config, v string) error {
+			if v == "" {
+				return nil
+			}
+			if err := console.ValidOperatorName(v); err != nil {
+				return err
+			}
+			c.ConsoleLocalOperator = v
+			return nil
+		}},
+	{env: "SBCLAIM_RUN_CONSOLE", flag: "run-console", def: "false",
+		usage: "true: reconciler run also serves the operator console on SBCLAIM_CONSOLE_ADDR",
+		set: func(c *Config, v string) error {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return errors.New("want true or false")
+			}
+			c.RunConsole = b
+			return nil
+		}},
 	{env: "SBCLAIM_LOG_FORMAT", flag: "log-format", def: "json", usage: "log format: json | text",
 		set: func(c *Config, v string) error {
 			if v != "json" && v != "text" {

@@ -38,6 +38,16 @@ func cmdRun(ctx context.Context, e *env, _ []string) int {
 		return e.fail("run", err)
 	}
 
+	// The console first: an address it cannot bind stops the daemon
+	// before anything is served.
+	if e.cfg.RunConsole {
+		stopConsole, err := e.startConsole(ctx, st)
+		if err != nil {
+			return e.fail("run", err)
+		}
+		defer stopConsole()
+	}
+
 	var srv *http.Server
 	if e.cfg.HTTPAddr != "" {
 		ln, err := net.Listen("tcp", e.cfg.HTTPAddr)

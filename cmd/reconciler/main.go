@@ -75,6 +75,7 @@ func commands() []command {
 			envs: opEnvs, flags: resolveFlags},
 		{name: "redrive", args: "<id> [--new-key --note TEXT]", summary: "re-run a flagged claim's effect with the same idempotency key (--new-key: under a new one, for a route that allows it)",
 			envs: redrive, flags: redriveFlags},
+		{name: "console", summary: "serve the operator console (review, redrive and resolve claims in a browser)", envs: consoleEnvs, flags: consoleFlags},
 	}
 }
 

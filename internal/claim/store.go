@@ -141,6 +141,14 @@ type Store interface {
 	// Stats summarises the table for metrics.
 	Stats(ctx context.Context) (*Stats, error)
 
+	// Overview summarises the open work for the operator console (see
+	// OverviewParams and Overview): counts of claimed, released and flagged
+	// claims, by consumer and by flag reason, flagged claims per hour and
+	// the ages of unfinished claims. It reads only the rows of the partial
+	// indexes of unfinished and flagged claims, so its cost grows with the
+	// open work, never with the processed history.
+	Overview(ctx context.Context, params *OverviewParams) (*Overview, error)
+
 	// TryLock takes a database-wide named lock without waiting ("one
 	// reconciler per tick"): sp_getapplock, pg_try_advisory_lock, or a
 	// process-wide lock on SQLite. ok is false when someone else holds it.
@@ -362,6 +370,11 @@ type ListParams struct {
 	OlderThan time.Duration // ClaimedAt older than now (database clock) minus this
 	AfterID   int64         // keyset paging: only IDs greater than this
 	Limit     int           // 0 means a default of 100
+	// Route, when set, keeps claims taken for exactly this route.
+	Route string
+	// ReasonPrefix, when set, keeps claims whose FlagReason starts with it,
+	// compared exactly (case-sensitive; % and _ are plain characters).
+	ReasonPrefix string
 }
 
 // ResolveParams is the input of Resolve.

@@ -148,6 +148,7 @@ func Exercise(t *testing.T, h Harness) {
 	}
 	tests = append(tests, s.takeOverTests()...)
 	tests = append(tests, s.failedTests()...)
+	tests = append(tests, s.consoleTests()...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -9,7 +9,8 @@ import (
 
 // RequireEnv is the environment variable that turns "service not
 // configured" skips into failures (comma-separated service names:
-// postgres, sqlserver, servicebus). CI sets it so a silent skip cannot pass.
+// postgres, sqlserver, servicebus, browser). CI sets it so a silent skip
+// cannot pass.
 const RequireEnv = "SBCLAIM_TEST_REQUIRE"
 
 // PostgresURLEnv holds the PostgreSQL URL the tests use.

@@ -663,6 +663,10 @@ func (s *Store) List(ctx context.Context, params *claim.ListParams) ([]*claim.Cl
 	if params.OlderThan > 0 {
 		where = append(where, "ClaimedUtc < "+agoSQL(&a, params.OlderThan))
 	}
+	where, err := listFilters(params, where, &a)
+	if err != nil {
+		return nil, err
+	}
 	q := "SELECT TOP (" + top + ") " + columns + " FROM dbo.Claims WHERE " + strings.Join(where, " AND ") + " ORDER BY Id;"
 	out, err := queryClaims(ctx, s.db, q, a)
 	if err != nil {

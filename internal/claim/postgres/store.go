@@ -582,6 +582,10 @@ func (s *Store) List(ctx context.Context, params *claim.ListParams) ([]*claim.Cl
 		args = append(args, secs(params.OlderThan))
 		where = append(where, fmt.Sprintf("claimed_utc < now() - make_interval(secs => $%d)", len(args)))
 	}
+	where, args, err := listFilters(params, where, args)
+	if err != nil {
+		return nil, err
+	}
 	args = append(args, sqlstore.Limit(params.Limit, sqlstore.DefaultListLimit))
 	q := fmt.Sprintf("SELECT %s FROM claims WHERE %s ORDER BY id LIMIT $%d", columns, strings.Join(where, " AND "), len(args))
 	var out []*claim.Claim

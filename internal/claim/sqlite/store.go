@@ -636,6 +636,10 @@ func (s *Store) List(ctx context.Context, params *claim.ListParams) ([]*claim.Cl
 	if params.OlderThan > 0 {
 		where = append(where, "claimed_utc < "+agoSQL)
 	}
+	where, args, err := listFilters(params, where, args)
+	if err != nil {
+		return nil, err
+	}
 	args = append(args, sqlstore.Limit(params.Limit, sqlstore.DefaultListLimit))
 	q := fmt.Sprintf("SELECT %s FROM claims WHERE %s ORDER BY id LIMIT ?%d", columns, strings.Join(where, " AND "), len(args))
 	var out []*claim.Claim

@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/console"
+)
+
+// consoleEnvs are the settings `reconciler console` reads.
+var consoleEnvs = []string{"SBCLAIM_DATABASE_URL", "SBCLAIM_CONSOLE_ADDR", "SBCLAIM_CONSOLE_LOCAL_OPERATOR", "SBCLAIM_ROUTES",
+	"SBCLAIM_HEARTBEAT_INTERVAL", "SBCLAIM_QUERY_TIMEOUT", "SBCLAIM_SHUTDOWN_TIMEOUT", "SBCLAIM_LOG_FORMAT", "SBCLAIM_LOG_LEVEL"}
+
+// validListenAddr checks a listen address: host:port with a numeric port
+// (0 picks a free one) and a host that is empty, an IP address or a name.
+func validListenAddr(v string) error {
+	host, port, err := net.SplitHostPort(v)
+	if err != nil {
+		return errors.New("not host:port (e.g. :8082 or 127.0.0.1:8082)")
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("port %q is not a number from 0 to 65535", port)
+	}
+	if host != "" && net.ParseIP(host) == nil && strings.ContainsFunc(host, func(r rune) bool {
+		return !(r == '-' || r == '.' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
+	}) {
+		return fmt.Errorf("host %q is neither an IP address nor a host name", host)
+	}
+	return nil
+}
+
+func consoleFlags(*flag.FlagSet) func(context.Context, *env, []string) int {
+	return func(ctx context.Context, e *env, args []string) int {
+		if len(args) > 0 {
+			fmt.Fprintf(e.stderr, "reconciler console: unexpected arguments %q\n", args)
+			return exitUsage
+		}
+		st, err := e.openStore(ctx)
+		if err != nil {
+			return e.fail("console", err)
+		}
+		defer st.Close()
+		stop, err := e.startConsole(ctx, st)
+		if err != nil {
+			return e.fail("console", err)
+		}
+		<-ctx.Done()
+		stop()
+		return exitOK
+	}
+}
+
+// startConsole binds SBCLAIM_CONSOLE_ADDR (an address it cannot bind is
+// an error here, before anything is served) and serves the operator
+// console until stop, which waits for actions in flight (a redrive) for up
+// to SBCLAIM_SHUTDOWN_TIMEOUT.
+func (e *env) startConsole(ctx context.Context, st claim.Store) (stop func(), err error) {
+	routes, err := e.routes()
+	if err != nil {
+		return nil, err
+	}
+	srv, err := console.New(console.Options{
+		Store: st, Routes: routes, LocalOperator: e.cfg.ConsoleLocalOperator, Logger: e.logger,
+		HeartbeatInterval: e.cfg.HeartbeatInterval, StoreTimeout: e.cfg.QueryTimeout,
+	})
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", e.cfg.ConsoleAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on SBCLAIM_CONSOLE_ADDR %s: %w", e.cfg.ConsoleAddr, err)
+	}
+	if len(routes) == 0 {
+		e.logger.Warn("console: SBCLAIM_ROUTES is not set: redrive is off (resolve still works)")
+	}
+	if op := e.cfg.ConsoleLocalOperator; op != "" {
+		e.logger.Warn("console: LOCAL DEVELOPMENT MODE (SBCLAIM_CONSOLE_LOCAL_OPERATOR): nobody signs in; every action is recorded as "+
+			strconv.Quote(op+" (local, not signed in)")+" and anyone who reaches the address acts as them", "addr", ln.Addr().String())
+	} else {
+		e.logger.Info("console: actions need the platform's sign-in headers "+console.HeaderPrincipalName+" and "+console.HeaderPrincipalID+
+			" (Container Apps built-in authentication); without them the console is read-only. Never expose it without that authentication in front.",
+			"addr", ln.Addr().String())
+	}
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: nil}
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	go srv.Run(sctx)
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			e.logger.Error("console: http server", "err", err)
+		}
+	}()
+	e.logger.Info("serving the operator console", "addr", ln.Addr().String())
+	return func() {
+		cancel()
+		shctx, done := context.WithTimeout(context.Background(), e.cfg.ShutdownTimeout)
+		defer done()
+		if err := hs.Shutdown(shctx); err != nil {
+			e.logger.Warn("console: actions still in flight at shutdown", "err", err)
+		}
+		<-served
+		e.logger.Info("console stopped")
+	}, nil
+}

@@ -1,0 +1,241 @@
+package console
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+)
+
+// previewBytes is how much of a stored payload the claim page shows.
+const previewBytes = 4096
+
+type claimData struct {
+	C             *claim.Claim
+	Props         [][2]string
+	Payload       payloadView
+	Hash          string
+	PreviousOwner string
+	Trail         []event
+	// Actions: shown when the claim is flagged and someone is signed in.
+	Flagged    bool
+	CanRedrive bool
+	NoRedrive  string // why redrive is not offered
+	MaxNote    int
+}
+
+type payloadView struct {
+	Stored    bool
+	Note      string // why it is not there
+	Size      int
+	Kind      string // json | text | binary
+	Text      string // json or text, as shown
+	Truncated bool
+}
+
+type event struct {
+	At     time.Time
+	What   string
+	By     string
+	Detail string
+}
+
+func claimID(r *http.Request) (int64, bool) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	return id, err == nil && id > 0
+}
+
+func (s *Server) serveClaim(w http.ResponseWriter, r *http.Request) {
+	id, ok := claimID(r)
+	if !ok {
+		s.renderError(w, r, http.StatusNotFound, "Not found", "Claim ids are positive integers.")
+		return
+	}
+	var flash *Flash
+	switch r.URL.Query().Get("done") {
+	case "redriven":
+		flash = &Flash{Kind: "ok", Title: "Redriven"}
+	case "resolved":
+		flash = &Flash{Kind: "ok", Title: "Resolved"}
+	}
+	s.renderClaim(w, r, http.StatusOK, id, flash)
+}
+
+// renderClaim renders the claim page as the claim is now, with flash (an
+// action's outcome) on top. An "ok" flash from a redirect is only kept
+// when the claim shows that outcome, so a link cannot make the page claim
+// something that did not happen.
+func (s *Server) renderClaim(w http.ResponseWriter, r *http.Request, status int, id int64, flash *Flash) {
+	v := s.newView(w, r, fmt.Sprintf("Claim %d", id), "claims")
+	ctx, cancel := s.storeCtx(r)
+	defer cancel()
+	c, err := s.opts.Store.Get(ctx, id)
+	if errors.Is(err, claim.ErrNotFound) {
+		s.renderError(w, r, http.StatusNotFound, "Not found", fmt.Sprintf("There is no claim %d (purged, or never claimed).", id))
+		return
+	}
+	if err != nil {
+		s.storeError(w, r, "the claim", err)
+		return
+	}
+	if v.Now, err = s.opts.Store.Now(ctx); err != nil {
+		s.storeError(w, r, "the database clock", err)
+		return
+	}
+	if flash != nil && flash.Kind == "ok" {
+		switch {
+		case flash.Title == "Redriven" && c.State == claim.StateResolved && c.Resolution == claim.ResolutionRedriven:
+			flash.Lines = []string{fmt.Sprintf("The effect succeeded with idempotency key %q; the claim is resolved as redriven by %s.",
+				visible(c.MessageID), visible(c.ResolvedBy))}
+		case flash.Title == "Resolved" && c.State == claim.StateResolved:
+			flash.Lines = []string{fmt.Sprintf("Resolved as %s by %s.", c.Resolution, visible(c.ResolvedBy))}
+		default:
+			flash = nil
+		}
+	}
+	v.Flash = flash
+	d := &claimData{C: c, Hash: "sha256:" + hex.EncodeToString(c.PayloadHash), Payload: preview(c), Trail: trail(c),
+		Flagged: c.State == claim.StateFlagged, MaxNote: MaxNote}
+	if c.PreviousOwner != uuid.Nil {
+		d.PreviousOwner = c.PreviousOwner.String()
+	}
+	for k, val := range c.Properties {
+		d.Props = append(d.Props, [2]string{k, val})
+	}
+	slices.SortFunc(d.Props, func(a, b [2]string) int {
+		if a[0] < b[0] {
+			return -1
+		}
+		if a[0] > b[0] {
+			return 1
+		}
+		return 0
+	})
+	switch {
+	case len(s.opts.Routes) == 0:
+		d.NoRedrive = "Redrive is off: the console was started without the processors' routes (SBCLAIM_ROUTES)."
+	case c.Payload == nil:
+		d.NoRedrive = "Its payload was not stored (payload storage was off when it was claimed), so it cannot be re-run; resolve it by hand."
+	default:
+		d.CanRedrive = true
+	}
+	v.Title = fmt.Sprintf("Claim %d", c.ID)
+	v.Data = d
+	s.render(w, status, "claim", v)
+}
+
+// preview shows a stored payload safely: JSON indented, other valid UTF-8
+// as text (control characters other than newline and tab escaped), binary
+// as hex; at most previewBytes, the cut said plainly.
+func preview(c *claim.Claim) payloadView {
+	p := c.Payload
+	if p == nil {
+		if c.ProcessedAt != nil {
+			return payloadView{Note: "not stored: cleared when the claim was processed"}
+		}
+		return payloadView{Note: "not stored (payload storage was off when it was claimed)"}
+	}
+	v := payloadView{Stored: true, Size: len(p)}
+	if len(p) > previewBytes {
+		p, v.Truncated = p[:previewBytes], true
+	}
+	var indented bytes.Buffer
+	switch {
+	case !v.Truncated && json.Valid(p) && json.Indent(&indented, p, "", "  ") == nil:
+		v.Kind, v.Text = "json", visibleLines(indented.String())
+	case utf8.Valid(p) || (v.Truncated && utf8.Valid(trimPartialRune(p))):
+		v.Kind, v.Text = "text", visibleLines(string(trimPartialRune(p)))
+	default:
+		v.Kind, v.Text = "binary", hex.Dump(p[:min(len(p), 512)])
+		if len(p) > 512 {
+			v.Truncated = true
+		}
+	}
+	return v
+}
+
+// trimPartialRune drops an incomplete UTF-8 sequence left by the cut.
+func trimPartialRune(p []byte) []byte {
+	for i := 0; i < utf8.UTFMax && len(p) > 0; i++ {
+		if utf8.Valid(p) {
+			return p
+		}
+		p = p[:len(p)-1]
+	}
+	return p
+}
+
+// visibleLines is visible, keeping newlines and tabs (a payload's layout).
+func visibleLines(s string) string {
+	var b []rune
+	for _, r := range s {
+		switch {
+		case r == '\n', r == '\t':
+			b = append(b, r)
+		case isInvisible(r):
+			b = append(b, []rune(visible(string(r)))...)
+		default:
+			b = append(b, r)
+		}
+	}
+	return string(b)
+}
+
+// trail is the claim's audit trail, oldest first, from what its row keeps
+// (the last take-over, flag and resolution; earlier ones are counted, not
+// kept).
+func trail(c *claim.Claim) []event {
+	first := c.ClaimedBy
+	switch {
+	case c.TakeOvers == 1:
+		first = c.PreviousHolder
+	case c.TakeOvers > 1:
+		first = "(not kept: taken over since)"
+	}
+	out := []event{{At: c.ClaimedAt, What: "claimed", By: first, Detail: fmt.Sprintf("delivery %d", c.DeliveryCount)}}
+	if c.ReleasedAt != nil {
+		out = append(out, event{At: *c.ReleasedAt, What: "released", Detail: c.LastError})
+	}
+	if c.TakenOverAt != nil {
+		detail := fmt.Sprintf("via %s from %s (owner %s)", c.TakeOverPath, dash(c.PreviousHolder), c.PreviousOwner)
+		if c.TakeOvers > 1 {
+			detail += fmt.Sprintf(", the last of %d take-overs", c.TakeOvers)
+		}
+		if c.TakeOverReason != "" {
+			detail += ": " + c.TakeOverReason
+		}
+		out = append(out, event{At: *c.TakenOverAt, What: "taken over", By: c.ClaimedBy, Detail: detail})
+	}
+	if c.FlaggedAt != nil {
+		out = append(out, event{At: *c.FlaggedAt, What: "flagged", Detail: c.FlagReason})
+	}
+	if c.LateSuccessAt != nil {
+		out = append(out, event{At: *c.LateSuccessAt, What: "late success", By: c.LateSuccessBy,
+			Detail: "its effect succeeded after it had lost the claim: the effect DID happen"})
+	}
+	if c.ProcessedAt != nil && (c.ResolvedAt == nil || c.Resolution != claim.ResolutionRedriven) {
+		out = append(out, event{At: *c.ProcessedAt, What: "processed"})
+	}
+	if c.ResolvedAt != nil {
+		out = append(out, event{At: *c.ResolvedAt, What: "resolved as " + string(c.Resolution), By: c.ResolvedBy, Detail: c.ResolutionNote})
+	}
+	slices.SortStableFunc(out, func(a, b event) int { return a.At.Compare(b.At) })
+	return out
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "—"
+	}
+	return s
+}

@@ -1,0 +1,485 @@
+package console_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/console"
+	"github.com/sbclaim/sbclaim/internal/reconciler"
+	"github.com/sbclaim/sbclaim/internal/sideeffects/fakedownstream"
+)
+
+const (
+	alice   = "alice@contoso.example"
+	aliceID = "6f1c2e9a-0000-4000-8000-00000000a11c"
+)
+
+func resolveForm(token, as, note string) url.Values {
+	return url.Values{"csrf": {token}, "as": {as}, "note": {note}}
+}
+
+// An action without the platform's identity headers is refused and
+// changes nothing; the pages offer no action to such a request.
+func TestActionWithoutIdentityIsRefused(t *testing.T) {
+	f := setup(t, nil)
+	c := f.flagged("billing", "", `{"amount":1}`, nil, "no heartbeat since x")
+	anon := f.client("", "")
+	page := anon.getPage(fmt.Sprintf("/claims/%d", c.ID))
+	mustStatus(t, "claim page", page, http.StatusOK)
+	mustContain(t, "claim page", page, `id="readonly-banner"`, "Read-only")
+	if strings.Contains(page.body, `name="csrf"`) || strings.Contains(page.body, "<form method=\"post\"") {
+		t.Error("the read-only page offers an action form")
+	}
+	before := f.get(c.ID)
+	for _, tc := range []struct {
+		path string
+		form url.Values
+	}{
+		{fmt.Sprintf("/claims/%d/redrive", c.ID), url.Values{"note": {"x"}}},
+		{fmt.Sprintf("/claims/%d/resolve", c.ID), resolveForm("", "done", "checked")},
+		{"/bulk", url.Values{"action": {"resolve"}, "id": {fmt.Sprint(c.ID)}, "as": {"done"}, "note": {"n"}}},
+	} {
+		r := anon.post(tc.path, tc.form)
+		mustStatus(t, "POST "+tc.path, r, http.StatusForbidden)
+		mustContain(t, "POST "+tc.path, r, "Refused: not signed in", "Nothing was changed")
+	}
+	// Only one of the two headers is no identity either.
+	half := f.client("", "")
+	half.headers.Set(console.HeaderPrincipalName, alice)
+	mustStatus(t, "name without id", half.post(fmt.Sprintf("/claims/%d/resolve", c.ID), resolveForm("", "done", "n")), http.StatusForbidden)
+	if after := f.get(c.ID); !reflect.DeepEqual(before, after) {
+		t.Errorf("the claim changed:\n before %+v\n  after %+v", before, after)
+	}
+	if n := f.fake.Requests(c.MessageID); n != 0 {
+		t.Errorf("the downstream saw %d requests", n)
+	}
+}
+
+// A POST without the CSRF token, with a wrong one, with one taken under
+// another identity, or without the cookie it was made for, is refused and
+// changes nothing; the right one works.
+func TestPostWithoutOrWithWrongCSRFTokenIsRefused(t *testing.T) {
+	f := setup(t, nil)
+	c := f.flagged("billing", "", `{"amount":1}`, nil, "no heartbeat since x")
+	path := fmt.Sprintf("/claims/%d", c.ID)
+	a := f.client(alice, aliceID)
+	token := a.token(path)
+	bob := f.client("bob@contoso.example", "b0b")
+	bobToken := bob.token(path)
+
+	for name, form := range map[string]url.Values{
+		"no token":         resolveForm("", "done", "checked"),
+		"wrong token":      resolveForm(strings.Repeat("0", len(token)), "done", "checked"),
+		"bob's token":      resolveForm(bobToken, "done", "checked"),
+		"truncated token":  resolveForm(token[:10], "done", "checked"),
+		"token, no cookie": nil, // below
+	} {
+		if form == nil {
+			continue
+		}
+		r := a.post(path+"/resolve", form)
+		mustStatus(t, name, r, http.StatusForbidden)
+		mustContain(t, name, r, "security token is missing or wrong", "Nothing was changed")
+		r = a.post(path+"/redrive", url.Values{"csrf": form["csrf"]})
+		mustStatus(t, name+" (redrive)", r, http.StatusForbidden)
+	}
+	// The right token from another browser (no cookie): refused.
+	other := f.client(alice, aliceID)
+	mustStatus(t, "token without its cookie", other.post(path+"/resolve", resolveForm(token, "done", "checked")), http.StatusForbidden)
+	if got := f.get(c.ID); got.State != claim.StateFlagged || f.fake.Requests(c.MessageID) != 0 {
+		t.Fatalf("a refused POST changed the claim: %s, downstream requests %d", got.State, f.fake.Requests(c.MessageID))
+	}
+	// The right one.
+	r := a.post(path+"/resolve", resolveForm(token, "done", "checked in the PSP dashboard"))
+	mustStatus(t, "right token", r, http.StatusSeeOther)
+	if got := f.get(c.ID); got.State != claim.StateResolved || got.ResolvedBy != alice+" (id "+aliceID+")" || got.ResolutionNote != "checked in the PSP dashboard" {
+		t.Fatalf("after resolve: %s by %q note %q", got.State, got.ResolvedBy, got.ResolutionNote)
+	}
+}
+
+// A browser's cross-site POST is refused before any handler runs.
+func TestCrossOriginPostIsRefused(t *testing.T) {
+	f := setup(t, nil)
+	c := f.flagged("billing", "", `{"amount":1}`, nil, "no heartbeat since x")
+	a := f.client(alice, aliceID)
+	path := fmt.Sprintf("/claims/%d", c.ID)
+	token := a.token(path)
+	for name, h := range map[string]http.Header{
+		"Sec-Fetch-Site": {"Sec-Fetch-Site": {"cross-site"}},
+		"Origin":         {"Origin": {"https://evil.example"}},
+	} {
+		r := a.do("POST", path+"/resolve", resolveForm(token, "done", "n"), h)
+		mustStatus(t, name, r, http.StatusForbidden)
+		mustContain(t, name, r, "cross-origin")
+	}
+	if f.get(c.ID).State != claim.StateFlagged {
+		t.Fatal("a cross-origin POST changed the claim")
+	}
+}
+
+// Producer-controlled text renders escaped on every page.
+func TestHostileTextRendersEscaped(t *testing.T) {
+	f := setup(t, nil)
+	const (
+		idScript   = `<script>alert("id")</script>`
+		bodyScript = `{"note":"<script>alert('body')</script>"}`
+	)
+	c := f.flagged("billing", idScript, bodyScript, map[string]string{"<script>k</script>": `<script>alert("prop")</script>`, "rtl": "a\u202eevil"},
+		`<img src=x onerror=alert("reason")>`)
+	plain := f.claimMsg("billing", "plain-<b>bold</b>", "<script>alert(2)</script>\x00\x1b[31m", nil)
+	a := f.client(alice, aliceID)
+	pages := []string{
+		"/", fmt.Sprintf("/claims/%d", c.ID), fmt.Sprintf("/claims/%d", plain.ID), "/claims", "/claims?state=flagged",
+		"/claims?reason=" + url.QueryEscape(`<img src=x`), "/bulk?action=resolve&consumer=billing",
+		"/claims?consumer=" + url.QueryEscape(`<script>alert("q")</script>`) + "&state=" + url.QueryEscape(`<script>`),
+	}
+	for _, p := range pages {
+		r := a.getPage(p)
+		if r.status != http.StatusOK && r.status != http.StatusBadRequest {
+			t.Fatalf("GET %s: %d", p, r.status)
+		}
+		// The one script element is the console's own file.
+		if n := strings.Count(strings.ToLower(r.body), "<script"); n != 1 || !strings.Contains(r.body, `<script src="/static/console.js" defer></script>`) {
+			t.Errorf("GET %s: %d script elements", p, n)
+		}
+		for _, raw := range []string{"<script>alert", "<img src=x", "<b>bold", "\u202e", "\x1b"} {
+			if strings.Contains(r.body, raw) {
+				t.Errorf("GET %s: %q reached the page unescaped", p, raw)
+			}
+		}
+	}
+	claimPage := a.getPage(fmt.Sprintf("/claims/%d", c.ID)).body
+	for _, want := range []string{
+		`&lt;script&gt;alert(&#34;id&#34;)&lt;/script&gt;`,   // message id
+		`&lt;script&gt;alert(&#39;body&#39;)&lt;/script&gt;`, // payload
+		`&lt;script&gt;alert(&#34;prop&#34;)&lt;/script&gt;`, // property value
+		`&lt;script&gt;k&lt;/script&gt;`,                     // property key
+		`&lt;img src=x onerror=alert(&#34;reason&#34;)&gt;`,  // reason
+		`a\u202eevil`, // a bidi override, shown as an escape
+	} {
+		if !strings.Contains(claimPage, want) {
+			t.Errorf("claim page lacks the escaped %s", want)
+		}
+	}
+	if !strings.Contains(a.getPage(fmt.Sprintf("/claims/%d", plain.ID)).body, `\x00\x1b[31m`) {
+		t.Error("control characters of a text payload are not shown as escapes")
+	}
+}
+
+// A concurrent action (someone resolved the claim first; a redrive holds
+// it) is refused with the RefusedError's words, and changes nothing.
+func TestConcurrentActionShowsAClearMessageAndChangesNothing(t *testing.T) {
+	f := setup(t, nil)
+	ctx := context.Background()
+	a := f.client(alice, aliceID)
+
+	// Bob resolved it after Alice opened the page.
+	c := f.flagged("billing", "", `{"amount":1}`, nil, "no heartbeat since x")
+	path := fmt.Sprintf("/claims/%d", c.ID)
+	token := a.token(path)
+	if _, err := reconciler.Resolve(ctx, f.store, &reconciler.ResolveParams{ID: c.ID, Resolution: claim.ResolutionDiscarded, By: "bob", Note: "duplicate order"}); err != nil {
+		t.Fatal(err)
+	}
+	before := f.get(c.ID)
+	for _, action := range []struct {
+		path string
+		form url.Values
+	}{
+		{path + "/resolve", resolveForm(token, "done", "checked")},
+		{path + "/redrive", url.Values{"csrf": {token}}},
+	} {
+		r := a.post(action.path, action.form)
+		mustStatus(t, action.path, r, http.StatusConflict)
+		mustContain(t, action.path, r, "Refused", "it is resolved (discarded by bob", "nothing was changed")
+	}
+	if after := f.get(c.ID); !reflect.DeepEqual(before, after) {
+		t.Errorf("the claim changed:\n before %+v\n  after %+v", before, after)
+	}
+	if n := f.fake.Requests(c.MessageID); n != 0 {
+		t.Errorf("a refused redrive reached the downstream (%d requests)", n)
+	}
+
+	// A redrive holds it (taken over by path operator, effect in flight).
+	c = f.flagged("billing", "", `{"amount":2}`, nil, "no heartbeat since x")
+	path = fmt.Sprintf("/claims/%d", c.ID)
+	token = a.token(path)
+	if _, err := f.store.TakeOver(ctx, &claim.TakeOverParams{ID: c.ID, PreviousOwner: c.Owner, Owner: uuid.New(), Path: claim.PathOperator,
+		By: "operator:carol", Reason: "redrive by carol: redriven", Route: c.Route, Fingerprint: c.Fingerprint}); err != nil {
+		t.Fatal(err)
+	}
+	before = f.get(c.ID)
+	r := a.post(path+"/resolve", resolveForm(token, "done", "checked"))
+	mustStatus(t, "resolve while a redrive holds it", r, http.StatusConflict)
+	mustContain(t, "resolve while a redrive holds it", r, "it is being redriven by operator:carol", "nothing was changed")
+	r = a.post(path+"/redrive", url.Values{"csrf": {token}})
+	mustStatus(t, "redrive while a redrive holds it", r, http.StatusConflict)
+	mustContain(t, "redrive while a redrive holds it", r, "it is being redriven by operator:carol")
+	if after := f.get(c.ID); !reflect.DeepEqual(before, after) {
+		t.Errorf("the claim changed:\n before %+v\n  after %+v", before, after)
+	}
+}
+
+// snapshot is every claim of the store and the overview's counts.
+func snapshot(t *testing.T, st claim.Store) string {
+	t.Helper()
+	all, err := st.List(context.Background(), &claim.ListParams{Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, c := range all {
+		fmt.Fprintf(&b, "%+v\n", *c)
+	}
+	return b.String()
+}
+
+// GET never changes anything: every page, with every query the console
+// itself links to, leaves the table as it was; an action's URL by GET is
+// not an action.
+func TestGetNeverChangesAnything(t *testing.T) {
+	f := setup(t, nil)
+	c := f.flagged("billing", "", `{"amount":1}`, nil, "no heartbeat since x")
+	f.flagged("shipping", "", `{"amount":2}`, nil, "route changed: x")
+	f.claimMsg("billing", "", `{"amount":3}`, nil)
+	if err := f.srv.Sampler().Sample(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshot(t, f.store)
+	a := f.client(alice, aliceID)
+	id := fmt.Sprint(c.ID)
+	for _, p := range []string{
+		"/", "/claims", "/claims?state=flagged", "/claims?state=flagged&consumer=billing&older=1h&reason=no", "/claims?after=1",
+		"/claims/" + id, "/claims/" + id + "?done=redriven", "/claims/" + id + "?done=resolved",
+		"/claims/" + id + "/redrive", "/claims/" + id + "/resolve?as=done&note=x", "/claims/" + id + "/redrive?csrf=x",
+		"/bulk?action=redrive&state=flagged", "/bulk?action=resolve&as=done&note=x&id=" + id, "/bulk",
+		"/healthz", "/static/console.css", "/static/console.js", "/nowhere",
+	} {
+		r := a.getPage(p)
+		if r.status >= 500 {
+			t.Errorf("GET %s: %d", p, r.status)
+		}
+		if strings.HasSuffix(p, "/redrive") || strings.Contains(p, "/resolve?") || strings.Contains(p, "/redrive?") {
+			if r.status != http.StatusMethodNotAllowed {
+				t.Errorf("GET %s: %d, want 405 (actions are POST only)", p, r.status)
+			}
+		}
+	}
+	if after := snapshot(t, f.store); after != before {
+		t.Errorf("GET changed the claims:\n before %s\n  after %s", before, after)
+	}
+	if f.fake.Requests(c.MessageID) != 0 {
+		t.Error("a GET reached the downstream")
+	}
+	// ?done= shows nothing the claim does not say.
+	if r := a.getPage("/claims/" + id + "?done=redriven"); strings.Contains(r.body, `id="flash"`) {
+		t.Errorf("?done=redriven on an unredriven claim shows %s", flashOf(r.body))
+	}
+}
+
+// Every response carries the security headers.
+func TestSecurityHeaders(t *testing.T) {
+	f := setup(t, nil)
+	c := f.flagged("billing", "", `{"amount":1}`, nil, "no heartbeat since x")
+	a := f.client(alice, aliceID)
+	for _, p := range []string{"/", "/claims", fmt.Sprintf("/claims/%d", c.ID), "/static/console.css", "/nowhere", "/bulk?action=x"} {
+		r := a.getPage(p)
+		csp := r.header.Get("Content-Security-Policy")
+		for _, want := range []string{"default-src 'self'", "script-src 'self'", "frame-ancestors 'none'", "object-src 'none'"} {
+			if !strings.Contains(csp, want) {
+				t.Errorf("GET %s: CSP %q lacks %s", p, csp, want)
+			}
+		}
+		if strings.Contains(csp, "unsafe-inline") || strings.Contains(csp, "unsafe-eval") {
+			t.Errorf("GET %s: CSP allows inline code: %q", p, csp)
+		}
+		for h, want := range map[string]string{"X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin"} {
+			if got := r.header.Get(h); got != want {
+				t.Errorf("GET %s: %s = %q, want %q", p, h, got, want)
+			}
+		}
+	}
+	// The pages hold no inline script or style the CSP would block.
+	for _, p := range []string{"/", "/claims", fmt.Sprintf("/claims/%d", c.ID)} {
+		body := a.getPage(p).body
+		if strings.Contains(body, " style=") || strings.Contains(body, "<style") || strings.Contains(body, " onclick=") || strings.Contains(body, "<script>") {
+			t.Errorf("GET %s: inline style or script", p)
+		}
+	}
+	// Over HTTPS (the platform's ingress), the CSRF cookie is __Host-.
+	r := a.do("GET", fmt.Sprintf("/claims/%d", c.ID), nil, http.Header{"X-Forwarded-Proto": {"https"}})
+	if sc := r.header.Get("Set-Cookie"); !strings.HasPrefix(sc, "__Host-sbclaim-csrf=") || !strings.Contains(sc, "Secure") ||
+		!strings.Contains(sc, "HttpOnly") || !strings.Contains(sc, "SameSite=Strict") {
+		t.Errorf("CSRF cookie over HTTPS: %q", sc)
+	}
+}
+
+// failingResolve makes a redrive's own resolution fail: the effect was
+// performed, the record was not.
+type failingResolve struct{ claim.Store }
+
+func (s failingResolve) Resolve(ctx context.Context, p *claim.ResolveParams) (*claim.Claim, error) {
+	if p.Owner != uuid.Nil {
+		return nil, errors.New("the disk is full")
+	}
+	return s.Store.Resolve(ctx, p)
+}
+
+// A redrive whose effect was performed but not recorded says so plainly.
+func TestRedriveRecordErrorSaysTheEffectWasPerformed(t *testing.T) {
+	var f *fixture
+	f = setup(t, func(o *console.Options) { o.Store = failingResolve{o.Store} })
+	c := f.flagged("billing", "", `{"amount":1}`, nil, "no heartbeat since x")
+	a := f.client(alice, aliceID)
+	path := fmt.Sprintf("/claims/%d", c.ID)
+	r := a.post(path+"/redrive", url.Values{"csrf": {a.token(path)}})
+	mustStatus(t, "redrive", r, http.StatusInternalServerError)
+	mustContain(t, "redrive", r, "The effect WAS performed, but recording it failed", "Do NOT redrive it again", c.MessageID, "the disk is full")
+	if n := f.fake.Effects(c.MessageID); n != 1 {
+		t.Errorf("the downstream performed %d effects, want 1", n)
+	}
+}
+
+// A redrive whose effect fails says how, and the claim is flagged again.
+func TestRedriveEffectFailure(t *testing.T) {
+	f := setup(t, nil)
+	c := f.flagged("billing", "", `{"amount":1}`, nil, "no heartbeat since x")
+	f.fake.FailKey(c.MessageID, 0, fakedownstream.FaultErrorBefore)
+	a := f.client(alice, aliceID)
+	path := fmt.Sprintf("/claims/%d", c.ID)
+	r := a.post(path+"/redrive", url.Values{"csrf": {a.token(path)}})
+	mustStatus(t, "redrive", r, http.StatusBadGateway)
+	mustContain(t, "redrive", r, "The redrive&#39;s effect failed", "flagged again")
+	if got := f.get(c.ID); got.State != claim.StateFlagged || !strings.HasPrefix(got.FlagReason, "redrive by "+alice) {
+		t.Errorf("after a failed redrive: %s, reason %q", got.State, got.FlagReason)
+	}
+}
+
+// The redrive and the resolution are recorded with the identity, and the
+// page after each says what happened.
+func TestRedriveAndResolveRecordTheIdentity(t *testing.T) {
+	f := setup(t, nil)
+	a := f.client(alice, aliceID)
+	c := f.flagged("billing", "", `{"amount":1}`, nil, "no heartbeat since x")
+	path := fmt.Sprintf("/claims/%d", c.ID)
+	r := a.post(path+"/redrive", url.Values{"csrf": {a.token(path)}, "note": {"PSP was down"}})
+	mustStatus(t, "redrive", r, http.StatusSeeOther)
+	if loc := r.header.Get("Location"); loc != path+"?done=redriven" {
+		t.Fatalf("redirect to %q", loc)
+	}
+	page := a.getPage(path + "?done=redriven")
+	mustContain(t, "after redrive", page, "Redriven", "resolved as redriven by "+alice)
+	got := f.get(c.ID)
+	by := alice + " (id " + aliceID + ")"
+	if got.State != claim.StateResolved || got.Resolution != claim.ResolutionRedriven || got.ResolvedBy != by ||
+		got.ClaimedBy != "operator:"+by || got.TakeOverPath != claim.PathOperator || got.ResolutionNote != "PSP was down" {
+		t.Errorf("after redrive: %+v", got)
+	}
+
+	c = f.flagged("billing", "", `{"amount":2}`, nil, "no heartbeat since x")
+	path = fmt.Sprintf("/claims/%d", c.ID)
+	token := a.token(path)
+	// A note is required.
+	r = a.post(path+"/resolve", resolveForm(token, "discarded", "  "))
+	mustStatus(t, "resolve without a note", r, http.StatusBadRequest)
+	mustContain(t, "resolve without a note", r, "a note is required", "Nothing was changed")
+	r = a.post(path+"/resolve", resolveForm(token, "redriven", "n"))
+	mustStatus(t, "resolve as redriven", r, http.StatusBadRequest)
+	r = a.post(path+"/resolve", resolveForm(token, "discarded", "order cancelled"))
+	mustStatus(t, "resolve", r, http.StatusSeeOther)
+	page = a.getPage(path + "?done=resolved")
+	mustContain(t, "after resolve", page, "Resolved as discarded by "+alice, "order cancelled")
+}
+
+// In local-development mode every page says so, the identity headers are
+// ignored, and the audit marks the name as not signed in.
+func TestLocalOperator(t *testing.T) {
+	f := setup(t, func(o *console.Options) { o.LocalOperator = "dev" })
+	c := f.flagged("billing", "", `{"amount":1}`, nil, "no heartbeat since x")
+	forged := f.client("mallory@evil.example", "forged")
+	for _, p := range []string{"/", "/claims", fmt.Sprintf("/claims/%d", c.ID), "/claims/987654", "/bulk?action=resolve"} {
+		mustContain(t, p, forged.getPage(p), `id="local-banner"`, "Local development, not signed in")
+	}
+	path := fmt.Sprintf("/claims/%d", c.ID)
+	r := forged.post(path+"/resolve", resolveForm(forged.token(path), "done", "seen"))
+	mustStatus(t, "resolve", r, http.StatusSeeOther)
+	if got := f.get(c.ID).ResolvedBy; got != "dev (local, not signed in)" {
+		t.Errorf("ResolvedBy %q", got)
+	}
+	for _, bad := range []string{" dev", "", "a\x1bb", strings.Repeat("x", 151)} {
+		if bad == "" {
+			continue
+		}
+		if _, err := console.New(console.Options{Store: f.store, LocalOperator: bad}); err == nil {
+			t.Errorf("LocalOperator %q accepted", bad)
+		}
+	}
+}
+
+var rowID = regexp.MustCompile(`<tr id="claim-(\d+)">`)
+
+// The list filters by state, consumer, route and reason prefix, pages by
+// id (after=), and every page's address is a link that shows it again.
+func TestListFiltersAndKeysetPaging(t *testing.T) {
+	f := setup(t, nil)
+	var want []string
+	for i := range console.PageSize + 2 {
+		reason := "no heartbeat since x"
+		if i%2 == 1 {
+			reason = "route changed: y"
+		}
+		c := f.flagged("billing", "", `{"amount":1}`, nil, reason)
+		if i%2 == 1 {
+			want = append(want, fmt.Sprint(c.ID))
+		}
+	}
+	f.flagged("shipping", "", `{"amount":1}`, nil, "route changed: z")
+	f.claimMsg("billing", "", `{"amount":1}`, nil)
+	a := f.client(alice, aliceID)
+	ids := func(r response) []string {
+		var out []string
+		for _, m := range rowID.FindAllStringSubmatch(r.body, -1) {
+			out = append(out, m[1])
+		}
+		return out
+	}
+	page := a.getPage("/claims?state=flagged&consumer=billing&route=payments&reason=" + url.QueryEscape("route changed"))
+	mustStatus(t, "filtered", page, http.StatusOK)
+	if got := ids(page); !slices.Equal(got, want) {
+		t.Errorf("filtered list %v, want %v", got, want)
+	}
+	all := a.getPage("/claims?state=flagged")
+	first := ids(all)
+	if len(first) != console.PageSize {
+		t.Fatalf("first page has %d rows, want %d", len(first), console.PageSize)
+	}
+	next := regexp.MustCompile(`<a href="([^"]+)" id="next-page">`).FindStringSubmatch(all.body)
+	if next == nil {
+		t.Fatal("no next-page link")
+	}
+	link := strings.ReplaceAll(next[1], "&amp;", "&")
+	if link != "/claims?after="+first[len(first)-1]+"&state=flagged" {
+		t.Errorf("next-page link %q", link)
+	}
+	second := a.getPage(link)
+	if got := ids(second); len(got) != 3 || slices.Contains(first, got[0]) {
+		t.Errorf("second page %v", got)
+	}
+	mustContain(t, "second page", second, `id="first-page"`)
+	if strings.Contains(second.body, `id="next-page"`) {
+		t.Error("the last page links to a next one")
+	}
+	bad := a.getPage("/claims?state=bogus&older=soon")
+	mustStatus(t, "bad filter", bad, http.StatusBadRequest)
+	mustContain(t, "bad filter", bad, "state &#34;bogus&#34; is not a claim state", "older than")
+}
