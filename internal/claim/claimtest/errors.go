@@ -208,6 +208,16 @@ func (s *suite) refusal(t *testing.T, want claim.Class, prepare func(t *testing.
 	wantClass(t, "RecordAttempt", ro.RecordAttempt(ctx, &claim.RecordAttemptParams{ID: claimed.ID, Owner: claimed.Owner, Error: "e"}), want)
 	wantClass(t, "Release", ro.Release(ctx, &claim.ReleaseParams{ID: claimed.ID, Owner: claimed.Owner, Error: "e"}), want)
 	wantClass(t, "MarkProcessed", ro.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: claimed.ID, Owner: claimed.Owner}), want)
+	// A batch of outcome writes fails as a whole: the batch error has the
+	// class, and nothing is written (checked with the claims below).
+	errs, err := batchWriter(t, ro).WriteOutcomes(ctx, []claim.OutcomeWrite{
+		{Heartbeat: &claim.HeartbeatParams{ID: claimed.ID, Owner: claimed.Owner}},
+		{MarkProcessed: &claim.MarkProcessedParams{ID: stale.ID, Owner: stale.Owner}},
+	})
+	wantClass(t, "WriteOutcomes", err, want)
+	if errs != nil {
+		t.Errorf("WriteOutcomes that failed as a whole returned per-write results %v", errs)
+	}
 	_, err = ro.FlagStale(ctx, &claim.FlagStaleParams{StaleAfter: time.Hour, Limit: 10})
 	wantClass(t, "FlagStale", err, want)
 	_, err = ro.Resolve(ctx, &claim.ResolveParams{ID: flagged.ID, Resolution: claim.ResolutionDone, By: "op"})

@@ -390,3 +390,74 @@ func TestClaimBatchChecksWidthsInUTF16(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// WriteOutcomes sends a batch of mixed writes in one round trip, with
+// seven declared parameters per write, and reports per write: a claim the
+// statement did not return gets ErrStateChanged, the others nil.
+func TestWriteOutcomesIsOneRoundTrip(t *testing.T) {
+	db, rec := newFakeDB(t, func(req fakeRequest) fakeResult {
+		// Claims 1, 2 and 4 changed; 3's guard did not hold.
+		return fakeResult{Sets: [][][]driver.Value{{{int64(1)}, {int64(2)}, {int64(4)}}}}
+	})
+	st := New(db)
+	owner := uuid.New()
+	writes := []claim.OutcomeWrite{
+		{Heartbeat: &claim.HeartbeatParams{ID: 1, Owner: owner}},
+		{RecordAttempt: &claim.RecordAttemptParams{ID: 2, Owner: owner, Error: "503", NextAttemptIn: 1500 * time.Millisecond}},
+		{Release: &claim.ReleaseParams{ID: 3, Owner: owner, Error: "refused"}},
+		{MarkProcessed: &claim.MarkProcessedParams{ID: 4, Owner: owner, Answer: &claim.Answer{Status: 201}}},
+	}
+	errs, err := st.WriteOutcomes(context.Background(), writes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []bool{false, false, true, false} {
+		if got := errors.Is(errs[i], claim.ErrStateChanged); got != want || (!want && errs[i] != nil) {
+			t.Errorf("write %d: %v", i, errs[i])
+		}
+	}
+	reqs := rec.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("%d requests, want 1 round trip", len(reqs))
+	}
+	q := reqs[0].Query
+	for _, want := range []string{"SET XACT_ABORT ON;", "BEGIN TRANSACTION;", "COMMIT TRANSACTION;", "OUTPUT INSERTED.Id INTO @done", "SELECT Id FROM @done;"} {
+		if !strings.Contains(q, want) {
+			t.Errorf("request lacks %q:\n%s", want, q)
+		}
+	}
+	if n := strings.Count(q, "c.State = 'claimed'"); n != 4 {
+		t.Errorf("%d guarded UPDATEs, want 4:\n%s", n, q)
+	}
+	if len(reqs[0].Args) != 4*7 || len(reqs[0].Decls) != 4*7 {
+		t.Fatalf("%d parameters (%d declared), want 28", len(reqs[0].Args), len(reqs[0].Decls))
+	}
+	// The attempt's next attempt in 1.5s: 1 second and 500000 µs.
+	if sec, us := reqs[0].Args[7+4], reqs[0].Args[7+5]; sec != int32(1) || us != int32(500000) {
+		t.Errorf("next attempt sent as %v s + %v µs", sec, us)
+	}
+	if a, ok := reqs[0].Args[3*7+6].(mssqldb.NVarCharMax); !ok || !strings.Contains(string(a), `"status":201`) {
+		t.Errorf("the processed write's answer sent as %T %v, want its JSON text", reqs[0].Args[3*7+6], reqs[0].Args[3*7+6])
+	}
+	if a, ok := reqs[0].Args[6].(sql.NullString); !ok || a.Valid {
+		t.Errorf("the heartbeat's answer sent as %T %v, want a typed NULL", reqs[0].Args[6], reqs[0].Args[6])
+	}
+}
+
+func TestWriteOutcomesRefusesABadBatch(t *testing.T) {
+	db, rec := newFakeDB(t, func(fakeRequest) fakeResult { return fakeResult{} })
+	st := New(db)
+	owner := uuid.New()
+	for name, writes := range map[string][]claim.OutcomeWrite{
+		"two writes for one claim": {{Heartbeat: &claim.HeartbeatParams{ID: 1, Owner: owner}}, {MarkProcessed: &claim.MarkProcessedParams{ID: 1, Owner: owner}}},
+		"a write of no kind":       {{}},
+		"a write of two kinds":     {{Heartbeat: &claim.HeartbeatParams{ID: 1}, Release: &claim.ReleaseParams{ID: 1}}},
+	} {
+		if _, err := st.WriteOutcomes(context.Background(), writes); !errors.Is(err, claim.ErrBadBatch) {
+			t.Errorf("%s: %v, want ErrBadBatch", name, err)
+		}
+	}
+	if n := len(rec.requests()); n != 0 {
+		t.Errorf("%d requests for refused batches", n)
+	}
+}

@@ -589,6 +589,95 @@ OUTPUT INSERTED.Id
 WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`, a...)
 }
 
+// writeOutcomesSQL performs a batch of outcome writes in one round trip
+// and one transaction: the writes (kind, id, owner, error, next attempt in
+// seconds and microseconds, answer) go into a table variable from a
+// VALUES list, each kind's UPDATE takes its rows, guarded on owner and
+// state like the single write, and the ids it changed come back. A batch
+// has at most one write per claim, so no two UPDATEs touch one row.
+// XACT_ABORT rolls the whole batch back on any error. %s is the VALUES
+// rows.
+var writeOutcomesSQL = `SET XACT_ABORT ON;
+` + declareNow + `DECLARE @w TABLE (Kind tinyint NOT NULL, Id bigint NOT NULL PRIMARY KEY, Owner uniqueidentifier NOT NULL,
+	Err nvarchar(4000) NOT NULL, NextSec int NOT NULL, NextUs int NOT NULL, Answer nvarchar(max) NULL);
+INSERT INTO @w (Kind, Id, Owner, Err, NextSec, NextUs, Answer) VALUES %s;
+DECLARE @done TABLE (Id bigint NOT NULL);
+BEGIN TRANSACTION;
+UPDATE c SET HeartbeatUtc = SYSUTCDATETIME()
+OUTPUT INSERTED.Id INTO @done
+FROM dbo.Claims AS c JOIN @w AS w ON w.Id = c.Id
+WHERE w.Kind = ` + kindHeartbeat + ` AND c.Owner = w.Owner AND c.State = 'claimed';
+UPDATE c SET Attempts = c.Attempts + 1, LastError = w.Err,
+	NextAttemptUtc = CASE WHEN w.NextSec > 0 OR w.NextUs > 0 THEN DATEADD(microsecond, w.NextUs, DATEADD(second, w.NextSec, @now)) ELSE c.NextAttemptUtc END,
+	Answer = COALESCE(w.Answer, c.Answer), AnswerUtc = CASE WHEN w.Answer IS NULL THEN c.AnswerUtc ELSE @now END
+OUTPUT INSERTED.Id INTO @done
+FROM dbo.Claims AS c JOIN @w AS w ON w.Id = c.Id
+WHERE w.Kind = ` + kindAttempt + ` AND c.Owner = w.Owner AND c.State = 'claimed';
+UPDATE c SET State = 'released', ReleasedUtc = @now, HeartbeatUtc = @now, LastError = w.Err,
+	NextAttemptUtc = CASE WHEN w.NextSec > 0 OR w.NextUs > 0 THEN DATEADD(microsecond, w.NextUs, DATEADD(second, w.NextSec, @now)) END,
+	Answer = COALESCE(w.Answer, c.Answer), AnswerUtc = CASE WHEN w.Answer IS NULL THEN c.AnswerUtc ELSE @now END
+OUTPUT INSERTED.Id INTO @done
+FROM dbo.Claims AS c JOIN @w AS w ON w.Id = c.Id
+WHERE w.Kind = ` + kindRelease + ` AND c.Owner = w.Owner AND c.State = 'claimed';
+UPDATE c SET State = 'processed', ProcessedUtc = @now, Payload = NULL,
+	Answer = COALESCE(w.Answer, c.Answer), AnswerUtc = CASE WHEN w.Answer IS NULL THEN c.AnswerUtc ELSE @now END
+OUTPUT INSERTED.Id INTO @done
+FROM dbo.Claims AS c JOIN @w AS w ON w.Id = c.Id
+WHERE w.Kind = ` + kindProcessed + ` AND c.Owner = w.Owner AND c.State = 'claimed';
+COMMIT TRANSACTION;
+SELECT Id FROM @done;`
+
+// The kinds as the batch statement spells them.
+var (
+	kindHeartbeat = strconv.Itoa(int(claim.WriteHeartbeat))
+	kindAttempt   = strconv.Itoa(int(claim.WriteRecordAttempt))
+	kindRelease   = strconv.Itoa(int(claim.WriteRelease))
+	kindProcessed = strconv.Itoa(int(claim.WriteMarkProcessed))
+)
+
+// WriteOutcomes performs a batch of outcome writes in one round trip and
+// one transaction (see claim.BatchWriter).
+func (s *Store) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) ([]error, error) {
+	if err := claim.CheckBatch(writes); err != nil {
+		return nil, err
+	}
+	if len(writes) == 0 {
+		return nil, nil
+	}
+	var (
+		a    args
+		rows = make([]string, len(writes))
+	)
+	for i, w := range writes {
+		v := sqlstore.ValuesOf(w)
+		answer, err := answerParam(v.Answer)
+		if err != nil {
+			return nil, fmt.Errorf("%s claim %d: %w", w.Kind(), v.ID, err)
+		}
+		d := max(v.NextAttemptIn, 0)
+		sec := int32(min(int64(d/time.Second), math.MaxInt32))
+		us := int32((d % time.Second) / time.Microsecond)
+		rows[i] = "(" + strings.Join([]string{
+			a.add(int32(w.Kind()), declInt), a.add(v.ID, declID), a.add(guid(v.Owner), declGUID),
+			a.add(text(truncate(v.Error, maxLastError)), declLongText), a.add(sec, declInt), a.add(us, declInt),
+			a.add(answer, declAnswer),
+		}, ", ") + ")"
+	}
+	done := map[int64]bool{}
+	err := query(ctx, s.db, fmt.Sprintf(writeOutcomesSQL, strings.Join(rows, ",\n\t")), a, func(r *sql.Rows) error {
+		var id int64
+		if err := r.Scan(&id); err != nil {
+			return err
+		}
+		done[id] = true
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("write %d outcomes: %w", len(writes), interpretError(err))
+	}
+	return sqlstore.BatchResults(writes, done), nil
+}
+
 // FlagStale flags at most Limit stale claims, oldest heartbeat first, in
 // one statement. The staleness test is part of that statement: the CTE
 // reads the candidate rows with UPDLOCK, so each is locked and re-read at

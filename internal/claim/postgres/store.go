@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"strconv"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -454,14 +455,35 @@ func (s *Store) execGuarded(ctx context.Context, op string, id int64, query stri
 // Heartbeat refreshes the heartbeat of a claimed claim held by Owner.
 func (s *Store) Heartbeat(ctx context.Context, params *claim.HeartbeatParams) error {
 	return s.execGuarded(ctx, "heartbeat", params.ID,
-		`UPDATE claims SET heartbeat_utc = now() WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
+		`UPDATE claims SET `+setHeartbeat+` WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
 		params.ID, params.Owner.String())
 }
 
-// setAnswer is the SET clause that records the answer in parameter $n
-// (JSON text): a NULL keeps the claim's.
-func setAnswer(n int) string {
-	return fmt.Sprintf(`answer = coalesce($%d::jsonb, answer), answer_utc = CASE WHEN $%d::jsonb IS NULL THEN answer_utc ELSE now() END`, n, n)
+// The SET clauses of the outcome writes, shared by the single writes and
+// WriteOutcomes so that both do the same. err, next (seconds; > 0 sets the
+// next attempt's time) and answer (JSON; NULL keeps the claim's) are the
+// expressions that hold the write's values.
+const setHeartbeat = `heartbeat_utc = now()`
+
+func setAnswerTo(answer string) string {
+	return `answer = coalesce(` + answer + `, answer), answer_utc = CASE WHEN ` + answer + ` IS NULL THEN answer_utc ELSE now() END`
+}
+
+// setAnswer records the answer in parameter $n (JSON text).
+func setAnswer(n int) string { return setAnswerTo(fmt.Sprintf("$%d::jsonb", n)) }
+
+func setProcessed(answer string) string {
+	return `state = 'processed', processed_utc = now(), payload = NULL, ` + setAnswerTo(answer)
+}
+
+func setReleased(err, next, answer string) string {
+	return `state = 'released', released_utc = now(), heartbeat_utc = now(), last_error = ` + err + `,
+		next_attempt_utc = CASE WHEN ` + next + ` > 0 THEN now() + make_interval(secs => ` + next + `) END, ` + setAnswerTo(answer)
+}
+
+func setAttempt(err, next, answer string) string {
+	return `attempts = attempts + 1, last_error = ` + err + `,
+		next_attempt_utc = CASE WHEN ` + next + ` > 0 THEN now() + make_interval(secs => ` + next + `) ELSE next_attempt_utc END, ` + setAnswerTo(answer)
 }
 
 // MarkProcessed moves a claimed claim held by Owner to processed.
@@ -471,8 +493,7 @@ func (s *Store) MarkProcessed(ctx context.Context, params *claim.MarkProcessedPa
 		return fmt.Errorf("mark processed claim %d: %w", params.ID, err)
 	}
 	return s.execGuarded(ctx, "mark processed", params.ID,
-		`UPDATE claims SET state = 'processed', processed_utc = now(), payload = NULL, `+setAnswer(3)+`
-		WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
+		`UPDATE claims SET `+setProcessed("$3::jsonb")+` WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
 		params.ID, params.Owner.String(), answer)
 }
 
@@ -484,9 +505,7 @@ func (s *Store) Release(ctx context.Context, params *claim.ReleaseParams) error 
 		return fmt.Errorf("release claim %d: %w", params.ID, err)
 	}
 	return s.execGuarded(ctx, "release", params.ID,
-		`UPDATE claims SET state = 'released', released_utc = now(), heartbeat_utc = now(), last_error = $3,
-		next_attempt_utc = CASE WHEN $4::float8 > 0 THEN now() + make_interval(secs => $4::float8) END, `+setAnswer(5)+`
-		WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
+		`UPDATE claims SET `+setReleased("$3", "$4::float8", "$5::jsonb")+` WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
 		params.ID, params.Owner.String(), params.Error, secs(params.NextAttemptIn), answer)
 }
 
@@ -498,10 +517,72 @@ func (s *Store) RecordAttempt(ctx context.Context, params *claim.RecordAttemptPa
 		return fmt.Errorf("record attempt claim %d: %w", params.ID, err)
 	}
 	return s.execGuarded(ctx, "record attempt", params.ID,
-		`UPDATE claims SET attempts = attempts + 1, last_error = $3,
-		next_attempt_utc = CASE WHEN $4::float8 > 0 THEN now() + make_interval(secs => $4::float8) ELSE next_attempt_utc END, `+setAnswer(5)+`
-		WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
+		`UPDATE claims SET `+setAttempt("$3", "$4::float8", "$5::jsonb")+` WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
 		params.ID, params.Owner.String(), params.Error, secs(params.NextAttemptIn), answer)
+}
+
+// writeOutcomesSQL performs a batch of outcome writes in one statement:
+// the writes arrive as parallel arrays (kind, id, owner, error, next
+// attempt in seconds, answer), each kind's UPDATE takes its rows, guarded
+// on owner and state like the single write, and the ids changed come
+// back. A batch has at most one write per claim, so no two UPDATEs touch
+// one row.
+var writeOutcomesSQL = `WITH w AS (
+	SELECT * FROM unnest($1::int2[], $2::bigint[], $3::uuid[], $4::text[], $5::float8[], $6::text[])
+		AS w(w_kind, w_id, w_owner, w_err, w_next, w_answer)
+), hb AS (
+	UPDATE claims SET ` + setHeartbeat + ` FROM w
+	WHERE w.w_kind = ` + strconv.Itoa(int(claim.WriteHeartbeat)) + ` AND id = w.w_id AND owner = w.w_owner AND state = 'claimed' RETURNING id
+), att AS (
+	UPDATE claims SET ` + setAttempt("w.w_err", "w.w_next", "w.w_answer::jsonb") + ` FROM w
+	WHERE w.w_kind = ` + strconv.Itoa(int(claim.WriteRecordAttempt)) + ` AND id = w.w_id AND owner = w.w_owner AND state = 'claimed' RETURNING id
+), rel AS (
+	UPDATE claims SET ` + setReleased("w.w_err", "w.w_next", "w.w_answer::jsonb") + ` FROM w
+	WHERE w.w_kind = ` + strconv.Itoa(int(claim.WriteRelease)) + ` AND id = w.w_id AND owner = w.w_owner AND state = 'claimed' RETURNING id
+), pro AS (
+	UPDATE claims SET ` + setProcessed("w.w_answer::jsonb") + ` FROM w
+	WHERE w.w_kind = ` + strconv.Itoa(int(claim.WriteMarkProcessed)) + ` AND id = w.w_id AND owner = w.w_owner AND state = 'claimed' RETURNING id
+)
+SELECT id FROM hb UNION ALL SELECT id FROM att UNION ALL SELECT id FROM rel UNION ALL SELECT id FROM pro`
+
+// WriteOutcomes performs a batch of outcome writes in one statement (see
+// claim.BatchWriter).
+func (s *Store) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) ([]error, error) {
+	if err := claim.CheckBatch(writes); err != nil {
+		return nil, err
+	}
+	if len(writes) == 0 {
+		return nil, nil
+	}
+	var (
+		kinds   = make([]int16, len(writes))
+		ids     = make([]int64, len(writes))
+		owners  = make([]string, len(writes))
+		errs    = make([]string, len(writes))
+		nexts   = make([]float64, len(writes))
+		answers = make([]*string, len(writes))
+	)
+	for i, w := range writes {
+		v := sqlstore.ValuesOf(w)
+		kinds[i], ids[i], owners[i] = int16(w.Kind()), v.ID, v.Owner.String()
+		errs[i], nexts[i] = v.Error, secs(v.NextAttemptIn)
+		enc, err := sqlstore.EncodeAnswer(v.Answer)
+		if err != nil {
+			return nil, fmt.Errorf("%s claim %d: %w", w.Kind(), v.ID, err)
+		}
+		if enc.Valid {
+			answers[i] = &enc.String
+		}
+	}
+	rows, err := s.db.QueryContext(ctx, writeOutcomesSQL, kinds, ids, owners, errs, nexts, answers)
+	if err != nil {
+		return nil, fmt.Errorf("write %d outcomes: %w", len(writes), translate(err))
+	}
+	done, err := sqlstore.ScanIDs(rows)
+	if err != nil {
+		return nil, fmt.Errorf("write %d outcomes: %w", len(writes), translate(err))
+	}
+	return sqlstore.BatchResults(writes, done), nil
 }
 
 // Fail moves a claimed claim held by Owner to failed.

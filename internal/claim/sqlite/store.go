@@ -495,21 +495,80 @@ func (s *Store) execGuarded(ctx context.Context, op string, id int64, query stri
 
 // Heartbeat refreshes the heartbeat of a claimed claim held by Owner.
 func (s *Store) Heartbeat(ctx context.Context, params *claim.HeartbeatParams) error {
-	return s.execGuarded(ctx, "heartbeat", params.ID,
-		`UPDATE claims SET heartbeat_utc = `+nowSQL+` WHERE id = ? AND owner = ? AND state = 'claimed'`,
-		params.ID, params.Owner.String())
+	return s.execWrite(ctx, claim.OutcomeWrite{Heartbeat: params})
 }
 
 // MarkProcessed moves a claimed claim held by Owner to processed.
 func (s *Store) MarkProcessed(ctx context.Context, params *claim.MarkProcessedParams) error {
-	answer, err := sqlstore.EncodeAnswer(params.Answer)
+	return s.execWrite(ctx, claim.OutcomeWrite{MarkProcessed: params})
+}
+
+// execWrite runs one outcome write on its own (an implicit transaction).
+func (s *Store) execWrite(ctx context.Context, w claim.OutcomeWrite) error {
+	query, args, err := outcomeSQL(w)
 	if err != nil {
-		return fmt.Errorf("mark processed claim %d: %w", params.ID, err)
+		return err
 	}
-	return s.execGuarded(ctx, "mark processed", params.ID,
-		`UPDATE claims SET state = 'processed', processed_utc = `+nowSQL+`, payload = NULL, `+setAnswer(3)+`
-		WHERE id = ?1 AND owner = ?2 AND state = 'claimed'`,
-		params.ID, params.Owner.String(), answer)
+	id, _ := w.Target()
+	return s.execGuarded(ctx, w.Kind().String(), id, query, args...)
+}
+
+// outcomeSQL is the guarded UPDATE of one outcome write, shared by the
+// single writes and WriteOutcomes.
+func outcomeSQL(w claim.OutcomeWrite) (string, []any, error) {
+	v := sqlstore.ValuesOf(w)
+	answer, err := sqlstore.EncodeAnswer(v.Answer)
+	if err != nil {
+		return "", nil, fmt.Errorf("%s claim %d: %w", w.Kind(), v.ID, err)
+	}
+	const guard = ` WHERE id = ?2 AND owner = ?3 AND state = 'claimed'`
+	args := []any{v.Error, v.ID, v.Owner.String(), answer}
+	switch w.Kind() {
+	case claim.WriteHeartbeat:
+		return `UPDATE claims SET heartbeat_utc = ` + nowSQL + guard, args, nil
+	case claim.WriteMarkProcessed:
+		return `UPDATE claims SET state = 'processed', processed_utc = ` + nowSQL + `, payload = NULL, ` + setAnswer(4) + guard, args, nil
+	case claim.WriteRelease:
+		next, args := nextAttempt(args, v.NextAttemptIn, "NULL")
+		return `UPDATE claims SET state = 'released', released_utc = ` + nowSQL + `, heartbeat_utc = ` + nowSQL + `, last_error = ?1,
+		next_attempt_utc = ` + next + `, ` + setAnswer(4) + guard, args, nil
+	case claim.WriteRecordAttempt:
+		next, args := nextAttempt(args, v.NextAttemptIn, "next_attempt_utc")
+		return `UPDATE claims SET attempts = attempts + 1, last_error = ?1, next_attempt_utc = ` + next + `, ` + setAnswer(4) + guard, args, nil
+	}
+	return "", nil, fmt.Errorf("%w: a write sets no single kind", claim.ErrBadBatch)
+}
+
+// WriteOutcomes performs a batch of outcome writes in one transaction,
+// one statement per write, with one commit (see claim.BatchWriter).
+func (s *Store) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) ([]error, error) {
+	if err := claim.CheckBatch(writes); err != nil {
+		return nil, err
+	}
+	if len(writes) == 0 {
+		return nil, nil
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("write %d outcomes: begin: %w", len(writes), translate(err))
+	}
+	defer tx.Rollback()
+	errs := make([]error, len(writes))
+	for i, w := range writes {
+		query, args, err := outcomeSQL(w)
+		if err != nil {
+			return nil, err
+		}
+		id, _ := w.Target()
+		errs[i] = sqlstore.ExecGuarded(ctx, tx, translate, w.Kind().String(), id, query, args...)
+		if errs[i] != nil && !errors.Is(errs[i], claim.ErrStateChanged) {
+			return nil, fmt.Errorf("write %d outcomes: %w", len(writes), errs[i])
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("write %d outcomes: commit: %w", len(writes), translate(err))
+	}
+	return errs, nil
 }
 
 // setAnswer is the SET clause that records the answer in parameter ?n:
@@ -567,27 +626,12 @@ func nextAttempt(args []any, d time.Duration, keep string) (string, []any) {
 
 // Release moves a claimed claim held by Owner to released.
 func (s *Store) Release(ctx context.Context, params *claim.ReleaseParams) error {
-	answer, err := sqlstore.EncodeAnswer(params.Answer)
-	if err != nil {
-		return fmt.Errorf("release claim %d: %w", params.ID, err)
-	}
-	next, args := nextAttempt([]any{params.Error, params.ID, params.Owner.String(), answer}, params.NextAttemptIn, "NULL")
-	return s.execGuarded(ctx, "release", params.ID,
-		`UPDATE claims SET state = 'released', released_utc = `+nowSQL+`, heartbeat_utc = `+nowSQL+`, last_error = ?1,
-		next_attempt_utc = `+next+`, `+setAnswer(4)+`
-		WHERE id = ?2 AND owner = ?3 AND state = 'claimed'`, args...)
+	return s.execWrite(ctx, claim.OutcomeWrite{Release: params})
 }
 
 // RecordAttempt counts an effect attempt on a claimed claim held by Owner.
 func (s *Store) RecordAttempt(ctx context.Context, params *claim.RecordAttemptParams) error {
-	answer, err := sqlstore.EncodeAnswer(params.Answer)
-	if err != nil {
-		return fmt.Errorf("record attempt claim %d: %w", params.ID, err)
-	}
-	next, args := nextAttempt([]any{params.Error, params.ID, params.Owner.String(), answer}, params.NextAttemptIn, "next_attempt_utc")
-	return s.execGuarded(ctx, "record attempt", params.ID,
-		`UPDATE claims SET attempts = attempts + 1, last_error = ?1, next_attempt_utc = `+next+`, `+setAnswer(4)+`
-		WHERE id = ?2 AND owner = ?3 AND state = 'claimed'`, args...)
+	return s.execWrite(ctx, claim.OutcomeWrite{RecordAttempt: params})
 }
 
 // stalePredicate is the staleness test, in the UPDATE itself and in its
