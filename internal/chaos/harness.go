@@ -171,8 +171,11 @@ type harness struct {
 	copies    map[string]int    // routed message ID → sends of its normal payload
 	conflictB map[string][]byte // conflict message ID → the conflicting payload
 
-	trips  atomic.Int64    // store round trips from replicas
-	runCtx context.Context // ends when the replicas must stop
+	trips atomic.Int64 // store round trips from replicas
+	// batches and batched: the replicas' group-committed outcome batches
+	// and the writes in them.
+	batches, batched atomic.Int64
+	runCtx           context.Context // ends when the replicas must stop
 
 	mu       sync.Mutex
 	replicas []*replica
@@ -619,7 +622,7 @@ func (h *harness) startReplica() {
 	// The chain, outermost first: a test's wrapper, lost acknowledgements,
 	// the history and ledger (what the store really did), the dead-replica
 	// gate, the outage gate.
-	var st claim.Store = &gateStore{inner: &gateStore{inner: h.db.Store, gate: h.out.gate}, gate: r.gate, calls: &h.trips}
+	var st claim.Store = &gateStore{inner: &gateStore{inner: h.db.Store, gate: h.out.gate}, gate: r.gate, calls: &h.trips, batches: &h.batches, batched: &h.batched}
 	st = &lostAckStore{Store: &traceStore{Store: st, host: r.host, hist: h.hist, led: h.led}, h: h}
 	if h.cfg.wrapStore != nil {
 		st = h.cfg.wrapStore(st)
@@ -998,6 +1001,7 @@ func (h *harness) verify(ctx context.Context, rep *Report) {
 	rep.Kills, rep.ReplicasStarted = h.kills, h.started
 	h.mu.Unlock()
 	rep.RoundTrips = h.trips.Load()
+	rep.Batches, rep.Batched = h.batches.Load(), h.batched.Load()
 	rep.OutageRefused = h.out.refused.Load()
 	rep.Planned, rep.Happened = h.book.snapshot()
 	rep.Outcomes = outcomeCounts(h.metrics)

@@ -38,6 +38,9 @@ type Report struct {
 	Planned, Happened map[Fault]int
 	OutageRefused     int64 // store calls refused during outages
 	RoundTrips        int64 // store calls by the replicas
+	// Batches and Batched count the replicas' group-committed outcome
+	// batches and the writes they carried.
+	Batches, Batched int64
 
 	Ticks, Flagged, Redriven int
 	FlagReasons              map[string]int
@@ -212,7 +215,8 @@ func (r *Report) Write(w io.Writer) {
 			fmt.Fprintf(w, " %s %d;", o, n)
 		}
 	}
-	fmt.Fprintf(w, " store round trips %d (%.2f per send)\n", r.RoundTrips, float64(r.RoundTrips)/float64(max(r.Sent, 1)))
+	fmt.Fprintf(w, " store round trips %d (%.2f per send); outcome writes group-committed: %d in %d batches\n",
+		r.RoundTrips, float64(r.RoundTrips)/float64(max(r.Sent, 1)), r.Batched, r.Batches)
 
 	fmt.Fprintf(w, "faults (planned / happened):")
 	for _, f := range AllFaults {

@@ -16,9 +16,65 @@ type gateStore struct {
 	inner claim.Store
 	gate  func(ctx context.Context, op string, id int64) error // id: the claim the call is about, 0 if none
 	calls *atomic.Int64                                        // round trips that reached inner (may be nil)
+	// batches and batched count the group-committed batches that reached
+	// inner and their writes (may be nil).
+	batches, batched *atomic.Int64
 }
 
-var _ claim.Store = (*gateStore)(nil)
+var (
+	_ claim.Store       = (*gateStore)(nil)
+	_ claim.BatchWriter = (*gateStore)(nil)
+)
+
+// writeOutcomes is inner's WriteOutcomes, or its single writes one by one
+// when it has none.
+func writeOutcomes(ctx context.Context, inner claim.Store, writes []claim.OutcomeWrite) ([]error, error) {
+	if bw, ok := inner.(claim.BatchWriter); ok {
+		return bw.WriteOutcomes(ctx, writes)
+	}
+	return claim.WriteEach(ctx, inner, writes), nil
+}
+
+// opName is the method a batched write stands for (the names the gates
+// and outage explanations use).
+func opName(k claim.WriteKind) string {
+	switch k {
+	case claim.WriteHeartbeat:
+		return "Heartbeat"
+	case claim.WriteRecordAttempt:
+		return "RecordAttempt"
+	case claim.WriteRelease:
+		return "Release"
+	case claim.WriteMarkProcessed:
+		return "MarkProcessed"
+	}
+	return "WriteOutcomes"
+}
+
+// WriteOutcomes asks the gate about every write of the batch (an outage
+// refuses them all, each noted on its claim) and counts one round trip.
+func (s *gateStore) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) ([]error, error) {
+	var refused error
+	if s.gate != nil {
+		for _, w := range writes {
+			id, _ := w.Target()
+			if err := s.gate(ctx, opName(w.Kind()), id); err != nil && refused == nil {
+				refused = err
+			}
+		}
+	}
+	if refused != nil {
+		return nil, refused
+	}
+	if s.calls != nil {
+		s.calls.Add(1)
+	}
+	if s.batches != nil {
+		s.batches.Add(1)
+		s.batched.Add(int64(len(writes)))
+	}
+	return writeOutcomes(ctx, s.inner, writes)
+}
 
 func (s *gateStore) pass(ctx context.Context, op string, id int64) error {
 	if s.gate != nil {

@@ -178,6 +178,26 @@ func (s *traceStore) TakeDeadLetter(ctx context.Context, p *claim.TakeDeadLetter
 	return err
 }
 
+// WriteOutcomes records each write of a group-committed batch as the
+// single write would be.
+func (s *traceStore) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) ([]error, error) {
+	errs, err := writeOutcomes(ctx, s.Store, writes)
+	for i, w := range writes {
+		id, owner := w.Target()
+		werr := err
+		if err == nil {
+			werr = errs[i]
+		}
+		if werr == nil && w.Kind() == claim.WriteRelease {
+			s.led.released(owner)
+		}
+		if w.Kind() != claim.WriteHeartbeat {
+			s.hist.add(s.hist.keyOf(id), "%s %s claim %d (owner %.8s, batch of %d): %s", s.host, opName(w.Kind()), id, owner, len(writes), errText(werr))
+		}
+	}
+	return errs, err
+}
+
 func (s *traceStore) RecordAttempt(ctx context.Context, p *claim.RecordAttemptParams) error {
 	err := s.Store.RecordAttempt(ctx, p)
 	s.hist.add(s.hist.keyOf(p.ID), "%s RecordAttempt claim %d (owner %.8s, attempt error %q): %s", s.host, p.ID, p.Owner, p.Error, errText(err))
@@ -212,6 +232,27 @@ func (s *lostAckStore) MarkProcessed(ctx context.Context, p *claim.MarkProcessed
 
 func (s *lostAckStore) Fail(ctx context.Context, p *claim.FailParams) error {
 	return s.lose("Fail", p.ID, func() error { return s.Store.Fail(ctx, p) })
+}
+
+// WriteOutcomes loses the answer of a committed batch that holds the
+// first MarkProcessed or Release of a message planned for FaultAckLost:
+// every caller of the batch gets ErrUnavailable, as when the connection
+// breaks after the COMMIT.
+func (s *lostAckStore) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) ([]error, error) {
+	errs, err := writeOutcomes(ctx, s.Store, writes)
+	if err != nil {
+		return errs, err
+	}
+	for i, w := range writes {
+		if k := w.Kind(); errs[i] != nil || (k != claim.WriteMarkProcessed && k != claim.WriteRelease) {
+			continue
+		}
+		id, _ := w.Target()
+		if lost := s.lose(opName(w.Kind()), id, func() error { return nil }); lost != nil {
+			return nil, fmt.Errorf("batch of %d: %w", len(writes), lost)
+		}
+	}
+	return errs, nil
 }
 
 func (s *lostAckStore) Release(ctx context.Context, p *claim.ReleaseParams) error {

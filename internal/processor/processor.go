@@ -17,6 +17,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/groupcommit"
 )
 
 // Options configure a Processor. Store, Router, NewReceiver and Consumer are
@@ -86,6 +87,17 @@ type Options struct {
 	// bounds each probe. Ready turns false within interval + timeout of
 	// Service Bus becoming unreachable.
 	BrokerProbeInterval, BrokerProbeTimeout time.Duration
+
+	// GroupCommit tunes the group commit of outcome writes: the heartbeats,
+	// attempts, releases and processed marks of messages finishing at the
+	// same time are written together, one statement and one commit per
+	// batch (see internal/groupcommit), when Store is a claim.BatchWriter
+	// (every dialect's store; a wrapper that embeds one is not, and keeps
+	// writing one by one). A lone write is never delayed. Its Timeout
+	// defaults to StoreTimeout.
+	GroupCommit groupcommit.Options
+	// NoGroupCommit writes every outcome on its own.
+	NoGroupCommit bool
 	// Host is recorded as ClaimedBy. Default: os.Hostname.
 	Host string
 
@@ -188,6 +200,14 @@ func New(opts Options) (*Processor, error) {
 				"after SIGTERM the last effects may run for ShutdownTimeout, their outcome write for StoreTimeout and their settlement for SettleTimeout before the platform's SIGKILL",
 				opts.ShutdownTimeout, opts.SettleTimeout, opts.StoreTimeout, need, g)
 		}
+	}
+	if !opts.NoGroupCommit {
+		opts.GroupCommit.Timeout = cmp.Or(opts.GroupCommit.Timeout, opts.StoreTimeout)
+		st, err := groupcommit.Wrap(opts.Store, opts.GroupCommit)
+		if err != nil {
+			return nil, fmt.Errorf("processor: %w", err)
+		}
+		opts.Store = st
 	}
 	if opts.Host == "" {
 		opts.Host, _ = os.Hostname()
