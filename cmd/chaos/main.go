@@ -24,6 +24,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -39,20 +41,24 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		messages = fs.Int("messages", 500, "distinct messages with an effect")
-		replicas = fs.Int("replicas", 3, "processor replicas running at once")
-		dupShare = fs.Float64("dup-share", 0.3, "share of messages sent 2 or 3 times")
-		faults   = fs.String("faults", "all", "faults to inject: all, none, or a comma list of "+faultNames())
-		seed     = fs.Uint64("seed", 0, "seed for every choice the harness makes (0: from the clock; scheduling still varies)")
-		db       = fs.String("db", "", "claims database URL: empty for a temporary SQLite file, sqlite:/path, postgres://... (a fresh schema per run) or sqlserver://... (a fresh database per run, dropped after; the login needs CREATE DATABASE)")
-		scenario = fs.String("scenario", "", "run a named scenario instead: naive, unique-index or two-phase")
-		bench    = fs.Bool("bench", false, "run the benchmark matrix and print a markdown table")
-		benchPG  = fs.String("bench-postgres", os.Getenv("SBCLAIM_TEST_POSTGRES_URL"), "with -bench: PostgreSQL URL for the PostgreSQL rows (default $SBCLAIM_TEST_POSTGRES_URL)")
-		benchMS  = fs.String("bench-sqlserver", os.Getenv("SBCLAIM_TEST_SQLSERVER_URL"), "with -bench: SQL Server URL for the SQL Server rows, a fresh database per table (default $SBCLAIM_TEST_SQLSERVER_URL)")
-		verbose  = fs.Bool("v", false, "log the replicas' and reconciler's work to stderr")
-		samples  = fs.Bool("flagged-histories", false, "print the history of a few flagged claims of each kind (why the reconciler had work)")
-		answers  = fs.String("answers", "normal", "how the downstream answers: normal (every key performed) or mixed (like a payment API, a share of keys gets a final decline, a key conflict or a failure stored under the key)")
-		recovery = fs.String("recovery", "auto", "the routes' recovery: auto (the downstream honours Idempotency-Key: crash-left claims are repeated with the same key) or manual (they are flagged for operators)")
+		messages  = fs.Int("messages", 500, "distinct messages with an effect")
+		replicas  = fs.Int("replicas", 3, "processor replicas running at once")
+		dupShare  = fs.Float64("dup-share", 0.3, "share of messages sent 2 or 3 times")
+		faults    = fs.String("faults", "all", "faults to inject: all, none, or a comma list of "+faultNames())
+		seed      = fs.Uint64("seed", 0, "seed for every choice the harness makes (0: from the clock; scheduling still varies)")
+		db        = fs.String("db", "", "claims database URL: empty for a temporary SQLite file, sqlite:/path, postgres://... (a fresh schema per run) or sqlserver://... (a fresh database per run, dropped after; the login needs CREATE DATABASE)")
+		scenario  = fs.String("scenario", "", "run a named scenario instead: naive, unique-index or two-phase")
+		bench     = fs.Bool("bench", false, "run the benchmark matrix and print a markdown table")
+		benchPG   = fs.String("bench-postgres", os.Getenv("SBCLAIM_TEST_POSTGRES_URL"), "with -bench: PostgreSQL URL for the PostgreSQL rows (default $SBCLAIM_TEST_POSTGRES_URL)")
+		benchMS   = fs.String("bench-sqlserver", os.Getenv("SBCLAIM_TEST_SQLSERVER_URL"), "with -bench: SQL Server URL for the SQL Server rows, a fresh database per table (default $SBCLAIM_TEST_SQLSERVER_URL)")
+		benchConc = fs.String("bench-conc", "1,16,64", "with -bench: the concurrencies of the matrix (comma list)")
+		benchLat  = fs.String("bench-latency", "0,20ms", "with -bench: the downstream latencies of the matrix (comma list of durations)")
+		benchScan = fs.Bool("bench-scan", true, "with -bench: time the reconciler's stale scan at 10k and 1M claims")
+		benchHeap = fs.String("bench-scale", "", "with -bench: also run the processor over these message counts on SQLite at 0 ms and report its peak heap (comma list, e.g. 100000,1000000)")
+		verbose   = fs.Bool("v", false, "log the replicas' and reconciler's work to stderr")
+		samples   = fs.Bool("flagged-histories", false, "print the history of a few flagged claims of each kind (why the reconciler had work)")
+		answers   = fs.String("answers", "normal", "how the downstream answers: normal (every key performed) or mixed (like a payment API, a share of keys gets a final decline, a key conflict or a failure stored under the key)")
+		recovery  = fs.String("recovery", "auto", "the routes' recovery: auto (the downstream honours Idempotency-Key: crash-left claims are repeated with the same key) or manual (they are flagged for operators)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -86,12 +92,31 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	switch {
 	case *bench:
-		err := chaos.RunBenchmarks(ctx, chaos.BenchConfig{
-			SQLite:       true,
-			PostgresURL:  *benchPG,
-			SQLServerURL: *benchMS,
-			Logger:       logger,
-			Progress:     stderr,
+		concs, err := intList(*benchConc)
+		if err != nil {
+			fmt.Fprintf(stderr, "chaos: -bench-conc: %v\n", err)
+			return 2
+		}
+		lats, err := durationList(*benchLat)
+		if err != nil {
+			fmt.Fprintf(stderr, "chaos: -bench-latency: %v\n", err)
+			return 2
+		}
+		scale, err := intList(*benchHeap)
+		if err != nil {
+			fmt.Fprintf(stderr, "chaos: -bench-scale: %v\n", err)
+			return 2
+		}
+		err = chaos.RunBenchmarks(ctx, chaos.BenchConfig{
+			SQLite:        true,
+			PostgresURL:   *benchPG,
+			SQLServerURL:  *benchMS,
+			Concurrencies: concs,
+			Latencies:     lats,
+			NoScan:        !*benchScan,
+			ScaleMessages: scale,
+			Logger:        logger,
+			Progress:      stderr,
 		}, stdout)
 		if err != nil {
 			fmt.Fprintf(stderr, "chaos: bench: %v\n", err)
@@ -155,4 +180,40 @@ func faultNames() string {
 		s += string(f)
 	}
 	return s
+}
+
+// intList parses "1,16,64" ("" is none).
+func intList(s string) ([]int, error) {
+	var out []int
+	for part := range strings.SplitSeq(s, ",") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		n, err := strconv.Atoi(part)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a positive integer", part)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// durationList parses "0,20ms".
+func durationList(s string) ([]time.Duration, error) {
+	var out []time.Duration
+	for part := range strings.SplitSeq(s, ",") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		if part == "0" {
+			out = append(out, 0)
+			continue
+		}
+		d, err := time.ParseDuration(part)
+		if err != nil || d < 0 {
+			return nil, fmt.Errorf("%q is not a duration", part)
+		}
+		out = append(out, d)
+	}
+	return out, nil
 }

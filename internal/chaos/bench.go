@@ -49,10 +49,23 @@ const (
 	VariantTxAcrossCall Variant = "tx-across-call"
 	// VariantNoDedup (e): just the effect.
 	VariantNoDedup Variant = "no-dedup"
+	// VariantPhysical (f): the claim and outcome writes of (a) straight on
+	// the database with the best batching it allows — ClaimBatch and
+	// WriteOutcomes of PhysicalBatch messages, PhysicalWorkers at once —
+	// and no broker and no effect: the ceiling of any design on this
+	// database.
+	VariantPhysical Variant = "physical-limit"
 )
 
 // Variants lists the variants in table order.
-var Variants = []Variant{VariantTwoPhase, VariantRawClaim, VariantNaive, VariantTxAcrossCall, VariantNoDedup}
+var Variants = []Variant{VariantTwoPhase, VariantRawClaim, VariantNaive, VariantTxAcrossCall, VariantNoDedup, VariantPhysical}
+
+// The physical limit's batching: batches of PhysicalBatch messages,
+// PhysicalWorkers batches at once (one on SQLite, which has one writer).
+const (
+	PhysicalBatch   = 128
+	PhysicalWorkers = 4
+)
 
 // TxPoolSize is the connection pool of the tx-across-call variant (and of
 // the naive variant's own table).
@@ -198,6 +211,8 @@ func RunBench(ctx context.Context, p BenchParams) (*BenchResult, error) {
 		err = benchTwoPhase(ctx, p, env, run, res)
 	case VariantRawClaim, VariantNaive, VariantTxAcrossCall, VariantNoDedup:
 		err = benchLoop(ctx, p, env, run, res)
+	case VariantPhysical:
+		err = benchPhysical(ctx, p, run, res)
 	default:
 		err = fmt.Errorf("bench: unknown variant %q", p.Variant)
 	}
@@ -293,7 +308,7 @@ func benchLoop(ctx context.Context, p BenchParams, env *benchEnv, run string, re
 
 		case VariantRawClaim:
 			rs, err := store.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "bench", Claims: []claim.ClaimParams{{
-				MessageID: m.MessageID, Consumer: consumer, Entity: "bench", Subject: EffectSubject,
+				MessageID: m.MessageID, Consumer: consumer, Owner: uuid.New(), Entity: "bench", Subject: EffectSubject,
 				PayloadHash: claim.HashPayload(m.Body), Payload: m.Body, DeliveryCount: 1,
 			}}})
 			if err != nil {
@@ -376,6 +391,75 @@ func benchLoop(ctx context.Context, p BenchParams, env *benchEnv, run string, re
 					return
 				}
 				done.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	res.Elapsed = time.Since(start)
+	mem.finish(res)
+	res.Done = int(done.Load())
+	res.RoundTrips = trips.Load()
+	return firstErr
+}
+
+// benchPhysical claims and marks processed the cell's messages in batches,
+// straight on the store (see VariantPhysical).
+func benchPhysical(ctx context.Context, p BenchParams, run string, res *BenchResult) error {
+	var trips atomic.Int64
+	st := CountingStore(p.DB.Store, &trips)
+	bw := st.(claim.BatchWriter)
+	consumer := "bench-" + run
+	workers := PhysicalWorkers
+	if p.DB.Dialect == claimdb.SQLite {
+		workers = 1
+	}
+	var (
+		next, done atomic.Int64
+		wg         sync.WaitGroup
+		errOnce    sync.Once
+		firstErr   error
+	)
+	deadline := time.Time{}
+	mem := startMemSampler()
+	start := time.Now()
+	if p.MaxDuration > 0 {
+		deadline = start.Add(p.MaxDuration)
+	}
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				from := int(next.Add(PhysicalBatch)) - PhysicalBatch
+				if from >= p.Messages || ctx.Err() != nil || (!deadline.IsZero() && time.Now().After(deadline)) {
+					return
+				}
+				var claims []claim.ClaimParams
+				for i := from; i < min(from+PhysicalBatch, p.Messages); i++ {
+					m := benchMessage(run, i)
+					claims = append(claims, claim.ClaimParams{
+						MessageID: m.MessageID, Consumer: consumer, Owner: uuid.New(), Entity: "bench", Subject: EffectSubject,
+						PayloadHash: claim.HashPayload(m.Body), Payload: m.Body, DeliveryCount: 1,
+					})
+				}
+				rs, err := st.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "bench", Claims: claims})
+				if err == nil {
+					writes := make([]claim.OutcomeWrite, 0, len(rs))
+					for _, r := range rs {
+						if r.Outcome == claim.OutcomeWon {
+							writes = append(writes, claim.OutcomeWrite{MarkProcessed: &claim.MarkProcessedParams{ID: r.Claim.ID, Owner: r.Claim.Owner}})
+						}
+					}
+					var errs []error
+					if errs, err = bw.WriteOutcomes(ctx, writes); err == nil {
+						err = errors.Join(errs...)
+					}
+				}
+				if err != nil {
+					errOnce.Do(func() { firstErr = err })
+					return
+				}
+				done.Add(int64(len(claims)))
 			}
 		}()
 	}
