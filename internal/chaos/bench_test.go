@@ -90,3 +90,38 @@ func BenchmarkStaleScan(b *testing.B) {
 		})
 	}
 }
+
+// Every benchmark variant runs to the end on a real database and counts
+// its round trips (no timing is asserted: the machines are shared).
+func TestBenchVariantsRun(t *testing.T) {
+	t.Parallel()
+	db, err := OpenDatabase(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, v := range Variants {
+		res, err := RunBench(context.Background(), BenchParams{Variant: v, DB: db, Concurrency: 8, Messages: 300})
+		if err != nil {
+			t.Fatalf("%s: %v", v, err)
+		}
+		if res.Done != 300 {
+			t.Errorf("%s: %d of 300 messages done", v, res.Done)
+		}
+		switch v {
+		case VariantNoDedup:
+			if res.RoundTrips != 0 {
+				t.Errorf("%s: %d round trips, want none", v, res.RoundTrips)
+			}
+		case VariantPhysical:
+			// 300 messages in batches of 128: 3 ClaimBatch + 3 WriteOutcomes.
+			if res.RoundTrips != 6 {
+				t.Errorf("%s: %d round trips, want 6", v, res.RoundTrips)
+			}
+		default:
+			if res.RoundTrips == 0 {
+				t.Errorf("%s: no round trips counted", v)
+			}
+		}
+	}
+}
