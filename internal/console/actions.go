@@ -77,6 +77,17 @@ func (s *Server) serveRedrive(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	n, err := note(r)
+	// new_key is "1" from the form of a redrive under a new key; any other
+	// value is refused rather than read as a same-key redrive the operator
+	// did not ask for.
+	newKey := r.PostFormValue("new_key")
+	switch {
+	case err != nil:
+	case newKey != "" && newKey != "1":
+		err = errors.New("new_key must be 1 or absent")
+	case newKey == "1" && n == "":
+		err = errors.New("a redrive under a new key needs a note: say what you checked on the downstream, for whoever reads this claim next")
+	}
 	if err != nil {
 		s.renderClaim(w, r, http.StatusBadRequest, id, &Flash{Kind: "error", Title: "Refused: " + err.Error(), Lines: []string{"Nothing was changed."}})
 		return
@@ -86,9 +97,11 @@ func (s *Server) serveRedrive(w http.ResponseWriter, r *http.Request) {
 			Lines: []string{"The console was started without the processors' routes (SBCLAIM_ROUTES). Nothing was changed."}})
 		return
 	}
-	_, err = reconciler.Redrive(actionCtx(r), s.opts.Store, s.redriveParams(id, op, n))
+	p := s.redriveParams(id, op, n)
+	p.NewKey = newKey == "1"
+	_, err = reconciler.Redrive(actionCtx(r), s.opts.Store, p)
 	if err == nil {
-		s.log.Info("console: claim redriven", "claim_id", id, "by", op.By())
+		s.log.Info("console: claim redriven", "claim_id", id, "by", op.By(), "new_key", p.NewKey)
 		http.Redirect(w, r, fmt.Sprintf("/claims/%d?done=redriven", id), http.StatusSeeOther)
 		return
 	}

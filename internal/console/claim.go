@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/reconciler"
 )
 
 // previewBytes is how much of a stored payload the claim page shows.
@@ -39,7 +40,10 @@ type claimData struct {
 	Flagged    bool
 	CanRedrive bool
 	NoRedrive  string // why redrive is not offered
-	MaxNote    int
+	// NewKey is the key a redrive under a new key would use, "" when the
+	// claim's route does not allow one (or redrive is not offered).
+	NewKey  string
+	MaxNote int
 }
 
 // answerView is the downstream's recorded answer as the page lists it:
@@ -113,8 +117,8 @@ func (s *Server) renderClaim(w http.ResponseWriter, r *http.Request, status int,
 	if flash != nil && flash.Kind == "ok" {
 		switch {
 		case flash.Title == "Redriven" && c.State == claim.StateResolved && c.Resolution == claim.ResolutionRedriven:
-			flash.Lines = []string{fmt.Sprintf("The effect succeeded with idempotency key %q; the claim is resolved as redriven by %s.",
-				visible(c.MessageID), visible(c.ResolvedBy))}
+			flash.Lines = []string{fmt.Sprintf("The effect succeeded with idempotency key %q%s; the claim is resolved as redriven by %s.",
+				visible(c.Key()), revisionNote(c), visible(c.ResolvedBy))}
 		case flash.Title == "Resolved" && c.State == claim.StateResolved:
 			flash.Lines = []string{fmt.Sprintf("Resolved as %s by %s.", c.Resolution, visible(c.ResolvedBy))}
 		default:
@@ -137,9 +141,26 @@ func (s *Server) renderClaim(w http.ResponseWriter, r *http.Request, status int,
 	default:
 		d.CanRedrive = true
 	}
+	if d.Flagged && d.CanRedrive && s.allowsNewKey(c) {
+		d.NewKey = claim.RevisedKey(c.MessageID, c.KeyRevision+1)
+	}
 	v.Title = fmt.Sprintf("Claim %d", c.ID)
 	v.Data = d
 	s.render(w, status, "claim", v)
+}
+
+// allowsNewKey reports whether the routes send c to an effect that allows
+// a redrive under a new key (allowNewKey in the routes file), the way
+// reconciler.Redrive routes it: a claim its routes do not route, or route
+// to another effect than it was taken for, is refused there anyway, so
+// the page does not offer the form for it.
+func (s *Server) allowsNewKey(c *claim.Claim) bool {
+	router := s.opts.Routes.For(c.Consumer)
+	if router == nil {
+		return false
+	}
+	h, err := router.Route(reconciler.MessageFromClaim(c))
+	return err == nil && h.Effect != nil && h.AllowNewKey && !c.RouteDiffers(h.Name, h.Fingerprint)
 }
 
 // sortedPairs is m as name/value pairs sorted by name.
@@ -172,6 +193,15 @@ func keyNote(c *claim.Claim) string {
 		return "the message id"
 	}
 	return fmt.Sprintf("a new key, revision %d, chosen by %s", c.KeyRevision, visible(dash(c.KeyRevisedBy)))
+}
+
+// revisionNote is keyNote for a sentence about the key: nothing for the
+// message id.
+func revisionNote(c *claim.Claim) string {
+	if c.KeyRevision == 0 {
+		return ""
+	}
+	return " (" + keyNote(c) + ")"
 }
 
 // deadLetter says which delivery carries a failed claim's message to the

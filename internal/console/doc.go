@@ -16,7 +16,9 @@
 //     take-over audit, the downstream's recorded answer, a failed claim's
 //     reason and dead letter, a payload preview, the audit trail and the
 //     actions (none on a failed claim: the downstream's answer is final);
-//   - POST /claims/{id}/redrive, POST /claims/{id}/resolve: the actions;
+//   - POST /claims/{id}/redrive, POST /claims/{id}/resolve: the actions; a
+//     redrive with new_key=1 and a note runs under a new idempotency key,
+//     offered only on a route with allowNewKey (never in bulk);
 //   - GET /bulk         the confirm page of a bulk action on the flagged
 //     claims a filter matches (how many, which, at most MaxBulk);
 //   - POST /bulk        runs it, claim by claim, and reports each outcome;

@@ -60,6 +60,7 @@ func TestFailedClaimShowsItsFieldsAndOffersNoAction(t *testing.T) {
 		form url.Values
 	}{
 		"redrive":            {path + "/redrive", url.Values{"csrf": {token}}},
+		"redrive, a new key": {path + "/redrive", url.Values{"csrf": {token}, "new_key": {"1"}, "note": {"checked"}}},
 		"resolve as done":    {path + "/resolve", resolveForm(token, "done", "checked")},
 		"resolve, discarded": {path + "/resolve", resolveForm(token, "discarded", "checked")},
 		"bulk resolve of it": {"/bulk", url.Values{"csrf": {token}, "action": {"resolve"}, "id": {fmt.Sprint(c.ID)}, "as": {"done"}, "note": {"n"}}},
@@ -77,7 +78,7 @@ func TestFailedClaimShowsItsFieldsAndOffersNoAction(t *testing.T) {
 	if after := f.get(c.ID); !reflect.DeepEqual(before, after) {
 		t.Errorf("the claim changed:\n before %+v\n  after %+v", before, after)
 	}
-	if n := f.fake.Requests(c.Key()); n != 0 {
+	if n := f.fake.Requests(c.Key()) + f.fake.Requests(claim.RevisedKey(c.MessageID, 1)); n != 0 {
 		t.Errorf("a refused action reached the downstream (%d requests)", n)
 	}
 

@@ -30,7 +30,7 @@ import (
 // fake idempotent downstream behind the routes redrive uses: route
 // payments (subject payment) and route charges (subject charge), which
 // answers like a payment API (a 402 is a final decline, the charge id and
-// Request-Id are recorded).
+// Request-Id are recorded) and allows a redrive under a new key.
 type fixture struct {
 	t      *testing.T
 	store  *sqlite.Store
@@ -87,6 +87,7 @@ routes:
     record:
       headers: [Request-Id]
       fields: [/error/charge, /error/code]
+    allowNewKey: true
 `, down.URL+"/payments", down.URL+"/charges")), func(string) string { return "" }, nil, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
