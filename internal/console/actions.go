@@ -126,9 +126,22 @@ func actionFailure(id int64, err error) (int, *Flash) {
 	switch {
 	case errors.As(err, &refused):
 		return http.StatusConflict, &Flash{Kind: "error", Title: "Refused", Lines: []string{visible(refused.Error()) + "."}}
+	case errors.As(err, &effErr) && effErr.Outcome.Final():
+		status := ""
+		if effErr.Answer != nil && effErr.Answer.Status != 0 {
+			status = fmt.Sprintf(" (HTTP %d)", effErr.Answer.Status)
+		}
+		lines := []string{fmt.Sprintf("The effect %q got a final answer with idempotency key %q: outcome %s%s after %d attempt(s): %s.",
+			visible(effErr.Route), visible(effErr.Key), effErr.Outcome, status, effErr.Attempts, visible(claim.ErrorText(effErr.Err)))}
+		if effErr.Failed {
+			lines = append(lines, "The claim is now failed, not flagged: the downstream's answer for this key is final, so it is finished and is never redriven, resolved or flagged again; the next delivery of its message, if one comes, is dead-lettered with its fail reason.")
+			return http.StatusBadGateway, &Flash{Kind: "error", Title: "The downstream's answer was final: the claim is failed", Lines: lines}
+		}
+		lines = append(lines, "Failing the claim could not be written: the redrive's hold lapses within the stale window (SBCLAIM_STALE_AFTER), and the reconciler's next run gets the same answer.")
+		return http.StatusBadGateway, &Flash{Kind: "error", Title: "The downstream's answer was final, but failing the claim was not recorded", Lines: lines}
 	case errors.As(err, &effErr):
-		lines := []string{fmt.Sprintf("The effect %q failed: outcome %s after %d attempt(s): %s.",
-			visible(effErr.Route), effErr.Outcome, effErr.Attempts, visible(claim.ErrorText(effErr.Err)))}
+		lines := []string{fmt.Sprintf("The effect %q failed with idempotency key %q: outcome %s after %d attempt(s): %s.",
+			visible(effErr.Route), visible(effErr.Key), effErr.Outcome, effErr.Attempts, visible(claim.ErrorText(effErr.Err)))}
 		if effErr.Reflagged {
 			lines = append(lines, "The claim is flagged again with this failure as its reason.")
 		} else {
@@ -352,8 +365,11 @@ func (s *Server) serveBulk(w http.ResponseWriter, r *http.Request) {
 		}
 		if err != nil {
 			_, flash := actionFailure(id, err)
-			var recErr *reconciler.RecordError
-			var refused *reconciler.RefusedError
+			var (
+				recErr  *reconciler.RecordError
+				refused *reconciler.RefusedError
+				effErr  *reconciler.EffectError
+			)
 			switch {
 			case errors.As(err, &refused):
 				br.Kind, br.Outcome = "refused", "refused, nothing changed"
@@ -361,7 +377,9 @@ func (s *Server) serveBulk(w http.ResponseWriter, r *http.Request) {
 				br.Kind, br.Outcome, d.Warn = "performed", "performed, NOT recorded", true
 			case errors.Is(err, claim.ErrNotFound):
 				br.Kind, br.Outcome, flash = "refused", "not found", &Flash{Lines: []string{"there is no such claim"}}
-			case errors.As(err, new(*reconciler.EffectError)):
+			case errors.As(err, &effErr) && effErr.Failed:
+				br.Kind, br.Outcome = "failed", "final answer, claim failed"
+			case errors.As(err, &effErr):
 				br.Kind, br.Outcome = "failed", "effect failed"
 			default:
 				br.Kind, br.Outcome = "error", "error"
@@ -372,7 +390,7 @@ func (s *Server) serveBulk(w http.ResponseWriter, r *http.Request) {
 		d.Results = append(d.Results, br)
 	}
 	for _, o := range []string{"redriven", "resolved as done", "resolved as discarded", "refused, nothing changed", "not found",
-		"effect failed", "performed, NOT recorded", "error", "not attempted"} {
+		"final answer, claim failed", "effect failed", "performed, NOT recorded", "error", "not attempted"} {
 		if tally[o] > 0 {
 			d.Counts = append(d.Counts, fmt.Sprintf("%d %s", tally[o], o))
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/sideeffects/fakedownstream"
 )
 
 // declined is the answer a payment API gives a declined card, as the
@@ -169,3 +170,46 @@ func TestAnswerRendersEscaped(t *testing.T) {
 
 // stampOf is a time as the pages print it.
 func stampOf(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000Z") }
+
+// A redrive whose downstream gives a final answer (a decline) fails the
+// claim: the flash says the answer was final and the claim is failed, not
+// flagged, and the page shows it failed, without actions. In bulk the
+// result says so too.
+func TestRedriveFinalAnswerFailsTheClaim(t *testing.T) {
+	f := setup(t, nil)
+	c := f.flag(f.claimSubject("charge", "billing", "", `{"amount":1}`, nil), "no heartbeat since x")
+	f.fake.SetKeyReply(c.Key(), fakedownstream.ReplyDecline)
+	a := f.client(alice, aliceID)
+	path := fmt.Sprintf("/claims/%d", c.ID)
+	r := a.post(path+"/redrive", url.Values{"csrf": {a.token(path)}, "note": {"PSP is back"}})
+	mustStatus(t, "redrive", r, http.StatusBadGateway)
+	mustContain(t, "redrive", r, "The downstream&#39;s answer was final: the claim is failed",
+		"got a final answer with idempotency key &#34;"+c.Key()+"&#34;: outcome rejected (HTTP 402)",
+		"The claim is now failed, not flagged", `id="failed"`, `id="no-actions"`, "card_declined")
+	if strings.Contains(r.body, "The claim is flagged again") || strings.Contains(r.body, `id="actions"`) {
+		t.Errorf("the page says the claim is flagged again or offers actions:\n%s", flashOf(r.body))
+	}
+	got := f.get(c.ID)
+	if got.State != claim.StateFailed || got.FailReason != claim.FailRejected || got.FailedAt == nil || got.DeadLetterSeq != nil ||
+		got.Answer == nil || got.Answer.Status != 402 || got.Answer.Fields["/error/code"] != "card_declined" {
+		t.Errorf("after a declined redrive: %s, reason %q, answer %+v", got.State, got.FailReason, got.Answer)
+	}
+	if n := f.fake.Rejections(c.Key()); n != 1 {
+		t.Errorf("the downstream recorded %d declines, want 1", n)
+	}
+
+	// In bulk: one declined, one charged.
+	declinedC := f.flag(f.claimSubject("charge", "billing", "", `{"amount":2}`, nil), "no heartbeat since x")
+	charged := f.flag(f.claimSubject("charge", "billing", "", `{"amount":3}`, nil), "no heartbeat since x")
+	f.fake.SetKeyReply(declinedC.Key(), fakedownstream.ReplyDecline)
+	r = a.post("/bulk", url.Values{"csrf": {a.token(fmt.Sprintf("/claims/%d", charged.ID))}, "action": {"redrive"},
+		"id": {fmt.Sprint(declinedC.ID), fmt.Sprint(charged.ID)}})
+	mustStatus(t, "bulk redrive", r, http.StatusOK)
+	mustContain(t, "bulk redrive", r, "1 redriven, 1 final answer, claim failed", "The claim is now failed, not flagged")
+	if got := f.get(declinedC.ID); got.State != claim.StateFailed {
+		t.Errorf("the declined claim is %s after the bulk redrive", got.State)
+	}
+	if got := f.get(charged.ID); got.State != claim.StateResolved || f.fake.Effects(charged.Key()) != 1 {
+		t.Errorf("the charged claim is %s with %d effects", got.State, f.fake.Effects(charged.Key()))
+	}
+}
