@@ -77,6 +77,17 @@ func (s *Server) serveRedrive(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	n, err := note(r)
+	// new_key is "1" from the form of a redrive under a new key; any other
+	// value is refused rather than read as a same-key redrive the operator
+	// did not ask for.
+	newKey := r.PostFormValue("new_key")
+	switch {
+	case err != nil:
+	case newKey != "" && newKey != "1":
+		err = errors.New("new_key must be 1 or absent")
+	case newKey == "1" && n == "":
+		err = errors.New("a redrive under a new key needs a note: say what you checked on the downstream, for whoever reads this claim next")
+	}
 	if err != nil {
 		s.renderClaim(w, r, http.StatusBadRequest, id, &Flash{Kind: "error", Title: "Refused: " + err.Error(), Lines: []string{"Nothing was changed."}})
 		return
@@ -86,9 +97,11 @@ func (s *Server) serveRedrive(w http.ResponseWriter, r *http.Request) {
 			Lines: []string{"The console was started without the processors' routes (SBCLAIM_ROUTES). Nothing was changed."}})
 		return
 	}
-	_, err = reconciler.Redrive(actionCtx(r), s.opts.Store, s.redriveParams(id, op, n))
+	p := s.redriveParams(id, op, n)
+	p.NewKey = newKey == "1"
+	_, err = reconciler.Redrive(actionCtx(r), s.opts.Store, p)
 	if err == nil {
-		s.log.Info("console: claim redriven", "claim_id", id, "by", op.By())
+		s.log.Info("console: claim redriven", "claim_id", id, "by", op.By(), "new_key", p.NewKey)
 		http.Redirect(w, r, fmt.Sprintf("/claims/%d?done=redriven", id), http.StatusSeeOther)
 		return
 	}
@@ -113,9 +126,22 @@ func actionFailure(id int64, err error) (int, *Flash) {
 	switch {
 	case errors.As(err, &refused):
 		return http.StatusConflict, &Flash{Kind: "error", Title: "Refused", Lines: []string{visible(refused.Error()) + "."}}
+	case errors.As(err, &effErr) && effErr.Outcome.Final():
+		status := ""
+		if effErr.Answer != nil && effErr.Answer.Status != 0 {
+			status = fmt.Sprintf(" (HTTP %d)", effErr.Answer.Status)
+		}
+		lines := []string{fmt.Sprintf("The effect %q got a final answer with idempotency key %q: outcome %s%s after %d attempt(s): %s.",
+			visible(effErr.Route), visible(effErr.Key), effErr.Outcome, status, effErr.Attempts, visible(claim.ErrorText(effErr.Err)))}
+		if effErr.Failed {
+			lines = append(lines, "The claim is now failed, not flagged: the downstream's answer for this key is final, so it is finished and is never redriven, resolved or flagged again; the next delivery of its message, if one comes, is dead-lettered with its fail reason.")
+			return http.StatusBadGateway, &Flash{Kind: "error", Title: "The downstream's answer was final: the claim is failed", Lines: lines}
+		}
+		lines = append(lines, "Failing the claim could not be written: the redrive's hold lapses within the stale window (SBCLAIM_STALE_AFTER), and the reconciler's next run gets the same answer.")
+		return http.StatusBadGateway, &Flash{Kind: "error", Title: "The downstream's answer was final, but failing the claim was not recorded", Lines: lines}
 	case errors.As(err, &effErr):
-		lines := []string{fmt.Sprintf("The effect %q failed: outcome %s after %d attempt(s): %s.",
-			visible(effErr.Route), effErr.Outcome, effErr.Attempts, visible(claim.ErrorText(effErr.Err)))}
+		lines := []string{fmt.Sprintf("The effect %q failed with idempotency key %q: outcome %s after %d attempt(s): %s.",
+			visible(effErr.Route), visible(effErr.Key), effErr.Outcome, effErr.Attempts, visible(claim.ErrorText(effErr.Err)))}
 		if effErr.Reflagged {
 			lines = append(lines, "The claim is flagged again with this failure as its reason.")
 		} else {
@@ -339,8 +365,11 @@ func (s *Server) serveBulk(w http.ResponseWriter, r *http.Request) {
 		}
 		if err != nil {
 			_, flash := actionFailure(id, err)
-			var recErr *reconciler.RecordError
-			var refused *reconciler.RefusedError
+			var (
+				recErr  *reconciler.RecordError
+				refused *reconciler.RefusedError
+				effErr  *reconciler.EffectError
+			)
 			switch {
 			case errors.As(err, &refused):
 				br.Kind, br.Outcome = "refused", "refused, nothing changed"
@@ -348,7 +377,9 @@ func (s *Server) serveBulk(w http.ResponseWriter, r *http.Request) {
 				br.Kind, br.Outcome, d.Warn = "performed", "performed, NOT recorded", true
 			case errors.Is(err, claim.ErrNotFound):
 				br.Kind, br.Outcome, flash = "refused", "not found", &Flash{Lines: []string{"there is no such claim"}}
-			case errors.As(err, new(*reconciler.EffectError)):
+			case errors.As(err, &effErr) && effErr.Failed:
+				br.Kind, br.Outcome = "failed", "final answer, claim failed"
+			case errors.As(err, &effErr):
 				br.Kind, br.Outcome = "failed", "effect failed"
 			default:
 				br.Kind, br.Outcome = "error", "error"
@@ -359,7 +390,7 @@ func (s *Server) serveBulk(w http.ResponseWriter, r *http.Request) {
 		d.Results = append(d.Results, br)
 	}
 	for _, o := range []string{"redriven", "resolved as done", "resolved as discarded", "refused, nothing changed", "not found",
-		"effect failed", "performed, NOT recorded", "error", "not attempted"} {
+		"final answer, claim failed", "effect failed", "performed, NOT recorded", "error", "not attempted"} {
 		if tally[o] > 0 {
 			d.Counts = append(d.Counts, fmt.Sprintf("%d %s", tally[o], o))
 		}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/reconciler"
 )
 
 // previewBytes is how much of a stored payload the claim page shows.
@@ -27,11 +29,31 @@ type claimData struct {
 	Hash          string
 	PreviousOwner string
 	Trail         []event
+	Answer        *answerView // nil: no answer recorded
+	KeyNote       string      // where the idempotency key comes from
+	// Failed: the downstream's answer is final; the page shows why and
+	// offers no action.
+	Failed     bool
+	FailWhy    string // what the fail reason means
+	DeadLetter string // which delivery dead-letters its message
 	// Actions: shown when the claim is flagged and someone is signed in.
 	Flagged    bool
 	CanRedrive bool
 	NoRedrive  string // why redrive is not offered
-	MaxNote    int
+	// NewKey is the key a redrive under a new key would use, "" when the
+	// claim's route does not allow one (or redrive is not offered).
+	NewKey  string
+	MaxNote int
+}
+
+// answerView is the downstream's recorded answer as the page lists it:
+// headers and fields sorted by name, so two views of a claim read alike.
+type answerView struct {
+	Status    int
+	Step      string
+	Headers   [][2]string
+	Fields    [][2]string
+	Truncated bool
 }
 
 type payloadView struct {
@@ -95,8 +117,8 @@ func (s *Server) renderClaim(w http.ResponseWriter, r *http.Request, status int,
 	if flash != nil && flash.Kind == "ok" {
 		switch {
 		case flash.Title == "Redriven" && c.State == claim.StateResolved && c.Resolution == claim.ResolutionRedriven:
-			flash.Lines = []string{fmt.Sprintf("The effect succeeded with idempotency key %q; the claim is resolved as redriven by %s.",
-				visible(c.MessageID), visible(c.ResolvedBy))}
+			flash.Lines = []string{fmt.Sprintf("The effect succeeded with idempotency key %q%s; the claim is resolved as redriven by %s.",
+				visible(c.Key()), revisionNote(c), visible(c.ResolvedBy))}
 		case flash.Title == "Resolved" && c.State == claim.StateResolved:
 			flash.Lines = []string{fmt.Sprintf("Resolved as %s by %s.", c.Resolution, visible(c.ResolvedBy))}
 		default:
@@ -105,22 +127,12 @@ func (s *Server) renderClaim(w http.ResponseWriter, r *http.Request, status int,
 	}
 	v.Flash = flash
 	d := &claimData{C: c, Hash: "sha256:" + hex.EncodeToString(c.PayloadHash), Payload: preview(c), Trail: trail(c),
-		Flagged: c.State == claim.StateFlagged, MaxNote: MaxNote}
+		Answer: viewAnswer(c.Answer), KeyNote: keyNote(c), Failed: c.State == claim.StateFailed,
+		FailWhy: failReasons[c.FailReason], DeadLetter: deadLetter(c), Flagged: c.State == claim.StateFlagged, MaxNote: MaxNote}
 	if c.PreviousOwner != uuid.Nil {
 		d.PreviousOwner = c.PreviousOwner.String()
 	}
-	for k, val := range c.Properties {
-		d.Props = append(d.Props, [2]string{k, val})
-	}
-	slices.SortFunc(d.Props, func(a, b [2]string) int {
-		if a[0] < b[0] {
-			return -1
-		}
-		if a[0] > b[0] {
-			return 1
-		}
-		return 0
-	})
+	d.Props = sortedPairs(c.Properties)
 	switch {
 	case len(s.opts.Routes) == 0:
 		d.NoRedrive = "Redrive is off: the console was started without the processors' routes (SBCLAIM_ROUTES)."
@@ -129,9 +141,79 @@ func (s *Server) renderClaim(w http.ResponseWriter, r *http.Request, status int,
 	default:
 		d.CanRedrive = true
 	}
+	if d.Flagged && d.CanRedrive && s.allowsNewKey(c) {
+		d.NewKey = claim.RevisedKey(c.MessageID, c.KeyRevision+1)
+	}
 	v.Title = fmt.Sprintf("Claim %d", c.ID)
 	v.Data = d
 	s.render(w, status, "claim", v)
+}
+
+// allowsNewKey reports whether the routes send c to an effect that allows
+// a redrive under a new key (allowNewKey in the routes file), the way
+// reconciler.Redrive routes it: a claim its routes do not route, or route
+// to another effect than it was taken for, is refused there anyway, so
+// the page does not offer the form for it.
+func (s *Server) allowsNewKey(c *claim.Claim) bool {
+	router := s.opts.Routes.For(c.Consumer)
+	if router == nil {
+		return false
+	}
+	h, err := router.Route(reconciler.MessageFromClaim(c))
+	return err == nil && h.Effect != nil && h.AllowNewKey && !c.RouteDiffers(h.Name, h.Fingerprint)
+}
+
+// sortedPairs is m as name/value pairs sorted by name.
+func sortedPairs(m map[string]string) [][2]string {
+	out := make([][2]string, 0, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, [2]string{k, m[k]})
+	}
+	return out
+}
+
+func viewAnswer(a *claim.Answer) *answerView {
+	if a == nil {
+		return nil
+	}
+	return &answerView{Status: a.Status, Step: a.Step, Headers: sortedPairs(a.Headers), Fields: sortedPairs(a.Fields), Truncated: a.Truncated}
+}
+
+// failReasons say what each fail reason means, for whoever reads a failed
+// claim.
+var failReasons = map[string]string{
+	claim.FailRejected:  "the downstream's final business answer (such as a card decline); it may have recorded it",
+	claim.FailPermanent: "the downstream refused the request for good; not performed",
+	claim.FailConflict:  "the downstream says the key was used with another payload",
+}
+
+// keyNote says where a claim's idempotency key comes from.
+func keyNote(c *claim.Claim) string {
+	if c.KeyRevision == 0 {
+		return "the message id"
+	}
+	return fmt.Sprintf("a new key, revision %d, chosen by %s", c.KeyRevision, visible(dash(c.KeyRevisedBy)))
+}
+
+// revisionNote is keyNote for a sentence about the key: nothing for the
+// message id.
+func revisionNote(c *claim.Claim) string {
+	if c.KeyRevision == 0 {
+		return ""
+	}
+	return " (" + keyNote(c) + ")"
+}
+
+// deadLetter says which delivery carries a failed claim's message to the
+// dead-letter queue.
+func deadLetter(c *claim.Claim) string {
+	switch {
+	case c.FailedAt == nil:
+		return ""
+	case c.DeadLetterSeq == nil:
+		return "none yet: the next delivery of its message, if one comes, is dead-lettered with the fail reason"
+	}
+	return fmt.Sprintf("the delivery with sequence number %d (every other copy completes)", *c.DeadLetterSeq)
 }
 
 // preview shows a stored payload safely: JSON indented, other valid UTF-8
@@ -140,8 +222,11 @@ func (s *Server) renderClaim(w http.ResponseWriter, r *http.Request, status int,
 func preview(c *claim.Claim) payloadView {
 	p := c.Payload
 	if p == nil {
-		if c.ProcessedAt != nil {
+		switch {
+		case c.ProcessedAt != nil:
 			return payloadView{Note: "not stored: cleared when the claim was processed"}
+		case c.FailedAt != nil:
+			return payloadView{Note: "not stored: cleared when the claim failed"}
 		}
 		return payloadView{Note: "not stored (payload storage was off when it was claimed)"}
 	}
@@ -218,6 +303,13 @@ func trail(c *claim.Claim) []event {
 	}
 	if c.FlaggedAt != nil {
 		out = append(out, event{At: *c.FlaggedAt, What: "flagged", Detail: c.FlagReason})
+	}
+	if c.KeyRevisedAt != nil {
+		out = append(out, event{At: *c.KeyRevisedAt, What: "new key", By: c.KeyRevisedBy,
+			Detail: fmt.Sprintf("%s (revision %d): %s", c.Key(), c.KeyRevision, c.KeyRevisionNote)})
+	}
+	if c.FailedAt != nil {
+		out = append(out, event{At: *c.FailedAt, What: "failed", Detail: c.FailReason + ": " + c.LastError})
 	}
 	if c.LateSuccessAt != nil {
 		out = append(out, event{At: *c.LateSuccessAt, What: "late success", By: c.LateSuccessBy,

@@ -12,9 +12,13 @@
 //   - GET /claims       list with filters (state, consumer, route, reason
 //     prefix, older than) in the query string, keyset-paged (after=<id>);
 //   - GET /claims/{id}  one claim: every field and timestamp with its age by
-//     the database clock, the take-over audit, a payload preview, the audit
-//     trail and the actions;
-//   - POST /claims/{id}/redrive, POST /claims/{id}/resolve: the actions;
+//     the database clock, the idempotency key and its revisions, the
+//     take-over audit, the downstream's recorded answer, a failed claim's
+//     reason and dead letter, a payload preview, the audit trail and the
+//     actions (none on a failed claim: the downstream's answer is final);
+//   - POST /claims/{id}/redrive, POST /claims/{id}/resolve: the actions; a
+//     redrive with new_key=1 and a note runs under a new idempotency key,
+//     offered only on a route with allowNewKey (never in bulk);
 //   - GET /bulk         the confirm page of a bulk action on the flagged
 //     claims a filter matches (how many, which, at most MaxBulk);
 //   - POST /bulk        runs it, claim by claim, and reports each outcome;
@@ -46,7 +50,8 @@
 // (default-src 'self'; frame-ancestors 'none'), X-Frame-Options DENY,
 // X-Content-Type-Options nosniff, Referrer-Policy same-origin and
 // Cache-Control no-store. Every producer-controlled text (message id,
-// subject, properties, payload, errors, reasons) goes through
+// subject, properties, payload, errors, reasons, the recorded answer's
+// headers and fields, notes) goes through
 // html/template's escaping, with control and bidirectional-override
 // characters shown as escapes. The console shows route names and
 // fingerprints, never the routes file, its secrets or the database URL.
@@ -57,6 +62,7 @@
 // the partial indexes of unfinished and flagged claims) per page view, and
 // the sampler one Store.Stats call a minute. The list is one Store.List
 // call per page; its filters are residual predicates on the index the
-// state selects (flagged: ix_claims_flagged), so a filter on all states
-// pages through the table by primary key, 50 rows a page.
+// state selects (flagged: ix_claims_flagged, failed: ix_claims_failed), so
+// a filter on all states pages through the table by primary key, 50 rows
+// a page.
 package console

@@ -27,7 +27,10 @@ import (
 )
 
 // fixture is a console on a SQLite store holding flagged claims, with the
-// fake idempotent downstream behind the routes redrive uses.
+// fake idempotent downstream behind the routes redrive uses: route
+// payments (subject payment) and route charges (subject charge), which
+// answers like a payment API (a 402 is a final decline, the charge id and
+// Request-Id are recorded) and allows a redrive under a new key.
 type fixture struct {
 	t      *testing.T
 	store  *sqlite.Store
@@ -73,7 +76,19 @@ routes:
     url: %q
     timeout: 5s
     body: json
-`, down.URL+"/payments")), func(string) string { return "" }, nil, testLogger(t))
+  - name: charges
+    match: {subject: charge}
+    method: POST
+    url: %q
+    timeout: 5s
+    body: json
+    answers:
+      - {status: 402, outcome: rejected}
+    record:
+      headers: [Request-Id]
+      fields: [/error/charge, /error/code]
+    allowNewKey: true
+`, down.URL+"/payments", down.URL+"/charges")), func(string) string { return "" }, nil, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,10 +112,16 @@ var seq atomic.Int64
 // would route it (route and fingerprint recorded).
 func (f *fixture) claimMsg(consumer, id, body string, props map[string]string) *claim.Claim {
 	f.t.Helper()
+	return f.claimSubject("payment", consumer, id, body, props)
+}
+
+// claimSubject claims a message with subject (payment or charge) for
+// consumer, routed as claimMsg routes it.
+func (f *fixture) claimSubject(subject, consumer, id, body string, props map[string]string) *claim.Claim {
+	f.t.Helper()
 	if id == "" {
-		id = fmt.Sprintf("pay-%d", seq.Add(1))
+		id = fmt.Sprintf("%s-%d", subject, seq.Add(1))
 	}
-	subject := "payment"
 	// A body the route cannot take (not JSON) is claimed without a route,
 	// as before routes were recorded.
 	var route, print string
@@ -121,7 +142,13 @@ func (f *fixture) claimMsg(consumer, id, body string, props map[string]string) *
 // flagged claims a message and flags it with reason.
 func (f *fixture) flagged(consumer, id, body string, props map[string]string, reason string) *claim.Claim {
 	f.t.Helper()
-	c := f.claimMsg(consumer, id, body, props)
+	return f.flag(f.claimMsg(consumer, id, body, props), reason)
+}
+
+// flag records an attempt of unknown outcome on a claim the fixture just
+// claimed, and flags it with reason.
+func (f *fixture) flag(c *claim.Claim, reason string) *claim.Claim {
+	f.t.Helper()
 	if err := f.store.RecordAttempt(f.t.Context(), &claim.RecordAttemptParams{ID: c.ID, Owner: c.Owner, Error: "timeout: outcome unknown"}); err != nil {
 		f.t.Fatal(err)
 	}
@@ -130,6 +157,17 @@ func (f *fixture) flagged(consumer, id, body string, props map[string]string, re
 		f.t.Fatal(err)
 	}
 	return fl
+}
+
+// fail fails a claim the fixture just claimed, as a processor does on a
+// final answer.
+func (f *fixture) fail(c *claim.Claim, reason, desc string, answer *claim.Answer, deadLetterSeq *int64) *claim.Claim {
+	f.t.Helper()
+	if err := f.store.Fail(f.t.Context(), &claim.FailParams{ID: c.ID, Owner: c.Owner, Reason: reason, Error: desc, Answer: answer,
+		DeadLetterSeq: deadLetterSeq}); err != nil {
+		f.t.Fatal(err)
+	}
+	return f.get(c.ID)
 }
 
 func (f *fixture) get(id int64) *claim.Claim {
