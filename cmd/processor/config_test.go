@@ -187,9 +187,12 @@ func TestHelpListsEveryVariable(t *testing.T) {
 	if !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("err = %v, want flag.ErrHelp", err)
 	}
-	for _, s := range settings() {
-		if !strings.Contains(out.String(), s.env) {
-			t.Errorf("-h does not list %s", s.env)
+	for _, s := range configSettings(&Config{}) {
+		if !strings.Contains(out.String(), s.Env) {
+			t.Errorf("-h does not list %s", s.Env)
+		}
+		if s.Default != "" && !strings.Contains(out.String(), s.Default) {
+			t.Errorf("-h does not show the default of %s (%s)", s.Env, s.Default)
 		}
 	}
 }

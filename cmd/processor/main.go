@@ -25,6 +25,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claimdb"
+	"github.com/sbclaim/sbclaim/internal/groupcommit"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
 )
@@ -127,8 +128,12 @@ func serve(ctx context.Context, cfg *Config, logger *slog.Logger, getenv func(st
 		StoreTimeout:           cfg.StoreTimeout,
 		SettleTimeout:          cfg.SettleTimeout,
 		TerminationGracePeriod: cfg.GracePeriod,
-		Logger:                 logger,
-		Metrics:                metrics,
+		GroupCommit: groupcommit.Options{
+			MaxBatch: cfg.GroupCommitMaxBatch, MaxInFlight: cfg.GroupCommitMaxInFlight, Window: cfg.GroupCommitWindow,
+		},
+		NoGroupCommit: !cfg.GroupCommit,
+		Logger:        logger,
+		Metrics:       metrics,
 	})
 	if err != nil {
 		return err

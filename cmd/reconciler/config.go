@@ -5,7 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"slices"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -13,7 +13,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/claimdb"
 	"github.com/sbclaim/sbclaim/internal/console"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
-	"github.com/sbclaim/sbclaim/internal/redact"
+	"github.com/sbclaim/sbclaim/internal/settings"
 )
 
 // StaleFactor is how many heartbeat intervals a claim must miss before the
@@ -57,239 +57,158 @@ type Config struct {
 
 // ConfigError is an invalid setting: it names the environment variable (and
 // so the flag), the bad value (redacted when secret) and what is wrong.
-type ConfigError struct {
-	Field string // the environment variable, e.g. SBCLAIM_RETENTION
-	Value string
-	Err   error
-}
+type ConfigError = settings.Error
 
-func (e *ConfigError) Error() string {
-	return fmt.Sprintf("%s=%q: %v", e.Field, e.Value, e.Err)
-}
-
-func (e *ConfigError) Unwrap() error { return e.Err }
-
-// setting is one environment variable and its flag.
-type setting struct {
-	env, flag, def, usage string
-	secret                bool
-	set                   func(c *Config, v string) error
-}
-
-func durationSetting(env, flagName, def, usage string, dst func(*Config) *time.Duration) setting {
-	return setting{env: env, flag: flagName, def: def, usage: usage, set: func(c *Config, v string) error {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return errors.New("not a duration (use Go syntax: 90s, 5m, 168h)")
-		}
-		if d <= 0 {
-			return errors.New("must be positive")
-		}
-		*dst(c) = d
-		return nil
-	}}
-}
-
-func intSetting(env, flagName, def, usage string, dst func(*Config) *int) setting {
-	return setting{env: env, flag: flagName, def: def, usage: usage, set: func(c *Config, v string) error {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return errors.New("not an integer")
-		}
-		if n < 1 {
-			return errors.New("must be at least 1")
-		}
-		*dst(c) = n
-		return nil
-	}}
-}
-
-func stringSetting(env, flagName, def, usage string, dst func(*Config) *string) setting {
-	return setting{env: env, flag: flagName, def: def, usage: usage, set: func(c *Config, v string) error {
-		*dst(c) = v
-		return nil
-	}}
-}
-
-// settings lists every variable, in the order -h prints them.
-var settings = []setting{
-	{env: "SBCLAIM_DATABASE_URL", flag: "database-url", secret: true,
-		usage: "claims database: sqlite:<path>, postgres://..., sqlserver://... (required)",
-		set: func(c *Config, v string) error {
-			if v == "" {
-				return errors.New("required")
-			}
-			if err := claimdb.Check(v); err != nil {
-				return err
-			}
-			c.DatabaseURL = v
-			return nil
-		}},
-	{env: "SBCLAIM_RECONCILE_SCHEDULE", flag: "schedule", def: reconciler.DefaultSchedule,
-		usage: `cron spec of the reconcile tick: 5 fields ("*/5 * * * *") or "@every 1m"`,
-		set: func(c *Config, v string) error {
-			if _, err := reconciler.ParseSchedule(v); err != nil {
-				return fmt.Errorf("invalid cron spec: %w", err)
-			}
-			c.Schedule = v
-			return nil
-		}},
-	durationSetting("SBCLAIM_STALE_AFTER", "stale-after", "5m",
-		fmt.Sprintf("recover (or, when it cannot be, flag) a claim with no heartbeat, or released and not taken over, for this long; at least %d × the heartbeat interval and not less than the processors' SBCLAIM_TAKEOVER_AFTER", StaleFactor),
-		func(c *Config) *time.Duration { return &c.StaleAfter }),
-	durationSetting("SBCLAIM_HEARTBEAT_INTERVAL", "heartbeat-interval", "30s",
-		"the processors' heartbeat interval: the reconciler heartbeats the claims it recovers as often, and stale-after is checked against it",
-		func(c *Config) *time.Duration { return &c.HeartbeatInterval }),
-	intSetting("SBCLAIM_RECOVERY_MAX_ATTEMPTS", "recovery-max-attempts", strconv.Itoa(reconciler.DefaultRecoveryMaxAttempts),
-		"recovery attempts whose outcome may stay unknown before the claim is flagged for an operator",
-		func(c *Config) *int { return &c.RecoveryMaxAttempts }),
-	durationSetting("SBCLAIM_RECOVERY_BACKOFF", "recovery-backoff", reconciler.DefaultRecoveryBackoff.String(),
-		"wait before the next recovery attempt of a claim that recovery did not settle; doubled per attempt",
-		func(c *Config) *time.Duration { return &c.RecoveryBackoff }),
-	durationSetting("SBCLAIM_RECOVERY_BACKOFF_MAX", "recovery-backoff-max", "1h",
-		"longest wait between two recovery attempts of a claim",
-		func(c *Config) *time.Duration { return &c.RecoveryBackoffMax }),
-	intSetting("SBCLAIM_RECOVERY_CONCURRENCY", "recovery-concurrency", strconv.Itoa(reconciler.DefaultRecoveryConcurrency),
-		"effects the recovery pass runs at once",
-		func(c *Config) *int { return &c.RecoveryConcurrency }),
-	durationSetting("SBCLAIM_RETENTION", "retention", "168h",
-		"purge finished claims older than this; at least lock duration × max delivery count",
-		func(c *Config) *time.Duration { return &c.Retention }),
-	durationSetting("SBCLAIM_LOCK_DURATION", "lock-duration", "1m",
-		"the Service Bus entity's lock duration (used to validate retention)",
-		func(c *Config) *time.Duration { return &c.LockDuration }),
-	intSetting("SBCLAIM_MAX_DELIVERY_COUNT", "max-delivery-count", "10",
-		"the Service Bus entity's max delivery count (used to validate retention)",
-		func(c *Config) *int { return &c.MaxDeliveryCount }),
-	intSetting("SBCLAIM_FLAG_BATCH_SIZE", "flag-batch-size", strconv.Itoa(reconciler.DefaultFlagBatchSize),
-		"claims flagged per query; the flag pass loops until a batch is short",
-		func(c *Config) *int { return &c.FlagBatchSize }),
-	intSetting("SBCLAIM_PURGE_BATCH_SIZE", "purge-batch-size", strconv.Itoa(reconciler.DefaultPurgeBatchSize),
-		"claims deleted per DELETE; the purge pass loops until a batch is short",
-		func(c *Config) *int { return &c.PurgeBatchSize }),
-	intSetting("SBCLAIM_PURGE_MAX_PER_TICK", "purge-max-per-tick", strconv.Itoa(reconciler.DefaultMaxPurgePerTick),
-		"at most this many claims deleted per tick (a backlog is worked off over several ticks)",
-		func(c *Config) *int { return &c.PurgeMaxPerTick }),
-	durationSetting("SBCLAIM_QUERY_TIMEOUT", "query-timeout", "30s",
-		"timeout of each database query",
-		func(c *Config) *time.Duration { return &c.QueryTimeout }),
-	{env: "SBCLAIM_ROUTES", flag: "routes",
-		usage: "the processors' routes file, or consumer=path pairs separated by commas (one file per consumer); needed by recovery and redrive (without it the tick flags every stale claim)",
-		set: func(c *Config, v string) error {
-			if _, err := parseRoutesSpec(v); err != nil {
-				return err
-			}
-			c.RoutesPath = v
-			return nil
-		}},
-	stringSetting("SBCLAIM_OPERATOR", "operator", "",
-		"operator name recorded on resolve/redrive (default: the OS user)",
-		func(c *Config) *string { return &c.Operator }),
-	stringSetting("SBCLAIM_HTTP_ADDR", "http-addr", ":8081",
-		"listen address of /healthz and /metrics (empty: no HTTP server)",
-		func(c *Config) *string { return &c.HTTPAddr }),
-	{env: "SBCLAIM_CONSOLE_ADDR", flag: "console-addr", def: ":8082",
-		usage: "listen address of the operator console (reconciler console, or run with SBCLAIM_RUN_CONSOLE=true): host:port, e.g. :8082 or 127.0.0.1:8082",
-		set: func(c *Config, v string) error {
-			if err := validListenAddr(v); err != nil {
-				return err
-			}
-			c.ConsoleAddr = v
-			return nil
-		}},
-	{env: "SBCLAIM_CONSOLE_LOCAL_OPERATOR", flag: "console-local-operator",
-		usage: "local development only: the console records every action as this operator, \"not signed in\", instead of reading the platform's sign-in headers (without either, the console is read-only)",
-		set: func(c *Config, v string) error {
-			if v == "" {
+// configSettings lists every variable, in the order -h prints them, bound
+// to c.
+func configSettings(c *Config) []settings.Setting {
+	return []settings.Setting{
+		{Env: "SBCLAIM_DATABASE_URL", Flag: "database-url", Secret: true,
+			Usage: "claims database: sqlite:<path>, postgres://..., sqlserver://... (required)",
+			Parse: func(v string) error {
+				if v == "" {
+					return errors.New("required")
+				}
+				if err := claimdb.Check(v); err != nil {
+					return err
+				}
+				c.DatabaseURL = v
 				return nil
-			}
-			if err := console.ValidOperatorName(v); err != nil {
-				return err
-			}
-			c.ConsoleLocalOperator = v
-			return nil
-		}},
-	{env: "SBCLAIM_RUN_CONSOLE", flag: "run-console", def: "false",
-		usage: "true: reconciler run also serves the operator console on SBCLAIM_CONSOLE_ADDR",
-		set: func(c *Config, v string) error {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return errors.New("want true or false")
-			}
-			c.RunConsole = b
-			return nil
-		}},
-	{env: "SBCLAIM_LOG_FORMAT", flag: "log-format", def: "json", usage: "log format: json | text",
-		set: func(c *Config, v string) error {
-			if v != "json" && v != "text" {
-				return errors.New("want json or text")
-			}
-			c.LogFormat = v
-			return nil
-		}},
-	{env: "SBCLAIM_LOG_LEVEL", flag: "log-level", def: "info", usage: "log level: debug | info | warn | error",
-		set: func(c *Config, v string) error {
-			if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
-				return errors.New("want debug, info, warn or error")
-			}
-			return nil
-		}},
-	durationSetting("SBCLAIM_SHUTDOWN_TIMEOUT", "shutdown-timeout", "25s",
-		"on SIGTERM, wait this long for a running tick (keep it under the platform's grace period)",
-		func(c *Config) *time.Duration { return &c.ShutdownTimeout }),
+			}},
+		{Env: "SBCLAIM_RECONCILE_SCHEDULE", Flag: "schedule", Default: reconciler.DefaultSchedule,
+			Usage: `cron spec of the reconcile tick: 5 fields ("*/5 * * * *") or "@every 1m"`,
+			Parse: func(v string) error {
+				if _, err := reconciler.ParseSchedule(v); err != nil {
+					return fmt.Errorf("invalid cron spec: %w", err)
+				}
+				c.Schedule = v
+				return nil
+			}},
+		settings.Duration("SBCLAIM_STALE_AFTER", "stale-after", "5m",
+			fmt.Sprintf("recover (or, when it cannot be, flag) a claim with no heartbeat, or released and not taken over, for this long; at least %d × the heartbeat interval and not less than the processors' SBCLAIM_TAKEOVER_AFTER", StaleFactor),
+			time.Nanosecond, &c.StaleAfter),
+		settings.Duration("SBCLAIM_HEARTBEAT_INTERVAL", "heartbeat-interval", "30s",
+			"the processors' heartbeat interval: the reconciler heartbeats the claims it recovers as often, and stale-after is checked against it",
+			time.Nanosecond, &c.HeartbeatInterval),
+		settings.Int("SBCLAIM_RECOVERY_MAX_ATTEMPTS", "recovery-max-attempts", strconv.Itoa(reconciler.DefaultRecoveryMaxAttempts),
+			"recovery attempts whose outcome may stay unknown before the claim is flagged for an operator",
+			1, math.MaxInt, &c.RecoveryMaxAttempts),
+		settings.Duration("SBCLAIM_RECOVERY_BACKOFF", "recovery-backoff", reconciler.DefaultRecoveryBackoff.String(),
+			"wait before the next recovery attempt of a claim that recovery did not settle; doubled per attempt",
+			time.Nanosecond, &c.RecoveryBackoff),
+		settings.Duration("SBCLAIM_RECOVERY_BACKOFF_MAX", "recovery-backoff-max", "1h",
+			"longest wait between two recovery attempts of a claim",
+			time.Nanosecond, &c.RecoveryBackoffMax),
+		settings.Int("SBCLAIM_RECOVERY_CONCURRENCY", "recovery-concurrency", strconv.Itoa(reconciler.DefaultRecoveryConcurrency),
+			"effects the recovery pass runs at once",
+			1, math.MaxInt, &c.RecoveryConcurrency),
+		settings.Duration("SBCLAIM_RETENTION", "retention", "168h",
+			"purge finished claims older than this; at least lock duration × max delivery count",
+			time.Nanosecond, &c.Retention),
+		settings.Duration("SBCLAIM_LOCK_DURATION", "lock-duration", "1m",
+			"the Service Bus entity's lock duration (used to validate retention)",
+			time.Nanosecond, &c.LockDuration),
+		settings.Int("SBCLAIM_MAX_DELIVERY_COUNT", "max-delivery-count", "10",
+			"the Service Bus entity's max delivery count (used to validate retention)",
+			1, math.MaxInt, &c.MaxDeliveryCount),
+		settings.Int("SBCLAIM_FLAG_BATCH_SIZE", "flag-batch-size", strconv.Itoa(reconciler.DefaultFlagBatchSize),
+			"claims flagged per query; the flag pass loops until a batch is short",
+			1, math.MaxInt, &c.FlagBatchSize),
+		settings.Int("SBCLAIM_PURGE_BATCH_SIZE", "purge-batch-size", strconv.Itoa(reconciler.DefaultPurgeBatchSize),
+			"claims deleted per DELETE; the purge pass loops until a batch is short",
+			1, math.MaxInt, &c.PurgeBatchSize),
+		settings.Int("SBCLAIM_PURGE_MAX_PER_TICK", "purge-max-per-tick", strconv.Itoa(reconciler.DefaultMaxPurgePerTick),
+			"at most this many claims deleted per tick (a backlog is worked off over several ticks)",
+			1, math.MaxInt, &c.PurgeMaxPerTick),
+		settings.Duration("SBCLAIM_QUERY_TIMEOUT", "query-timeout", "30s",
+			"timeout of each database query",
+			time.Nanosecond, &c.QueryTimeout),
+		{Env: "SBCLAIM_ROUTES", Flag: "routes",
+			Usage: "the processors' routes file, or consumer=path pairs separated by commas (one file per consumer); needed by recovery and redrive (without it the tick flags every stale claim)",
+			Parse: func(v string) error {
+				if _, err := parseRoutesSpec(v); err != nil {
+					return err
+				}
+				c.RoutesPath = v
+				return nil
+			}},
+		settings.String("SBCLAIM_OPERATOR", "operator", "",
+			"operator name recorded on resolve/redrive (default: the OS user)",
+			&c.Operator),
+		settings.String("SBCLAIM_HTTP_ADDR", "http-addr", ":8081",
+			"listen address of /healthz and /metrics (empty: no HTTP server)",
+			&c.HTTPAddr),
+		{Env: "SBCLAIM_CONSOLE_ADDR", Flag: "console-addr", Default: ":8082",
+			Usage: "listen address of the operator console (reconciler console, or run with SBCLAIM_RUN_CONSOLE=true): host:port, e.g. :8082 or 127.0.0.1:8082",
+			Parse: func(v string) error {
+				if err := validListenAddr(v); err != nil {
+					return err
+				}
+				c.ConsoleAddr = v
+				return nil
+			}},
+		{Env: "SBCLAIM_CONSOLE_LOCAL_OPERATOR", Flag: "console-local-operator",
+			Usage: "local development only: the console records every action as this operator, \"not signed in\", instead of reading the platform's sign-in headers (without either, the console is read-only)",
+			Parse: func(v string) error {
+				if v == "" {
+					return nil
+				}
+				if err := console.ValidOperatorName(v); err != nil {
+					return err
+				}
+				c.ConsoleLocalOperator = v
+				return nil
+			}},
+		{Env: "SBCLAIM_RUN_CONSOLE", Flag: "run-console", Default: "false",
+			Usage: "true: reconciler run also serves the operator console on SBCLAIM_CONSOLE_ADDR",
+			Parse: func(v string) error {
+				b, err := strconv.ParseBool(v)
+				if err != nil {
+					return errors.New("want true or false")
+				}
+				c.RunConsole = b
+				return nil
+			}},
+		{Env: "SBCLAIM_LOG_FORMAT", Flag: "log-format", Default: "json", Usage: "log format: json | text",
+			Parse: func(v string) error {
+				if v != "json" && v != "text" {
+					return errors.New("want json or text")
+				}
+				c.LogFormat = v
+				return nil
+			}},
+		{Env: "SBCLAIM_LOG_LEVEL", Flag: "log-level", Default: "info", Usage: "log level: debug | info | warn | error",
+			Parse: func(v string) error {
+				if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
+					return errors.New("want debug, info, warn or error")
+				}
+				return nil
+			}},
+		settings.Duration("SBCLAIM_SHUTDOWN_TIMEOUT", "shutdown-timeout", "25s",
+			"on SIGTERM, wait this long for a running tick (keep it under the platform's grace period)",
+			time.Nanosecond, &c.ShutdownTimeout),
+	}
 }
 
-// configFlags binds settings to a FlagSet: each flag's default is the
-// environment variable's value when set, else the built-in default, so -h
-// shows what will be used. load parses them into a Config after fs.Parse.
+// configFlags are a Config's settings bound to a FlagSet.
 type configFlags struct {
-	values map[string]*string // by env name
+	c *Config
+	v *settings.Values
 }
 
-// Only the settings named in envs are bound (nil binds all), so each
-// command's -h lists what it uses; the others keep their built-in defaults.
+// bindConfig binds the settings named in envs (nil binds all), so each
+// command's -h lists what it uses; the others keep their built-in
+// defaults.
 func bindConfig(fs *flag.FlagSet, getenv func(string) string, envs []string) *configFlags {
-	cf := &configFlags{values: make(map[string]*string, len(settings))}
-	for _, s := range settings {
-		if envs != nil && !slices.Contains(envs, s.env) {
-			continue
-		}
-		def := s.def
-		if v := getenv(s.env); v != "" {
-			def = v
-		}
-		usage := s.usage + " [$" + s.env + "]"
-		if s.secret && def != "" {
-			// flag prints the default in -h: never show a secret.
-			usage += " (set: " + redact.Value(def) + ")"
-			cf.values[s.env] = fs.String(s.flag, "", usage)
-			*cf.values[s.env] = def
-			continue
-		}
-		cf.values[s.env] = fs.String(s.flag, def, usage)
-	}
-	return cf
+	c := &Config{}
+	return &configFlags{c: c, v: settings.Bind(fs, getenv, configSettings(c), envs...)}
 }
 
-// load turns the parsed flags into a Config, reporting every bad value as a
-// *ConfigError (joined). Cross-field rules are checked by Validate.
+// load parses the flags (after fs.Parse) into the Config, reporting every
+// bad value as a *ConfigError (joined). Cross-field rules are checked by
+// Validate.
 func (cf *configFlags) load() (*Config, error) {
-	c := &Config{}
-	var errs []error
-	for _, s := range settings {
-		v := s.def
-		if p, ok := cf.values[s.env]; ok {
-			v = strings.TrimSpace(*p)
-		}
-		if err := s.set(c, v); err != nil {
-			shown := v
-			if s.secret {
-				shown = redact.Value(v)
-			}
-			errs = append(errs, &ConfigError{Field: s.env, Value: shown, Err: err})
-		}
-	}
-	return c, errors.Join(errs...)
+	return cf.c, cf.v.Load()
 }
 
 // Validate checks the rules between settings that protect correctness. It

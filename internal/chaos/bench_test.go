@@ -125,3 +125,20 @@ func TestBenchVariantsRun(t *testing.T) {
 		}
 	}
 }
+
+// The stale-scan timing runs to the end (its sizes kept small here).
+func TestBenchScanRuns(t *testing.T) {
+	t.Parallel()
+	db, err := OpenDatabase(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	res, err := BenchScan(context.Background(), db, []int{1000, 3000}, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 2 || res[0].Rows != 1000 || res[1].Rows != 3000 || res[0].Median <= 0 {
+		t.Fatalf("results %+v", res)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claimdb"
 )
@@ -40,7 +41,7 @@ func BenchScan(ctx context.Context, db *Database, sizes []int, reps int) ([]Scan
 	params := &claim.ClaimBatchParams{Host: "scan"}
 	for i := range scanUnfinished {
 		params.Claims = append(params.Claims, claim.ClaimParams{
-			MessageID: fmt.Sprintf("fresh-%04d", i), Consumer: "scan", PayloadHash: claim.HashPayload(nil),
+			MessageID: fmt.Sprintf("fresh-%04d", i), Consumer: "scan", Owner: uuid.New(), PayloadHash: claim.HashPayload(nil),
 		})
 	}
 	if _, err := db.Store.ClaimBatch(ctx, params); err != nil {

@@ -16,8 +16,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/sideeffects"
 	"github.com/sbclaim/sbclaim/internal/groupcommit"
+	"github.com/sbclaim/sbclaim/internal/sideeffects"
 )
 
 // Options configure a Processor. Store, Router, NewReceiver and Consumer are
@@ -172,6 +172,10 @@ func New(opts Options) (*Processor, error) {
 	}
 	if err := opts.Retry.Validate(); err != nil {
 		return nil, fmt.Errorf("processor: %w", err)
+	}
+	if opts.MaxLockRenewal > 0 && opts.Retry.Budget >= opts.MaxLockRenewal {
+		return nil, fmt.Errorf("processor: Retry.Budget (%s) must be below MaxLockRenewal (%s): retries must end while the message is still locked",
+			opts.Retry.Budget, opts.MaxLockRenewal)
 	}
 	if opts.Key == nil {
 		opts.Key = messageIDKey

@@ -768,12 +768,24 @@ func TestEffectCutOffAtMaxLockRenewal(t *testing.T) {
 	}
 }
 
+// New refuses options that would break the protocol, each in the
+// component it is about: negative values, a take-over window shorter than
+// three heartbeats or longer than the reconciler's stale window, a retry
+// budget that outlives the lock renewal, a shutdown budget beyond the
+// grace period, a group commit out of range.
 func TestNewRejectsNegativeOptions(t *testing.T) {
 	b := setup(t, "sqlite", membus.QueueOptions{})
 	for name, edit := range map[string]func(*processor.Options){
-		"concurrency": func(o *processor.Options) { o.MaxConcurrentCalls = -1 },
-		"heartbeat":   func(o *processor.Options) { o.HeartbeatInterval = -time.Second },
-		"retry":       func(o *processor.Options) { o.Retry.MaxAttempts = -1 },
+		"concurrency":         func(o *processor.Options) { o.MaxConcurrentCalls = -1 },
+		"heartbeat":           func(o *processor.Options) { o.HeartbeatInterval = -time.Second },
+		"retry":               func(o *processor.Options) { o.Retry.MaxAttempts = -1 },
+		"take-over too soon":  func(o *processor.Options) { o.HeartbeatInterval, o.TakeoverAfter = time.Second, 2*time.Second },
+		"take-over too late":  func(o *processor.Options) { o.TakeoverAfter, o.StaleAfter = time.Hour, time.Minute },
+		"budget beyond locks": func(o *processor.Options) { o.MaxLockRenewal, o.Retry.Budget = time.Minute, 2*time.Minute },
+		"shutdown beyond SIGKILL": func(o *processor.Options) {
+			o.TerminationGracePeriod, o.ShutdownTimeout = 10*time.Second, 20*time.Second
+		},
+		"group commit batch": func(o *processor.Options) { o.GroupCommit.MaxBatch = 100000 },
 	} {
 		opts := b.options()
 		edit(&opts)
