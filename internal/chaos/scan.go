@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claimdb"
 )
