@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	schema "github.com/sbclaim/sbclaim/sql"
+	"github.com/sbclaim/sbclaim/schema"
 )
 
 // The migration cannot be run here (no SQL Server); these tests pin the

@@ -24,7 +24,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/sqlstore"
-	schema "github.com/sbclaim/sbclaim/sql"
+	"github.com/sbclaim/sbclaim/schema"
 )
 
 var _ claim.Store = (*Store)(nil)
@@ -86,7 +86,7 @@ func Open(ctx context.Context, url string) (*Store, error) {
 	return s, nil
 }
 
-// Migrate applies the embedded PostgreSQL migrations (sql/postgres) to the
+// Migrate applies the embedded PostgreSQL migrations (schema/postgres) to the
 // current schema of db, holding a session advisory lock keyed by that
 // schema so replicas starting together migrate once.
 func Migrate(ctx context.Context, db *sql.DB) error {

@@ -17,7 +17,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
 	"github.com/sbclaim/sbclaim/internal/claim/postgres"
 	"github.com/sbclaim/sbclaim/internal/testdb"
-	schema "github.com/sbclaim/sbclaim/sql"
+	"github.com/sbclaim/sbclaim/schema"
 )
 
 // newStore opens a store on a fresh schema (search_path) of the test

@@ -20,7 +20,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/sqlstore"
-	schema "github.com/sbclaim/sbclaim/sql"
+	"github.com/sbclaim/sbclaim/schema"
 )
 
 var _ claim.Store = (*Store)(nil)
@@ -123,7 +123,7 @@ func ParseURL(url string) (string, error) {
 	return rest, nil
 }
 
-// Migrate applies the embedded SQLite migrations (sql/sqlite) to db.
+// Migrate applies the embedded SQLite migrations (schema/sqlite) to db.
 func Migrate(ctx context.Context, db *sql.DB) error {
 	fsys, err := schema.Dialect("sqlite")
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
 	"github.com/sbclaim/sbclaim/internal/claim/sqlite"
-	schema "github.com/sbclaim/sbclaim/sql"
+	"github.com/sbclaim/sbclaim/schema"
 )
 
 // harness is the SQLite conformance harness: a migrated temp-file
