@@ -326,7 +326,7 @@ func TestConfigWithinEmulatorLimits(t *testing.T) {
 	if !lim.queues[integrationQueue] {
 		t.Errorf("queue %q (internal/processor's TestServiceBus) is missing", integrationQueue)
 	}
-	// The broker contract suite (internal/membus/brokertest, gated
+	// The broker contract suite (internal/testkit/membus/brokertest, gated
 	// TestServiceBusContract) has its own entities, so that it can run at
 	// the same time as TestServiceBus: a queue whose locks run out quickly
 	// (its lock-expiry cases wait for the real lock) and a topic with two
@@ -346,7 +346,7 @@ func TestConfigWithinEmulatorLimits(t *testing.T) {
 const integrationQueue = "integration"
 
 // Entities of the gated broker contract run
-// (internal/membus/brokertest/servicebus_test.go).
+// (internal/testkit/membus/brokertest/servicebus_test.go).
 const (
 	contractQueue = "brokertest"
 	contractTopic = "brokertest-topic"

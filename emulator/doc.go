@@ -23,7 +23,7 @@
 //   - queue "brokertest" (LockDuration PT5S, the emulator's minimum, and
 //     MaxDeliveryCount 3) and topic "brokertest-topic" with subscriptions
 //     "copy-a" and "copy-b": the entities of the broker contract suite
-//     (internal/membus/brokertest) when it runs against the emulator. The
+//     (internal/testkit/membus/brokertest) when it runs against the emulator. The
 //     short lock lets its lock-expiry cases wait for a real expiry; no
 //     compose service consumes them.
 //

@@ -29,8 +29,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sbclaim/sbclaim/internal/chaos"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/testkit/chaos"
 )
 
 func main() {

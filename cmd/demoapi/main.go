@@ -1,5 +1,5 @@
 // Command demoapi runs the fake idempotent downstream
-// (internal/sideeffects/fakedownstream) as a small HTTP API for
+// (internal/testkit/fakedownstream) as a small HTTP API for
 // docker-compose demos: any path (/payments, /emails, /invoices, ...) is an
 // endpoint with Idempotency-Key semantics, and each path is its own
 // idempotency store.
@@ -44,7 +44,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sbclaim/sbclaim/internal/sideeffects/fakedownstream"
+	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
 )
 
 // config is the demo API's configuration.

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sbclaim/sbclaim/internal/sideeffects/fakedownstream"
+	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
 )
 
 func TestParseConfig(t *testing.T) {

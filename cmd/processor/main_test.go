@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sbclaim/sbclaim/internal/testdb"
+	"github.com/sbclaim/sbclaim/internal/testkit/testdb"
 )
 
 type lockedBuffer struct {

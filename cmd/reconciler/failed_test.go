@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/sideeffects/fakedownstream"
+	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
 )
 
 // TestFailedClaimsAndNewKeys: against a Stripe-style downstream, a tick

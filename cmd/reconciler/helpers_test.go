@@ -14,7 +14,7 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
+	"github.com/sbclaim/sbclaim/internal/testkit"
 )
 
 func newFlagSet() *flag.FlagSet {
@@ -29,7 +29,7 @@ func newFlagSet() *flag.FlagSet {
 // when SBCLAIM_TEST_POSTGRES_URL is unset.
 func freshPostgres(t *testing.T) string {
 	t.Helper()
-	base := claimtest.PostgresURL(t)
+	base := testkit.PostgresURL(t)
 	admin, err := sql.Open("pgx", base)
 	if err != nil {
 		t.Fatal(err)

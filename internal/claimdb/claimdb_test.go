@@ -13,11 +13,11 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
 	"github.com/sbclaim/sbclaim/internal/claim/postgres"
 	"github.com/sbclaim/sbclaim/internal/claim/sqlite"
 	"github.com/sbclaim/sbclaim/internal/claimdb"
-	"github.com/sbclaim/sbclaim/internal/testdb"
+	"github.com/sbclaim/sbclaim/internal/testkit"
+	"github.com/sbclaim/sbclaim/internal/testkit/testdb"
 )
 
 func claimOne(t *testing.T, s claim.Store) {
@@ -167,7 +167,7 @@ func TestCheck(t *testing.T) {
 // Close.
 func TestScratch(t *testing.T) {
 	bases := map[string]string{"sqlite": ""}
-	if u := os.Getenv(claimtest.PostgresURLEnv); u != "" {
+	if u := os.Getenv(testkit.PostgresURLEnv); u != "" {
 		bases["postgres"] = u
 	}
 	for name, base := range bases {

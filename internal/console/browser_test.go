@@ -17,8 +17,8 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
 	"github.com/sbclaim/sbclaim/internal/console"
+	"github.com/sbclaim/sbclaim/internal/testkit"
 )
 
 // Environment of the browser test.
@@ -43,9 +43,9 @@ func chromium(t *testing.T) string {
 	if _, err := os.Stat(path); err == nil {
 		return path
 	}
-	if claimtest.Required("browser") {
+	if testkit.Required("browser") {
 		t.Fatalf("the browser test is required (%s=%q) but there is no Chromium at %s: install Debian's chromium or set %s",
-			claimtest.RequireEnv, os.Getenv(claimtest.RequireEnv), path, ChromiumEnv)
+			testkit.RequireEnv, os.Getenv(testkit.RequireEnv), path, ChromiumEnv)
 	}
 	t.Skipf("no Chromium at %s: set %s to a Chromium binary (Debian: apt-get install chromium) to run the browser test", path, ChromiumEnv)
 	return ""

@@ -23,7 +23,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/console"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
-	"github.com/sbclaim/sbclaim/internal/sideeffects/fakedownstream"
+	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
 )
 
 // fixture is a console on a SQLite store holding flagged claims, with the

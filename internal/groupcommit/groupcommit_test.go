@@ -11,7 +11,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/groupcommit"
-	"github.com/sbclaim/sbclaim/internal/testdb"
+	"github.com/sbclaim/sbclaim/internal/testkit/testdb"
 )
 
 // recording is a real store whose batches are recorded, and whose first

@@ -11,8 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/membus"
 	"github.com/sbclaim/sbclaim/internal/processor"
+	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
 
 // wideRefusalStore refuses every write with a store-wide class while refuse

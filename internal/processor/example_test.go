@@ -10,9 +10,9 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
 	"github.com/sbclaim/sbclaim/internal/claim/sqlite"
-	"github.com/sbclaim/sbclaim/internal/membus"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
 
 // Example wires a processor to a queue (the in-memory broker here; an

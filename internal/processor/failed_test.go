@@ -16,10 +16,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/membus"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
-	"github.com/sbclaim/sbclaim/internal/sideeffects/fakedownstream"
+	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
+	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
 
 // decline answers like a payment API's card decline: the answer is

@@ -18,10 +18,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/membus"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
-	"github.com/sbclaim/sbclaim/internal/testdb"
+	"github.com/sbclaim/sbclaim/internal/testkit/membus"
+	"github.com/sbclaim/sbclaim/internal/testkit/testdb"
 )
 
 var backends = testdb.Backends

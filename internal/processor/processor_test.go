@@ -17,9 +17,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/membus"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
 
 // forEachBackend runs a protocol test on every real store.

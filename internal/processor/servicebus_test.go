@@ -13,11 +13,11 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
-	"github.com/sbclaim/sbclaim/internal/sideeffects/fakedownstream"
-	"github.com/sbclaim/sbclaim/internal/testdb"
+	"github.com/sbclaim/sbclaim/internal/testkit"
+	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
+	"github.com/sbclaim/sbclaim/internal/testkit/testdb"
 )
 
 // Variables of the gated Service Bus suite. With the compose stack up
@@ -33,7 +33,7 @@ const (
 // with its reason. The claims store is SQL Server when
 // SBCLAIM_TEST_SQLSERVER_URL is set, SQLite otherwise.
 func TestServiceBus(t *testing.T) {
-	cs := claimtest.RequireOrSkip(t, "servicebus", serviceBusEnv)
+	cs := testkit.RequireOrSkip(t, "servicebus", serviceBusEnv)
 	queue := os.Getenv(serviceBusQueueEnv)
 	if queue == "" {
 		queue = "integration"

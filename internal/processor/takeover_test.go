@@ -13,8 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/membus"
 	"github.com/sbclaim/sbclaim/internal/processor"
+	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
 
 // commitThenFail commits a ClaimBatch and then reports an error, as a

@@ -16,7 +16,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
-	"github.com/sbclaim/sbclaim/internal/sideeffects/fakedownstream"
+	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
 )
 
 // stripeRoutes answers like a Stripe-style payment API: a decline is

@@ -12,8 +12,8 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
 	"github.com/sbclaim/sbclaim/internal/claim/postgres"
+	"github.com/sbclaim/sbclaim/internal/testkit"
 )
 
 // openPostgres creates a fresh database for the test (the reconciler's
@@ -23,7 +23,7 @@ import (
 // is unset.
 func openPostgres(t *testing.T) *testDB {
 	t.Helper()
-	base := claimtest.PostgresURL(t)
+	base := testkit.PostgresURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	admin, err := sql.Open("pgx", base)

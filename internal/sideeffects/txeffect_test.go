@@ -13,9 +13,9 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
-	"github.com/sbclaim/sbclaim/internal/testdb"
+	"github.com/sbclaim/sbclaim/internal/testkit"
+	"github.com/sbclaim/sbclaim/internal/testkit/testdb"
 )
 
 // txStore is a claims store plus the database it lives in (the ledger
@@ -43,7 +43,7 @@ func TestTxEffectSQLite(t *testing.T) {
 
 func TestTxEffectPostgres(t *testing.T) {
 	t.Parallel()
-	claimtest.PostgresURL(t) // skip (naming the variable) before any subtest
+	testkit.PostgresURL(t) // skip (naming the variable) before any subtest
 	testTxEffect(t, txDialect{
 		name: "postgres",
 		open: func(t *testing.T) txStore { return testdb.Postgres(t) },

@@ -16,6 +16,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
 	"github.com/sbclaim/sbclaim/internal/claim/sqlstore"
+	"github.com/sbclaim/sbclaim/internal/testkit"
 )
 
 // URLEnv holds the SQL Server URL of the integration tests, e.g.
@@ -30,7 +31,7 @@ const URLEnv = "SBCLAIM_TEST_SQLSERVER_URL"
 const rcsiEnv = "SBCLAIM_TEST_SQLSERVER_RCSI"
 
 func TestConformance(t *testing.T) {
-	base := claimtest.RequireOrSkip(t, "sqlserver", URLEnv)
+	base := testkit.RequireOrSkip(t, "sqlserver", URLEnv)
 	claimtest.Exercise(t, claimtest.Harness{
 		NewStore: func(t *testing.T) claim.Store { return newTestStore(t, base) },
 		DB:       func(t *testing.T, s claim.Store) *sql.DB { return s.(*Store).DB() },
@@ -99,7 +100,7 @@ func readOnlyDatabase(t *testing.T, st claim.Store) claim.Store {
 	if err := st.(*Store).DB().QueryRowContext(ctx, "SELECT DB_NAME();").Scan(&name); err != nil {
 		t.Fatal(err)
 	}
-	admin, err := Open(ctx, claimtest.RequireOrSkip(t, "sqlserver", URLEnv))
+	admin, err := Open(ctx, testkit.RequireOrSkip(t, "sqlserver", URLEnv))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +197,7 @@ func withDatabase(base, name string) (string, error) {
 // fresh database: the application lock serialises them, and the second run
 // finds nothing to do.
 func TestMigrateIsIdempotent(t *testing.T) {
-	base := claimtest.RequireOrSkip(t, "sqlserver", URLEnv)
+	base := testkit.RequireOrSkip(t, "sqlserver", URLEnv)
 	st := newTestStore(t, base) // migrated once
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -221,7 +222,7 @@ func TestMigrateIsIdempotent(t *testing.T) {
 // TestLargeBatchIsChunked claims more distinct keys than one statement
 // takes, with a third of them already claimed, and checks every outcome.
 func TestLargeBatchIsChunked(t *testing.T) {
-	base := claimtest.RequireOrSkip(t, "sqlserver", URLEnv)
+	base := testkit.RequireOrSkip(t, "sqlserver", URLEnv)
 	st := newTestStore(t, base)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
 	"github.com/sbclaim/sbclaim/internal/claim/postgres"
+	"github.com/sbclaim/sbclaim/internal/testkit"
 )
 
 var planIndex = regexp.MustCompile(`(?:Index|Index Only|Bitmap Index) Scan(?: Backward)? (?:using|on) (\w+)`)
@@ -18,7 +18,7 @@ var planIndex = regexp.MustCompile(`(?:Index|Index Only|Bitmap Index) Scan(?: Ba
 // ix_claims_unfinished and ix_claims_flagged, never by a Seq Scan or
 // through another index (a full scan of pk_claims would read the history).
 func TestOverviewReadsOnlyThePartialIndexes(t *testing.T) {
-	claimtest.PostgresURL(t)
+	testkit.PostgresURL(t)
 	st := newStore(t)
 	names, sqls, args, err := postgres.OverviewQueries(&claim.OverviewParams{ReasonPrefixes: []string{"no heartbeat", "route changed"}})
 	if err != nil {

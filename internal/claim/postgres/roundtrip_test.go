@@ -13,8 +13,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
 	"github.com/sbclaim/sbclaim/internal/claim/sqlstore"
+	"github.com/sbclaim/sbclaim/internal/testkit"
 )
 
 // countingQuerier counts the statements ClaimBatch sends.
@@ -152,11 +152,11 @@ func TestClaimBatchRaceCostsOneMoreStatement(t *testing.T) {
 }
 
 // schemaStore opens a migrated store on a fresh schema, dropped when the
-// test ends. (This in-package test cannot use internal/testdb, which
+// test ends. (This in-package test cannot use internal/testkit/testdb, which
 // imports this package.)
 func schemaStore(t *testing.T) *Store {
 	t.Helper()
-	base := claimtest.PostgresURL(t)
+	base := testkit.PostgresURL(t)
 	ctx := t.Context()
 	admin, err := sql.Open("pgx", base)
 	if err != nil {

@@ -16,7 +16,8 @@ import (
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
 	"github.com/sbclaim/sbclaim/internal/claim/postgres"
-	"github.com/sbclaim/sbclaim/internal/testdb"
+	"github.com/sbclaim/sbclaim/internal/testkit"
+	"github.com/sbclaim/sbclaim/internal/testkit/testdb"
 	"github.com/sbclaim/sbclaim/schema"
 )
 
@@ -26,7 +27,7 @@ import (
 func newStore(t *testing.T) *postgres.Store { return testdb.Postgres(t) }
 
 func TestConformance(t *testing.T) {
-	claimtest.PostgresURL(t)
+	testkit.PostgresURL(t)
 	claimtest.Exercise(t, claimtest.Harness{
 		NewStore: func(t *testing.T) claim.Store { return newStore(t) },
 		DB:       func(t *testing.T, s claim.Store) *sql.DB { return s.(*postgres.Store).DB() },
@@ -70,7 +71,7 @@ func readOnlyStore(t *testing.T, st claim.Store) claim.Store {
 	if err := st.(*postgres.Store).DB().QueryRowContext(t.Context(), "SELECT current_schema()").Scan(&schema); err != nil {
 		t.Fatal(err)
 	}
-	u, err := url.Parse(claimtest.PostgresURL(t))
+	u, err := url.Parse(testkit.PostgresURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
-	"github.com/sbclaim/sbclaim/internal/membus"
+	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
 
 func Example() {

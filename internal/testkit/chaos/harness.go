@@ -20,11 +20,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/membus"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
-	"github.com/sbclaim/sbclaim/internal/sideeffects/fakedownstream"
+	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
+	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
 
 // Names used by a run.

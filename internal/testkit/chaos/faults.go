@@ -12,7 +12,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/membus"
+	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
 
 // Fault is a failure the harness injects. Each is switchable and counted.

@@ -10,7 +10,7 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
-	"github.com/sbclaim/sbclaim/internal/membus"
+	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
 
 // receiver is the interface the processor depends on; both the SDK's

@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/sbclaim/sbclaim/internal/chaos"
+	"github.com/sbclaim/sbclaim/internal/testkit/chaos"
 )
 
 // A check-then-insert guard lets both instances act on one message

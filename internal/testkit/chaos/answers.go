@@ -5,9 +5,9 @@ import (
 	"slices"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/membus"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
-	"github.com/sbclaim/sbclaim/internal/sideeffects/fakedownstream"
+	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
+	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
 
 // Answers is how a run's downstream answers.

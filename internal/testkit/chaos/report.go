@@ -11,8 +11,8 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claimdb"
-	"github.com/sbclaim/sbclaim/internal/membus"
 	"github.com/sbclaim/sbclaim/internal/processor"
+	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
 
 // maxListed bounds how many violations and wrong keys a report keeps.

@@ -21,10 +21,10 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claimdb"
-	"github.com/sbclaim/sbclaim/internal/membus"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
-	"github.com/sbclaim/sbclaim/internal/sideeffects/fakedownstream"
+	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
+	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
 
 // Scenario names a reproduction of one dedup strategy under a race: one

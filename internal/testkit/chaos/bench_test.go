@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
+	"github.com/sbclaim/sbclaim/internal/testkit"
 )
 
 // benchDatabases returns the databases the benchmarks run on: SQLite, and
@@ -15,7 +15,7 @@ import (
 // SBCLAIM_TEST_SQLSERVER_URL are set.
 func benchDatabases(b *testing.B) map[string]string {
 	dbs := map[string]string{"sqlite": ""}
-	if u := os.Getenv(claimtest.PostgresURLEnv); u != "" {
+	if u := os.Getenv(testkit.PostgresURLEnv); u != "" {
 		dbs["postgres"] = u
 	}
 	if u := os.Getenv(sqlServerURLEnv); u != "" {
@@ -35,7 +35,7 @@ func openBenchDB(b *testing.B, url string) *Database {
 }
 
 // BenchmarkVariants measures every dedup variant per message
-// (go test -bench Variants ./internal/chaos). Custom metrics: msg/s,
+// (go test -bench Variants ./internal/testkit/chaos). Custom metrics: msg/s,
 // round-trips/msg, peak-heap-bytes. b.N is the number of messages.
 func BenchmarkVariants(b *testing.B) {
 	for _, name := range []string{"sqlite", "postgres", "sqlserver"} {

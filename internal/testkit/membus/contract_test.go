@@ -7,12 +7,12 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
-	"github.com/sbclaim/sbclaim/internal/membus"
-	"github.com/sbclaim/sbclaim/internal/membus/brokertest"
+	"github.com/sbclaim/sbclaim/internal/testkit/membus"
+	"github.com/sbclaim/sbclaim/internal/testkit/membus/brokertest"
 )
 
 // TestContract runs the broker contract suite against membus: the same
-// cases internal/membus/brokertest's gated TestServiceBusContract runs
+// cases internal/testkit/membus/brokertest's gated TestServiceBusContract runs
 // against a real namespace or the emulator.
 func TestContract(t *testing.T) {
 	t.Parallel()

@@ -13,9 +13,9 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/testkit"
 )
 
 // testLogger routes warnings to t.Log (the replicas log every fault).
@@ -107,15 +107,15 @@ func TestChaosSQLite(t *testing.T) {
 
 func TestChaosPostgres(t *testing.T) {
 	t.Parallel()
-	runChaos(t, claimtest.PostgresURL(t), 8)
+	runChaos(t, testkit.PostgresURL(t), 8)
 }
 
-// sqlServerURLEnv is the SQL Server URL of the tests (see internal/testdb).
+// sqlServerURLEnv is the SQL Server URL of the tests (see internal/testkit/testdb).
 const sqlServerURLEnv = "SBCLAIM_TEST_SQLSERVER_URL"
 
 func TestChaosSQLServer(t *testing.T) {
 	t.Parallel()
-	runChaos(t, claimtest.RequireOrSkip(t, "sqlserver", sqlServerURLEnv), 9)
+	runChaos(t, testkit.RequireOrSkip(t, "sqlserver", sqlServerURLEnv), 9)
 }
 
 // noDedupStore claims nothing: every delivery "wins", as in a consumer
@@ -275,9 +275,9 @@ func TestScenarios(t *testing.T) {
 	t.Parallel()
 	backends := map[string]func(t *testing.T) string{
 		"sqlite":   func(*testing.T) string { return "" },
-		"postgres": func(t *testing.T) string { return claimtest.PostgresURL(t) },
+		"postgres": func(t *testing.T) string { return testkit.PostgresURL(t) },
 		"sqlserver": func(t *testing.T) string {
-			return claimtest.RequireOrSkip(t, "sqlserver", sqlServerURLEnv)
+			return testkit.RequireOrSkip(t, "sqlserver", sqlServerURLEnv)
 		},
 	}
 	want := map[Scenario]int{ScenarioNaive: 2, ScenarioUniqueIndex: 1, ScenarioTwoPhase: 1}
@@ -359,7 +359,7 @@ func TestChaosMixedAnswers(t *testing.T) {
 			t.Parallel()
 			url := ""
 			if db == "postgres" {
-				url = claimtest.PostgresURL(t)
+				url = testkit.PostgresURL(t)
 			}
 			rep, err := Run(context.Background(), Config{Messages: 300, Faults: AllFaults, Seed: 12, DatabaseURL: url,
 				Answers: AnswersMixed, Logger: testLogger(t)})

@@ -1,4 +1,4 @@
-package claimtest
+package testkit
 
 import (
 	"os"

@@ -13,8 +13,8 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus/admin"
 
-	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
-	"github.com/sbclaim/sbclaim/internal/membus/brokertest"
+	"github.com/sbclaim/sbclaim/internal/testkit"
+	"github.com/sbclaim/sbclaim/internal/testkit/membus/brokertest"
 )
 
 // Variables of the gated run. With the compose stack
@@ -39,7 +39,7 @@ const mainQueue azservicebus.SubQueue = 0
 // so both can run at once). The cases run one at a time on shared
 // entities, each with its own message ids.
 func TestServiceBusContract(t *testing.T) {
-	cs := claimtest.RequireOrSkip(t, "servicebus", connectionEnv)
+	cs := testkit.RequireOrSkip(t, "servicebus", connectionEnv)
 	queue, topic := envOr(queueEnv, "brokertest"), envOr(topicEnv, "brokertest-topic")
 	emulator := strings.Contains(strings.ToLower(strings.ReplaceAll(cs, " ", "")), "usedevelopmentemulator=true")
 

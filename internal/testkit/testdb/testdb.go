@@ -14,11 +14,11 @@ import (
 	"time"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
 	"github.com/sbclaim/sbclaim/internal/claim/mssql"
 	"github.com/sbclaim/sbclaim/internal/claim/postgres"
 	"github.com/sbclaim/sbclaim/internal/claim/sqlite"
 	"github.com/sbclaim/sbclaim/internal/claimdb"
+	"github.com/sbclaim/sbclaim/internal/testkit"
 )
 
 // Backends names the stores every protocol test runs on. PostgreSQL and SQL
@@ -59,9 +59,9 @@ func URL(t testing.TB, backend string) string {
 	case "sqlite":
 		return scratch(t, "", claimdb.ScratchOptions{})
 	case "postgres":
-		return scratch(t, claimtest.PostgresURL(t), claimdb.ScratchOptions{})
+		return scratch(t, testkit.PostgresURL(t), claimdb.ScratchOptions{})
 	case "sqlserver":
-		return scratch(t, claimtest.RequireOrSkip(t, "sqlserver", SQLServerURLEnv), claimdb.ScratchOptions{
+		return scratch(t, testkit.RequireOrSkip(t, "sqlserver", SQLServerURLEnv), claimdb.ScratchOptions{
 			// READ_COMMITTED_SNAPSHOT is on, as on Azure SQL Database,
 			// unless SBCLAIM_TEST_SQLSERVER_RCSI=off.
 			LockingReads: strings.EqualFold(os.Getenv("SBCLAIM_TEST_SQLSERVER_RCSI"), "off"),
@@ -120,7 +120,7 @@ func Postgres(t testing.TB) *postgres.Store {
 // SBCLAIM_TEST_POSTGRES_URL.
 func EmptyPostgresURL(t testing.TB) string {
 	t.Helper()
-	return scratch(t, claimtest.PostgresURL(t), claimdb.ScratchOptions{Empty: true})
+	return scratch(t, testkit.PostgresURL(t), claimdb.ScratchOptions{Empty: true})
 }
 
 // SQLServer opens a migrated SQL Server store on a fresh database.

@@ -1,6 +1,6 @@
 // Package brokertest is the broker contract suite: the Service Bus
 // behaviours the processor relies on, written once and run against every
-// broker sbclaim is tested with. internal/membus runs it on every test run
+// broker sbclaim is tested with. internal/testkit/membus runs it on every test run
 // (membus's TestContract), so that the protocol tests and the chaos verdicts,
 // which all run on membus, rest on a broker that was checked against the
 // same list; TestServiceBusContract in this package runs it against a real
