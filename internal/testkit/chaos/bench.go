@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -81,7 +82,13 @@ type BenchParams struct {
 	// MaxDuration stops the cell early (throughput is measured over what
 	// finished); 0 means no bound.
 	MaxDuration time.Duration
-	Logger      *slog.Logger
+	// Stream (two-phase only) measures the processor's own memory over a
+	// long run: the messages are sent as the processor works them (at most
+	// streamBacklog waiting), the broker forgets completed messages and the
+	// downstream keeps no state, so that nothing but the processor grows
+	// with the messages that went through.
+	Stream bool
+	Logger *slog.Logger
 }
 
 // BenchResult is what one cell measured.
@@ -124,7 +131,11 @@ type benchEnv struct {
 
 func newBenchEnv(p BenchParams) (*benchEnv, error) {
 	e := &benchEnv{down: fakedownstream.New(fakedownstream.Options{Latency: p.Latency})}
-	e.srv = httptest.NewServer(e.down)
+	var handler http.Handler = e.down
+	if p.Stream {
+		handler = http.HandlerFunc(statelessDownstream)
+	}
+	e.srv = httptest.NewServer(handler)
 	n := max(p.Concurrency, TxPoolSize) * 2
 	e.client = &http.Client{Transport: &http.Transport{MaxIdleConns: n, MaxIdleConnsPerHost: n}}
 	routes := fmt.Appendf(nil, "version: 1\nroutes:\n  - name: bench\n    match: {subject: %s}\n    url: %s/effects\n    timeout: 30s\n", EffectSubject, e.srv.URL)
@@ -230,11 +241,32 @@ func benchMessage(run string, i int) *azservicebus.ReceivedMessage {
 	}
 }
 
+// streamBacklog bounds the messages waiting in the broker in a Stream
+// cell.
+const streamBacklog = 5000
+
+// statelessDownstream answers every effect 201 and keeps nothing (Stream
+// cells: the fake downstream's per-key records would be measured as the
+// processor's memory).
+func statelessDownstream(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	_, _ = io.WriteString(w, `{"ok":true}`+"\n")
+}
+
 func benchTwoPhase(ctx context.Context, p BenchParams, env *benchEnv, run string, res *BenchResult) error {
-	q := membus.NewQueue("bench", membus.QueueOptions{LockDuration: time.Minute})
-	for i := range p.Messages {
+	q := membus.NewQueue("bench", membus.QueueOptions{LockDuration: time.Minute, ForgetCompleted: p.Stream})
+	send := func(i int) error {
 		m := benchMessage(run, i)
-		if err := q.SendMessage(ctx, &azservicebus.Message{MessageID: &m.MessageID, Subject: m.Subject, Body: m.Body}, nil); err != nil {
+		return q.SendMessage(ctx, &azservicebus.Message{MessageID: &m.MessageID, Subject: m.Subject, Body: m.Body}, nil)
+	}
+	upfront := p.Messages
+	if p.Stream {
+		upfront = min(p.Messages, streamBacklog)
+	}
+	for i := range upfront {
+		if err := send(i); err != nil {
 			return err
 		}
 	}
@@ -264,6 +296,22 @@ func benchTwoPhase(ctx context.Context, p BenchParams, env *benchEnv, run string
 		var cancel context.CancelFunc
 		wctx, cancel = context.WithTimeout(ctx, p.MaxDuration)
 		defer cancel()
+	}
+	if p.Stream {
+		// Top the backlog up as the processor works it off, then wait for
+		// the last message.
+		next := upfront
+		for q.Stats().Completed < p.Messages && wctx.Err() == nil {
+			st := q.Stats()
+			for ; next < p.Messages && next-st.Completed < streamBacklog; next++ {
+				if err := send(next); err != nil {
+					stop()
+					<-done
+					return err
+				}
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
 	_ = q.WaitIdle(wctx)
 	res.Elapsed = time.Since(start)

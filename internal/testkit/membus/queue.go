@@ -32,6 +32,10 @@ type QueueOptions struct {
 	// MaxDeliveryCount is how many deliveries a message gets before it is
 	// dead-lettered with ReasonMaxDeliveryCountExceeded (default 10).
 	MaxDeliveryCount int
+	// ForgetCompleted keeps no record of completed messages (Completed
+	// returns nothing): for long benchmarks, whose memory must not grow
+	// with the messages that went through.
+	ForgetCompleted bool
 }
 
 // Queue is an in-memory Service Bus queue (or topic subscription). All
@@ -48,6 +52,7 @@ type Queue struct {
 	locked      map[[16]byte]*entry
 	deadLetters []*azservicebus.ReceivedMessage
 	completed   []string
+	forget      bool // QueueOptions.ForgetCompleted
 	stats       Stats
 
 	duplicateSends  bool
@@ -78,6 +83,7 @@ func NewQueue(name string, opts QueueOptions) *Queue {
 		name:         name,
 		lockDuration: opts.LockDuration,
 		maxDelivery:  uint32(opts.MaxDeliveryCount),
+		forget:       opts.ForgetCompleted,
 		changed:      make(chan struct{}),
 		locked:       make(map[[16]byte]*entry),
 		stats:        Stats{DeadLetterReasons: map[string]int{}},

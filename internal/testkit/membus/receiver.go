@@ -130,7 +130,9 @@ func (r *Receiver) PeekMessages(ctx context.Context, maxMessageCount int, _ *azs
 // CompleteMessage removes the message from the queue.
 func (r *Receiver) CompleteMessage(ctx context.Context, message *azservicebus.ReceivedMessage, _ *azservicebus.CompleteMessageOptions) error {
 	return r.settle(ctx, "complete", message, func(q *Queue, e *entry) {
-		q.completed = append(q.completed, e.msg.MessageID)
+		if !q.forget {
+			q.completed = append(q.completed, e.msg.MessageID)
+		}
 		q.stats.Completed++
 		q.notifyLocked()
 	})

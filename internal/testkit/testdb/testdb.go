@@ -1,7 +1,8 @@
 // Package testdb opens real, migrated, empty claim stores for tests: a
-// SQLite file in the test's temp dir, or a fresh PostgreSQL schema in the
-// database named by SBCLAIM_TEST_POSTGRES_URL (skipped when unset, unless
-// SBCLAIM_TEST_REQUIRE names postgres). Everything is removed when the test
+// SQLite file of its own, a fresh PostgreSQL schema in the database named by
+// SBCLAIM_TEST_POSTGRES_URL, or a fresh SQL Server database on the server
+// named by SBCLAIM_TEST_SQLSERVER_URL (skipped when unset, unless
+// SBCLAIM_TEST_REQUIRE names the database). Everything is removed when the test
 // ends.
 package testdb
 
