@@ -1,6 +1,8 @@
-// Command reconciler finds stale claims and hands them to operators, purges
-// old finished claims, and gives operators the commands to review, redrive
-// and resolve flagged claims. See internal/reconciler for the tick itself.
+// Command reconciler recovers stale claims (repeating their effect with the
+// same idempotency key), flags for operators what a person must decide,
+// purges old finished claims, and gives operators the commands and the web
+// console to review, redrive and resolve claims. See internal/reconciler
+// for the tick itself.
 package main
 
 import (

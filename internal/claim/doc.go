@@ -5,7 +5,8 @@
 // A claim is a marker row, unique per (MessageID, Consumer), committed
 // before an external effect runs. Exactly one replica's insert wins; the
 // others see a duplicate and complete their copy of the message. See
-// DESIGN.md §2 for the per-message protocol and §5 for the states.
+// docs/design.md ("Protocol", "States") for the per-message protocol and the
+// states.
 //
 // # Errors: the store error contract
 //

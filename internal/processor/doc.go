@@ -1,5 +1,7 @@
-// Package processor runs the per-message protocol of DESIGN.md §2 on top
-// of a Service Bus receiver and a claim store:
+// Package processor runs sbclaim's per-message protocol on a Service Bus
+// receiver and a claim store: receive, validate, claim, run the effect with
+// the claim's key as the idempotency key, record its outcome, settle
+// (docs/design.md, "Protocol").
 //
 //	receive (peek-lock) ─► validate (key, size, ContentType, route) ─► claim
 //	                       (one round trip per receive)

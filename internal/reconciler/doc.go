@@ -1,7 +1,9 @@
-// Package reconciler finds the claims whose outcome nobody will record and
-// hands them to operators, and deletes old finished claims.
+// Package reconciler settles the claims their holders will not: it
+// recovers stale claims by repeating their effect with the same key, flags
+// for operators only what a person must decide, deletes old finished
+// claims, and holds the operators' guarded actions (Redrive, Resolve).
 //
-// A claim is committed before its effect runs (DESIGN.md §2). If the
+// A claim is committed before its effect runs (docs/design.md, "Protocol"). If the
 // processor dies, hangs, or loses the message's lock between the claim and
 // MarkProcessed, the claim stays "claimed" with a heartbeat that stops
 // moving; if an effect was released (definitely not performed) and no

@@ -1,5 +1,5 @@
 // Package sideeffects runs the effects of claimed messages and sorts every
-// result into one of six outcomes (see Outcome and Classify):
+// result into one of six outcomes. The outcomes (see Outcome and Classify):
 //
 //   - ok: the effect happened — mark the claim processed, complete;
 //   - retryable: definitely not performed, may succeed later — release the

@@ -292,3 +292,16 @@ func warm(t *testing.T, db *sql.DB, n int) {
 		}
 	}
 }
+
+func (s *suite) closed(t *testing.T) {
+	st := s.h.NewStore(t)
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	_, err := st.ClaimBatch(ctx, &claim.ClaimBatchParams{Claims: []claim.ClaimParams{msg("", "billing", "b")}})
+	wantErr(t, "ClaimBatch on a closed store", err, claim.ErrUnavailable)
+	wantErr(t, "Ping on a closed store", st.Ping(ctx), claim.ErrUnavailable)
+	_, err = st.Get(ctx, 1)
+	wantErr(t, "Get on a closed store", err, claim.ErrUnavailable)
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -560,5 +561,54 @@ func (s *suite) ownRows(t *testing.T) {
 	}
 	if _, err := st.ClaimBatch(ctx, &claim.ClaimBatchParams{Claims: []claim.ClaimParams{{MessageID: "x", Consumer: "c", PayloadHash: a.PayloadHash}}}); err == nil {
 		t.Fatal("ClaimBatch without an owner token succeeded")
+	}
+}
+
+func (s *suite) takeOverOnce(t *testing.T) {
+	st := s.h.NewStore(t)
+	c := mustWin(t, st, msg("", "billing", "b"))
+	if err := st.Release(ctxT(t), &claim.ReleaseParams{ID: c.ID, Owner: c.Owner, Error: "e"}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	warm(t, s.h.DB(t, st), n)
+	var (
+		wg      sync.WaitGroup
+		ready   sync.WaitGroup
+		start   = make(chan struct{})
+		winners atomic.Int64
+		owner   atomic.Value
+		errs    = make(chan error, n)
+	)
+	ctx := ctxT(t)
+	ready.Add(n)
+	for i := range n {
+		wg.Go(func() {
+			params := redelivery(c, fmt.Sprintf("host-%d", i), 2)
+			ready.Done()
+			<-start
+			got, err := st.TakeOver(ctx, params)
+			switch {
+			case err == nil:
+				winners.Add(1)
+				owner.Store(got.Owner)
+			case errors.Is(err, claim.ErrStateChanged):
+			default:
+				errs <- err
+			}
+		})
+	}
+	ready.Wait() // every caller is parked on the barrier, on a warm pool
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if winners.Load() != 1 {
+		t.Fatalf("%d callers took the claim over, want exactly 1", winners.Load())
+	}
+	if got := mustGet(t, st, c.ID); got.State != claim.StateClaimed || got.Owner != owner.Load().(uuid.UUID) {
+		t.Fatalf("after take-over: %+v", got)
 	}
 }

@@ -116,32 +116,9 @@ GROUP BY h ORDER BY h;`)
 		func(r *sql.Rows) error {
 			return r.Scan(&o.Now, &o.Claimed, &o.Released, &o.Redriving, &o.Flagged, &oldestOpen, &oldestFlag)
 		},
-		func(r *sql.Rows) error {
-			dest := make([]any, len(o.UnfinishedOlderThan))
-			for i := range dest {
-				dest[i] = &o.UnfinishedOlderThan[i]
-			}
-			return r.Scan(dest...)
-		},
-		func(r *sql.Rows) error {
-			var c claim.ConsumerCounts
-			if err := r.Scan(&c.Consumer, &c.Claimed, &c.Released, &c.Flagged); err != nil {
-				return err
-			}
-			o.Consumers = append(o.Consumers, c)
-			return nil
-		},
-		func(r *sql.Rows) error {
-			var (
-				g int
-				n int64
-			)
-			if err := r.Scan(&g, &n); err != nil {
-				return err
-			}
-			reasons[g] = n
-			return nil
-		},
+		sqlstore.ScanAges(o),
+		sqlstore.ScanConsumer(o),
+		sqlstore.ScanReasonGroup(reasons),
 		func(r *sql.Rows) error {
 			var h claim.HourCount
 			if err := r.Scan(&h.Hour, &h.Count); err != nil {

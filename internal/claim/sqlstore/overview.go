@@ -1,6 +1,7 @@
 package sqlstore
 
 import (
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -84,5 +85,47 @@ func GroupReasons(o *claim.Overview, groups int, rows map[int]int64) {
 		} else {
 			o.OtherReasons += n
 		}
+	}
+}
+
+// The Overview's result sets that every dialect returns alike, after its
+// first (counts and oldest times, whose time types differ by driver):
+
+// ScanAges scans the row of unfinished claims per age bucket.
+func ScanAges(o *claim.Overview) func(*sql.Rows) error {
+	return func(r *sql.Rows) error {
+		dest := make([]any, len(o.UnfinishedOlderThan))
+		for i := range dest {
+			dest[i] = &o.UnfinishedOlderThan[i]
+		}
+		return r.Scan(dest...)
+	}
+}
+
+// ScanConsumer scans one consumer's counts.
+func ScanConsumer(o *claim.Overview) func(*sql.Rows) error {
+	return func(r *sql.Rows) error {
+		var c claim.ConsumerCounts
+		if err := r.Scan(&c.Consumer, &c.Claimed, &c.Released, &c.Flagged); err != nil {
+			return err
+		}
+		o.Consumers = append(o.Consumers, c)
+		return nil
+	}
+}
+
+// ScanReasonGroup scans one (reason group, count) row into reasons (see
+// GroupReasons).
+func ScanReasonGroup(reasons map[int]int64) func(*sql.Rows) error {
+	return func(r *sql.Rows) error {
+		var (
+			g int
+			n int64
+		)
+		if err := r.Scan(&g, &n); err != nil {
+			return err
+		}
+		reasons[g] = n
+		return nil
 	}
 }

@@ -413,6 +413,16 @@ func benchLoop(ctx context.Context, p BenchParams, env *benchEnv, run string, re
 	for i := range msgs {
 		msgs[i] = benchMessage(run, i)
 	}
+	return runWorkers(ctx, p, p.Concurrency, 1, res, &trips, func(ctx context.Context, from, to int) error {
+		return one(ctx, msgs[from])
+	})
+}
+
+// runWorkers runs workers goroutines that take the cell's messages step at
+// a time, [from, to), until all are done, one fails, ctx ends or
+// p.MaxDuration passes; it records the elapsed time, the messages done,
+// trips and the memory in res.
+func runWorkers(ctx context.Context, p BenchParams, workers, step int, res *BenchResult, trips *atomic.Int64, work func(ctx context.Context, from, to int) error) error {
 	var (
 		next, done atomic.Int64
 		wg         sync.WaitGroup
@@ -425,20 +435,21 @@ func benchLoop(ctx context.Context, p BenchParams, env *benchEnv, run string, re
 	if p.MaxDuration > 0 {
 		deadline = start.Add(p.MaxDuration)
 	}
-	for range p.Concurrency {
+	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
-				i := int(next.Add(1)) - 1
-				if i >= len(msgs) || ctx.Err() != nil || (!deadline.IsZero() && time.Now().After(deadline)) {
+				from := int(next.Add(int64(step))) - step
+				if from >= p.Messages || ctx.Err() != nil || (!deadline.IsZero() && time.Now().After(deadline)) {
 					return
 				}
-				if err := one(ctx, msgs[i]); err != nil {
+				to := min(from+step, p.Messages)
+				if err := work(ctx, from, to); err != nil {
 					errOnce.Do(func() { firstErr = err })
 					return
 				}
-				done.Add(1)
+				done.Add(int64(to - from))
 			}
 		}()
 	}
@@ -461,62 +472,31 @@ func benchPhysical(ctx context.Context, p BenchParams, run string, res *BenchRes
 	if p.DB.Dialect == claimdb.SQLite {
 		workers = 1
 	}
-	var (
-		next, done atomic.Int64
-		wg         sync.WaitGroup
-		errOnce    sync.Once
-		firstErr   error
-	)
-	deadline := time.Time{}
-	mem := startMemSampler()
-	start := time.Now()
-	if p.MaxDuration > 0 {
-		deadline = start.Add(p.MaxDuration)
-	}
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				from := int(next.Add(PhysicalBatch)) - PhysicalBatch
-				if from >= p.Messages || ctx.Err() != nil || (!deadline.IsZero() && time.Now().After(deadline)) {
-					return
-				}
-				var claims []claim.ClaimParams
-				for i := from; i < min(from+PhysicalBatch, p.Messages); i++ {
-					m := benchMessage(run, i)
-					claims = append(claims, claim.ClaimParams{
-						MessageID: m.MessageID, Consumer: consumer, Owner: uuid.New(), Entity: "bench", Subject: EffectSubject,
-						PayloadHash: claim.HashPayload(m.Body), Payload: m.Body, DeliveryCount: 1,
-					})
-				}
-				rs, err := st.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "bench", Claims: claims})
-				if err == nil {
-					writes := make([]claim.OutcomeWrite, 0, len(rs))
-					for _, r := range rs {
-						if r.Outcome == claim.OutcomeWon {
-							writes = append(writes, claim.OutcomeWrite{MarkProcessed: &claim.MarkProcessedParams{ID: r.Claim.ID, Owner: r.Claim.Owner}})
-						}
-					}
-					var errs []error
-					if errs, err = bw.WriteOutcomes(ctx, writes); err == nil {
-						err = errors.Join(errs...)
-					}
-				}
-				if err != nil {
-					errOnce.Do(func() { firstErr = err })
-					return
-				}
-				done.Add(int64(len(claims)))
+	return runWorkers(ctx, p, workers, PhysicalBatch, res, &trips, func(ctx context.Context, from, to int) error {
+		var claims []claim.ClaimParams
+		for i := from; i < to; i++ {
+			m := benchMessage(run, i)
+			claims = append(claims, claim.ClaimParams{
+				MessageID: m.MessageID, Consumer: consumer, Owner: uuid.New(), Entity: "bench", Subject: EffectSubject,
+				PayloadHash: claim.HashPayload(m.Body), Payload: m.Body, DeliveryCount: 1,
+			})
+		}
+		rs, err := st.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "bench", Claims: claims})
+		if err != nil {
+			return err
+		}
+		writes := make([]claim.OutcomeWrite, 0, len(rs))
+		for _, r := range rs {
+			if r.Outcome == claim.OutcomeWon {
+				writes = append(writes, claim.OutcomeWrite{MarkProcessed: &claim.MarkProcessedParams{ID: r.Claim.ID, Owner: r.Claim.Owner}})
 			}
-		}()
-	}
-	wg.Wait()
-	res.Elapsed = time.Since(start)
-	mem.finish(res)
-	res.Done = int(done.Load())
-	res.RoundTrips = trips.Load()
-	return firstErr
+		}
+		errs, err := bw.WriteOutcomes(ctx, writes)
+		if err != nil {
+			return err
+		}
+		return errors.Join(errs...)
+	})
 }
 
 func createBenchTables(ctx context.Context, db *sql.DB, d claimdb.Dialect) error {

@@ -39,10 +39,11 @@ type BenchConfig struct {
 
 // cellMessages sizes a cell so that it runs about a second or more when
 // the variant keeps up: 6000 messages at 0 ms, 40 per worker at 20 ms;
-// the physical limit, which is much faster, 30 000.
+// the physical limit and the bare effect at 0 ms, which are much faster,
+// 30 000.
 func cellMessages(v Variant, conc int, latency time.Duration) int {
 	switch {
-	case v == VariantPhysical:
+	case v == VariantPhysical, v == VariantNoDedup && latency <= 0:
 		return 30_000
 	case latency <= 0:
 		return 6000
@@ -99,13 +100,21 @@ func RunBenchmarks(ctx context.Context, cfg BenchConfig, w io.Writer) error {
 			for _, conc := range cfg.Concurrencies {
 				r := row{dialect: db.Dialect, latency: lat, conc: conc, res: map[Variant]*BenchResult{}}
 				for _, v := range Variants {
-					res, err := RunBench(ctx, BenchParams{
-						Variant: v, DB: db, Concurrency: conc, Latency: lat,
-						Messages: cellMessages(v, conc, lat), MaxDuration: cfg.CellDuration, Logger: cfg.Logger,
-					})
-					if err != nil {
-						db.Close()
-						return fmt.Errorf("%s %s conc %d latency %s: %w", db.Dialect, v, conc, lat, err)
+					var res *BenchResult
+					// The physical limit is a ceiling: the best of three runs
+					// (a shared machine's other work only ever lowers it).
+					for range cmp.Or(map[Variant]int{VariantPhysical: 3}[v], 1) {
+						r, err := RunBench(ctx, BenchParams{
+							Variant: v, DB: db, Concurrency: conc, Latency: lat,
+							Messages: cellMessages(v, conc, lat), MaxDuration: cfg.CellDuration, Logger: cfg.Logger,
+						})
+						if err != nil {
+							db.Close()
+							return fmt.Errorf("%s %s conc %d latency %s: %w", db.Dialect, v, conc, lat, err)
+						}
+						if res == nil || r.PerSecond() > res.PerSecond() {
+							res = r
+						}
 					}
 					fmt.Fprintf(progress, "bench %-8s latency %-4s conc %-3d %-15s %6d msgs in %-8s %9.0f msg/s %5.2f round trips/msg\n",
 						db.Dialect, lat, conc, v, res.Done, res.Elapsed.Round(time.Millisecond), res.PerSecond(), res.TripsPerMessage())
@@ -152,7 +161,7 @@ func RunBenchmarks(ctx context.Context, cfg BenchConfig, w io.Writer) error {
 	fmt.Fprintf(w, "## sbclaim benchmarks\n\n")
 	fmt.Fprintf(w, "%s/%s, %d CPUs, %s. Every variant performs the same HTTP effect (the product's HTTP route, loopback, fake idempotent downstream with the given latency) per message; they differ in how they deduplicate. Throughput is shown as a ratio to (b), the raw store loop; (b)'s own msg/s is given for scale only. Round trips = database calls per message (each claim.Store call is one; BEGIN, each statement and COMMIT count one each).\n\n",
 		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version())
-	fmt.Fprintf(w, "(a) two-phase: processor + in-memory broker + claim store · (b) raw-claim: ClaimBatch(1) + effect + MarkProcessed loop · (c) naive: SELECT + effect + INSERT (no unique index) · (d) tx-across-call: BEGIN; INSERT marker; effect; COMMIT on a pool of %d · (e) no-dedup: effect only · (f) physical-limit: the claim and outcome writes of (a) straight on the database in batches of %d (ClaimBatch + WriteOutcomes), %d batches at once (SQLite one), no broker, no effect: the ceiling of any design on that database\n\n", TxPoolSize, PhysicalBatch, PhysicalWorkers)
+	fmt.Fprintf(w, "(a) two-phase: processor + in-memory broker + claim store · (b) raw-claim: ClaimBatch(1) + effect + MarkProcessed loop · (c) naive: SELECT + effect + INSERT (no unique index) · (d) tx-across-call: BEGIN; INSERT marker; effect; COMMIT on a pool of %d · (e) no-dedup: effect only · (f) physical-limit: the claim and outcome writes of (a) straight on the database in batches of %d (ClaimBatch + WriteOutcomes), %d batches at once (SQLite one), no broker, no effect, the best of three runs: the ceiling of any design on that database\n\n", TxPoolSize, PhysicalBatch, PhysicalWorkers)
 	fmt.Fprintf(w, "Connection pools differ: (a) and (b) use the product's claim store and its own pool (PostgreSQL and SQL Server %d connections, SQLite one connection); (c) and (d) open a plain pool of %d. On PostgreSQL and SQL Server at concurrency 64 that pool holds (c) back, so c/b there understates the naive guard's throughput; (d)'s pool is its point (each in-flight call pins a connection).\n\n",
 		sqlstore.MaxOpenConns, TxPoolSize)
 	fmt.Fprintf(w, "| db | latency | conc | a/b | c/b | d/b | e/b | a/d | a/e | a/f | b/f | round trips a · b · c · d · e · f | (b) msg/s | (f) msg/s | (a) alloc/msg | (a) peak heap |\n")
