@@ -259,11 +259,10 @@ func (r *httpRoute) attempt(ctx context.Context, msg *azservicebus.ReceivedMessa
 		// and the DLQ.
 		err = scrubURLError(err, st.origin)
 		p := sendProgress{gotConn: progress.gotConn.Load(), wroteRequest: progress.wrote.Load()}
-		msg := err.Error()
 		if p.wroteRequest && isTimeout(err) {
-			msg = fmt.Sprintf("no answer within %s after the request was written (the downstream may have performed it): %s", st.timeout, msg)
+			err = fmt.Errorf("no answer within %s after the request was written (the downstream may have performed it): %w", st.timeout, err)
 		}
-		return 0, "", classifyTransportError(redacted(r.redact.String(msg), err), p)
+		return 0, "", classifyTransportError(r.redact.Error(err), p)
 	}
 	// Read (bounded) what the answer needs; the rest is not drained, so a
 	// huge body costs a connection, not memory.
@@ -327,15 +326,3 @@ func scrubURLError(err error, origin string) error {
 	}
 	return err
 }
-
-// redactedError carries a redacted message and keeps the original error
-// for errors.Is/As (timeouts, net errors).
-type redactedError struct {
-	msg string
-	err error
-}
-
-func redacted(msg string, err error) error { return &redactedError{msg: msg, err: err} }
-
-func (e *redactedError) Error() string { return e.msg }
-func (e *redactedError) Unwrap() error { return e.err }
