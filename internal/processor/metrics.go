@@ -6,51 +6,6 @@ import (
 	"github.com/sbclaim/sbclaim/internal/held"
 )
 
-// Result is how the processor finished with one delivery of a message. It
-// is the "outcome" label of sbclaim_messages_total and of each message's
-// final log line.
-type Result string
-
-const (
-	// ResultProcessed: claim won (or taken over), effect ok, claim marked
-	// processed, message completed.
-	ResultProcessed Result = "processed"
-	// ResultDuplicate: another attempt finished the claim (or an operator
-	// has it); the message was completed without running the effect.
-	ResultDuplicate Result = "duplicate"
-	// ResultConflict: same key, different payload; dead-lettered with
-	// IdempotencyKeyConflict.
-	ResultConflict Result = "conflict"
-	// ResultReleased: the effect was definitely not performed and may
-	// succeed later; claim released, message abandoned.
-	ResultReleased Result = "released"
-	// ResultDeadLettered: bad input (never claimed), or a transactional
-	// effect that can never succeed (rolled back, no claim).
-	ResultDeadLettered Result = "dead_lettered"
-	// ResultFailed: the downstream gave a final answer that is not a
-	// success (rejected, permanent, conflict): the claim is failed and this
-	// delivery dead-lettered the message (EffectRejected, EffectFailed or
-	// IdempotencyKeyConflict). Once per key: later copies are duplicates.
-	ResultFailed Result = "failed"
-	// ResultUnknown: the effect's outcome is unknown after retries (or
-	// known but not recordable); the claim is kept with its last error and
-	// the message abandoned. Its redelivery takes the claim over once the
-	// claim is silent (auto routes), or the reconciler flags it (manual).
-	ResultUnknown Result = "unknown"
-	// ResultAbandoned: nothing was claimed (store unavailable, shutdown);
-	// the message was abandoned for redelivery.
-	ResultAbandoned Result = "abandoned"
-	// ResultLost: the claim was taken over, flagged or resolved by someone
-	// else while this delivery's effect ran; the effect was cancelled (a
-	// success that still arrived is noted on the claim).
-	ResultLost Result = "lost"
-	// ResultFlagged: this delivery flagged the claim for operators (its
-	// route is not the one the claim was taken for).
-	ResultFlagged Result = "flagged"
-	// ResultCrashed: a test hook stopped the attempt (chaos harness).
-	ResultCrashed Result = "crashed"
-)
-
 // Metrics are the processor's Prometheus collectors.
 type Metrics struct {
 	Messages            *prometheus.CounterVec // outcome
