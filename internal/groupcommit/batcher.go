@@ -35,8 +35,9 @@ type batcher[R any] struct {
 }
 
 type call[R any] struct {
-	req  R
-	done chan error // buffered: the flush never blocks on a caller that left
+	req      R
+	deadline time.Time  // the caller's (zero: none)
+	done     chan error // buffered: the flush never blocks on a caller that left
 }
 
 var errClosed = errors.New("groupcommit: closed")
@@ -47,10 +48,13 @@ func newBatcher[R any](flush func(context.Context, []R) []error, key func(R) int
 
 // do queues req and waits for its own result. When ctx ends before req's
 // batch was taken, req is withdrawn and ctx's error returned; once taken,
-// the batch runs under its own timeout and do waits for the result (a
-// write that may have committed is never reported as not done).
+// do waits for the batch's result (a write that may have committed is
+// never reported as not done). A batch runs until the earliest deadline
+// of its callers (at most timeout), so no caller waits past its own
+// deadline by more than the statement's reaction to it.
 func (b *batcher[R]) do(ctx context.Context, req R) error {
 	c := &call[R]{req: req, done: make(chan error, 1)}
+	c.deadline, _ = ctx.Deadline()
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -108,7 +112,13 @@ func (b *batcher[R]) run(wait bool) {
 		for i, c := range batch {
 			reqs[i] = c.req
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+		deadline := time.Now().Add(b.timeout)
+		for _, c := range batch {
+			if !c.deadline.IsZero() && c.deadline.Before(deadline) {
+				deadline = c.deadline
+			}
+		}
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		errs := b.flush(ctx, reqs)
 		cancel()
 		b.mu.Lock()

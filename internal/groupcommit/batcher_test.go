@@ -205,3 +205,24 @@ func TestBatcherOneRequestPerKeyAtATime(t *testing.T) {
 		t.Fatalf("batches %v, want [[10] [20] [11]]", batches)
 	}
 }
+
+// A batch runs until the earliest of its callers' deadlines: a caller
+// never waits for a batch longer than its own context allows.
+func TestBatcherBatchHasTheEarliestDeadline(t *testing.T) {
+	got := make(chan time.Time, 1)
+	b := newBatcher(func(ctx context.Context, reqs []int) []error {
+		d, _ := ctx.Deadline()
+		got <- d
+		return make([]error, len(reqs))
+	}, nil, 8, 1, 0, time.Hour)
+	defer b.close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	want, _ := ctx.Deadline()
+	if err := b.do(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if d := <-got; !d.Equal(want) {
+		t.Fatalf("batch deadline %v, want the caller's %v (not the hour-long timeout)", d, want)
+	}
+}

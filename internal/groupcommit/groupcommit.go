@@ -22,8 +22,10 @@ type Options struct {
 	// is being written waits for more writes [0]. A write that finds no
 	// batch running is never delayed.
 	Window time.Duration
-	// Timeout bounds each batch's statement [DefaultTimeout]. Its writes'
-	// callers wait for it once their write is in it.
+	// Timeout bounds each batch's statement [DefaultTimeout]; a batch
+	// also ends at the earliest deadline of its writes' contexts, so a
+	// caller never waits past its own (a batch cut short fails as a whole,
+	// and its callers retry as they would a timed-out write).
 	Timeout time.Duration
 }
 

@@ -53,7 +53,7 @@ func IsSecretKey(name string) bool {
 // whole, keeping only its scheme.
 func URL(raw string) string {
 	scheme, _, _ := strings.Cut(raw, ":")
-	if strings.EqualFold(scheme, "sqlite") {
+	if hasScheme(raw, "sqlite") {
 		return raw
 	}
 	u, err := url.Parse(raw)
@@ -62,6 +62,11 @@ func URL(raw string) string {
 			return scheme + ":(unparseable URL redacted)"
 		}
 		return "(unparseable URL redacted)"
+	}
+	if u.Opaque != "" {
+		// scheme:opaque (no //host): nothing in it says which is safe to
+		// show.
+		return u.Scheme + ":" + Mask
 	}
 	if _, ok := u.User.Password(); ok {
 		u.User = url.UserPassword(u.User.Username(), Mask)
@@ -78,6 +83,12 @@ func URL(raw string) string {
 		u.RawQuery = q.Encode()
 	}
 	return u.String()
+}
+
+// hasScheme reports whether s starts with scheme: (any case).
+func hasScheme(s, scheme string) bool {
+	first, _, ok := strings.Cut(s, ":")
+	return ok && strings.EqualFold(first, scheme)
 }
 
 // validScheme reports whether s is a URL scheme (RFC 3986: a letter, then
@@ -121,7 +132,7 @@ func Value(s string) string {
 		return ""
 	case isConnectionString(s):
 		return ConnectionString(s)
-	case strings.Contains(s, ":"):
+	case strings.Contains(s, "://"), hasScheme(s, "sqlite"):
 		return URL(s)
 	}
 	return Mask

@@ -34,6 +34,9 @@ func TestValue(t *testing.T) {
 		{"https://hooks.example.com/x?api_key=" + secret + "&v=2", "https://hooks.example.com/x?api_key=xxxxx&v=2"},
 		{"sqlserver://sa:" + secret + "@host:port:bad/%zz", "sqlserver:(unparseable URL redacted)"},
 		{secret, "xxxxx"},
+		// A bare token with a colon is no URL: masked whole, not shown.
+		{"tok:" + secret, "xxxxx"},
+		{"mailto:" + secret, "xxxxx"},
 		{"", ""},
 	} {
 		got := redact.Value(tc.in)
@@ -43,6 +46,13 @@ func TestValue(t *testing.T) {
 		if strings.Contains(got, secret) {
 			t.Errorf("Value(%q) leaks the secret: %q", tc.in, got)
 		}
+	}
+}
+
+// A URL without //host (scheme:opaque) shows its scheme only.
+func TestOpaqueURL(t *testing.T) {
+	if got := redact.URL("tok:" + secret); got != "tok:xxxxx" {
+		t.Errorf("URL of an opaque URL = %q", got)
 	}
 }
 
