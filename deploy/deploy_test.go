@@ -504,11 +504,11 @@ func TestSQLStatementsIdempotent(t *testing.T) {
 	if strings.Contains(out, "CREATE USER") {
 		t.Error("sqlStatements has an unguarded CREATE USER; use usersSql")
 	}
-	// The roles come from schema/grants/sqlserver.sql, itself re-runnable.
-	grants := read(t, "../schema/grants/sqlserver.sql")
+	// The roles come from sql/grants/sqlserver.sql, itself re-runnable.
+	grants := read(t, "../sql/grants/sqlserver.sql")
 	for _, role := range []string{"sbclaim_processor", "sbclaim_reconciler"} {
 		if !strings.Contains(grants, "IF DATABASE_PRINCIPAL_ID(N'"+role+"') IS NULL\n    CREATE ROLE "+role) {
-			t.Errorf("schema/grants/sqlserver.sql does not create role %s idempotently", role)
+			t.Errorf("sql/grants/sqlserver.sql does not create role %s idempotently", role)
 		}
 	}
 }

@@ -58,7 +58,7 @@ targetScope = 'resourceGroup'
 @description('Azure region; defaults to the resource group\'s.')
 param location string = resourceGroup().location
 
-@description('Prefix of every resource name. With the default, the identities are id-sbclaim-processor and id-sbclaim-reconciler, the names schema/grants/sqlserver.sql uses.')
+@description('Prefix of every resource name. With the default, the identities are id-sbclaim-processor and id-sbclaim-reconciler, the names sql/grants/sqlserver.sql uses.')
 @minLength(2)
 @maxLength(20)
 param namePrefix string = 'sbclaim'
@@ -109,7 +109,7 @@ param entityMaxDeliveryCount int = 10
 @description('Azure SQL logical server name (without .database.windows.net). Its firewall or network must admit the Container Apps environment.')
 param sqlServerName string
 
-@description('Database holding dbo.Claims (run `reconciler migrate` against it first, then schema/grants/sqlserver.sql).')
+@description('Database holding dbo.Claims (run `reconciler migrate` against it first, then sql/grants/sqlserver.sql).')
 param sqlDatabaseName string = 'sbclaim'
 
 // ---- Processor ---------------------------------------------------------------
@@ -754,7 +754,7 @@ output consoleUrl string = consoleUrl
 @description('The web redirect URI to register on the console\'s Entra app registration (known after pass 1).')
 output consoleRedirectUri string = '${consoleUrl}/.auth/login/aad/callback'
 
-@description('T-SQL, run in the database as an Entra principal after schema/grants/sqlserver.sql: one contained user per identity (the console\'s with deployConsole), and its role. Idempotent: every statement checks first, so it can be run again.')
+@description('T-SQL, run in the database as an Entra principal after sql/grants/sqlserver.sql: one contained user per identity (the console\'s with deployConsole), and its role. Idempotent: every statement checks first, so it can be run again.')
 output sqlStatements string = join(concat([
   usersSql(processorIdentity.name, processorIdentity.properties.principalId, 'sbclaim_processor')
   usersSql(reconcilerIdentity.name, reconcilerIdentity.properties.principalId, 'sbclaim_reconciler')

@@ -157,7 +157,7 @@ func TestReadmeDeployCommands(t *testing.T) {
 
 	// The order that makes the first deployment work.
 	steps := strings.Join(cmds, "\n")
-	order := []string{"deployApps=false", "reconciler migrate", "schema/grants/sqlserver.sql", "sqlStatements", "sleep", "deployApps=true"}
+	order := []string{"deployApps=false", "reconciler migrate", "sql/grants/sqlserver.sql", "sqlStatements", "sleep", "deployApps=true"}
 	last := -1
 	for _, o := range order {
 		i := strings.Index(steps, o)

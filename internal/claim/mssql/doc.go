@@ -1,5 +1,5 @@
 // Package mssql is the SQL Server and Azure SQL Database claims store
-// (dbo.Claims, migrations in schema/sqlserver), on github.com/microsoft/go-mssqldb.
+// (dbo.Claims, migrations in sql/sqlserver), on github.com/microsoft/go-mssqldb.
 //
 // # Arbiter
 //

@@ -18,7 +18,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim/sqlstore"
 	"github.com/sbclaim/sbclaim/internal/redact"
-	"github.com/sbclaim/sbclaim/schema"
+	sqlfiles "github.com/sbclaim/sbclaim/sql"
 )
 
 // connMaxIdleTime closes pooled connections idle for longer than this.
@@ -135,12 +135,12 @@ func scrub(err error, rawURL string) error {
 // of one database (two replicas starting at once).
 const migrationLock = "sbclaim:migrate"
 
-// Migrate applies the embedded SQL Server migrations (schema/sqlserver) to db
+// Migrate applies the embedded SQL Server migrations (sql/sqlserver) to db
 // with goose, holding an exclusive application lock so that concurrent
 // callers run them one after the other. The identity needs DDL rights
-// (see schema/grants/sqlserver.sql).
+// (see sql/grants/sqlserver.sql).
 func Migrate(ctx context.Context, db *sql.DB) error {
-	fsys, err := schema.Dialect("sqlserver")
+	fsys, err := sqlfiles.Dialect("sqlserver")
 	if err != nil {
 		return fmt.Errorf("migrate sql server: %w", err)
 	}

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/schema"
+	sqlfiles "github.com/sbclaim/sbclaim/sql"
 )
 
 // The migration cannot be run here (no SQL Server); these tests pin the
@@ -22,7 +22,7 @@ func migration(t *testing.T) (up, down string) {
 
 func migrationFile(t *testing.T, name string) (up, down string) {
 	t.Helper()
-	fsys, err := schema.Dialect("sqlserver")
+	fsys, err := sqlfiles.Dialect("sqlserver")
 	if err != nil {
 		t.Fatal(err)
 	}

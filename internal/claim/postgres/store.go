@@ -24,7 +24,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/sqlstore"
-	"github.com/sbclaim/sbclaim/schema"
+	sqlfiles "github.com/sbclaim/sbclaim/sql"
 )
 
 var _ claim.Store = (*Store)(nil)
@@ -86,7 +86,7 @@ func Open(ctx context.Context, url string) (*Store, error) {
 	return s, nil
 }
 
-// Migrate applies the embedded PostgreSQL migrations (schema/postgres) to the
+// Migrate applies the embedded PostgreSQL migrations (sql/postgres) to the
 // current schema of db, holding a session advisory lock keyed by that
 // schema so replicas starting together migrate once.
 func Migrate(ctx context.Context, db *sql.DB) error {
@@ -100,7 +100,7 @@ func Migrate(ctx context.Context, db *sql.DB) error {
 	if err != nil {
 		return fmt.Errorf("migrate postgres: %w", err)
 	}
-	fsys, err := schema.Dialect("postgres")
+	fsys, err := sqlfiles.Dialect("postgres")
 	if err != nil {
 		return fmt.Errorf("migrate postgres: %w", err)
 	}

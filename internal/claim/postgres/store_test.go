@@ -18,7 +18,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/claim/postgres"
 	"github.com/sbclaim/sbclaim/internal/testkit"
 	"github.com/sbclaim/sbclaim/internal/testkit/testdb"
-	"github.com/sbclaim/sbclaim/schema"
+	sqlfiles "github.com/sbclaim/sbclaim/sql"
 )
 
 // newStore opens a store on a fresh schema (search_path) of the test
@@ -153,7 +153,7 @@ func TestUpgradeFromTheFirstSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	fsys, err := schema.Dialect("postgres")
+	fsys, err := sqlfiles.Dialect("postgres")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +207,7 @@ func TestUpgradeToTheFailedState(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	fsys, err := schema.Dialect("postgres")
+	fsys, err := sqlfiles.Dialect("postgres")
 	if err != nil {
 		t.Fatal(err)
 	}

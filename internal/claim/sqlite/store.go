@@ -20,7 +20,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/sqlstore"
-	"github.com/sbclaim/sbclaim/schema"
+	sqlfiles "github.com/sbclaim/sbclaim/sql"
 )
 
 var _ claim.Store = (*Store)(nil)
@@ -123,9 +123,9 @@ func ParseURL(url string) (string, error) {
 	return rest, nil
 }
 
-// Migrate applies the embedded SQLite migrations (schema/sqlite) to db.
+// Migrate applies the embedded SQLite migrations (sql/sqlite) to db.
 func Migrate(ctx context.Context, db *sql.DB) error {
-	fsys, err := schema.Dialect("sqlite")
+	fsys, err := sqlfiles.Dialect("sqlite")
 	if err != nil {
 		return fmt.Errorf("migrate sqlite: %w", err)
 	}

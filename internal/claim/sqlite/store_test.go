@@ -14,7 +14,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/claimtest"
 	"github.com/sbclaim/sbclaim/internal/claim/sqlite"
-	"github.com/sbclaim/sbclaim/schema"
+	sqlfiles "github.com/sbclaim/sbclaim/sql"
 )
 
 // harness is the SQLite conformance harness: a migrated temp-file
@@ -151,7 +151,7 @@ func TestUpgradeFromTheFirstSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	fsys, err := schema.Dialect("sqlite")
+	fsys, err := sqlfiles.Dialect("sqlite")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +205,7 @@ func TestUpgradeToTheFailedState(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	fsys, err := schema.Dialect("sqlite")
+	fsys, err := sqlfiles.Dialect("sqlite")
 	if err != nil {
 		t.Fatal(err)
 	}
