@@ -48,9 +48,12 @@ import (
 	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"mime"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -236,6 +239,13 @@ type Options struct {
 	Logger *slog.Logger
 	// ConflictStyle is how a key reused with another payload is answered.
 	ConflictStyle ConflictStyle
+	// StripeRequests checks every effect request the way Stripe's API
+	// does before its idempotency layer (nothing is stored for a refused
+	// request): Authorization must be "Bearer <key>" (401 otherwise) and
+	// the body form-encoded, Content-Type
+	// application/x-www-form-urlencoded (400 invalid_request_error
+	// otherwise: Stripe does not take JSON).
+	StripeRequests bool
 }
 
 // Server is the fake downstream, an http.Handler. It is safe for
@@ -253,6 +263,8 @@ type Server struct {
 	entries   map[entryKey]*entry
 	counts    map[string]*KeyCounts
 	headers   map[string][]http.Header
+	bodies    map[string][]string
+	stripe    bool
 	effects   int
 	requests  int
 	seq       int // ids of what was recorded (effects and declines)
@@ -315,11 +327,16 @@ func New(opts Options) *Server {
 		entries:   map[entryKey]*entry{},
 		counts:    map[string]*KeyCounts{},
 		headers:   map[string][]http.Header{},
+		bodies:    map[string][]string{},
+		stripe:    opts.StripeRequests,
 	}
 }
 
 // maxBody bounds the request bodies the fake reads.
 const maxBody = 1 << 20
+
+// maxRecordedBody bounds what Bodies keeps of each request body.
+const maxRecordedBody = 4 << 10
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -377,8 +394,19 @@ func (s *Server) serveEffect(w http.ResponseWriter, r *http.Request) {
 	c := s.countsFor(key)
 	c.Requests++
 	s.headers[key] = append(s.headers[key], r.Header.Clone())
+	s.bodies[key] = append(s.bodies[key], string(body[:min(len(body), maxRecordedBody)]))
+	stripe := s.stripe
 	fault, rule := s.pickFault(key)
 	s.mu.Unlock()
+
+	if stripe {
+		if status, problem := stripeRequestProblem(r, body); status != 0 {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(status)
+			_, _ = w.Write(jsonLine(map[string]any{"error": map[string]any{"type": "invalid_request_error", "message": problem}}))
+			return
+		}
+	}
 
 	switch fault {
 	case FaultUnavailable:
@@ -532,6 +560,22 @@ func (s *Server) perform(r *http.Request, key string, body []byte) (status int, 
 	return status, respBody, false
 }
 
+// stripeRequestProblem checks a request as Stripe's API does before its
+// idempotency layer; status 0 means it passes.
+func stripeRequestProblem(r *http.Request, body []byte) (status int, problem string) {
+	auth := r.Header.Get("Authorization")
+	if k, ok := strings.CutPrefix(auth, "Bearer "); !ok || strings.TrimSpace(k) == "" {
+		return http.StatusUnauthorized, "You did not provide an API key. You need to provide your API key in the Authorization header, using Bearer auth (e.g. 'Authorization: Bearer YOUR_SECRET_KEY')."
+	}
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/x-www-form-urlencoded" {
+		return http.StatusBadRequest, "Invalid request: the body must be form-encoded (Content-Type: application/x-www-form-urlencoded)."
+	}
+	if _, err := url.ParseQuery(string(body)); err != nil {
+		return http.StatusBadRequest, "Invalid request: the body is not valid form encoding."
+	}
+	return 0, ""
+}
+
 // replyForLocked is the reply for the first request with key. Called with
 // s.mu held.
 func (s *Server) replyForLocked(key string) Reply {
@@ -653,6 +697,21 @@ func (s *Server) ClearReplies() {
 	defer s.mu.Unlock()
 	s.replies = map[string]Reply{}
 	s.replyFunc = nil
+}
+
+// SetStripeRequests turns Options.StripeRequests on or off.
+func (s *Server) SetStripeRequests(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stripe = on
+}
+
+// Bodies returns the body of every request that carried key (its first
+// 4 KiB), in arrival order.
+func (s *Server) Bodies(key string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.bodies[key])
 }
 
 // SetConflictStyle changes how a key reused with another payload is

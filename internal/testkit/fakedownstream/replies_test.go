@@ -2,6 +2,7 @@ package fakedownstream
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -176,5 +177,54 @@ func TestReplyAndConflictStyleNames(t *testing.T) {
 	b, _ := json.Marshal(StoredAnswer{Status: 402, Reply: ReplyDecline})
 	if !strings.Contains(string(b), `"reply":"decline"`) {
 		t.Errorf("StoredAnswer JSON: %s", b)
+	}
+}
+
+func TestStripeRequestsRefuseJSONAndMissingBearer(t *testing.T) {
+	t.Parallel()
+	s, base := setup(t, Options{StripeRequests: true, ConflictStyle: ConflictStripe})
+	post := func(key, auth, contentType, body string) answer {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, base+"/v1/payment_intents", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Idempotency-Key", key)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		req.Header.Set("Content-Type", contentType)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return answer{status: resp.StatusCode, body: string(b)}
+	}
+	const form = "application/x-www-form-urlencoded"
+	for _, c := range []struct {
+		name, auth, contentType, body string
+		want                          int
+	}{
+		{"no Authorization", "", form, "amount=1999", http.StatusUnauthorized},
+		{"key without Bearer", "sk_test_123", form, "amount=1999", http.StatusUnauthorized},
+		{"JSON body", "Bearer sk_test_123", "application/json", `{"amount":1999}`, http.StatusBadRequest},
+		{"bad form", "Bearer sk_test_123", form, "amount=%zz", http.StatusBadRequest},
+	} {
+		a := post("k-"+c.name, c.auth, c.contentType, c.body)
+		if a.status != c.want || !strings.Contains(a.body, "invalid_request_error") {
+			t.Errorf("%s: %d %s, want %d invalid_request_error", c.name, a.status, a.body, c.want)
+		}
+		if _, stored := s.StoredAnswer("/v1/payment_intents", "k-"+c.name); stored || s.Effects("k-"+c.name) != 0 {
+			t.Errorf("%s: a refused request was stored or performed", c.name)
+		}
+	}
+	ok := post("k1", "Bearer sk_test_123", form+"; charset=utf-8", "amount=1999&currency=usd&metadata%5Border%5D=42")
+	if ok.status != http.StatusCreated || s.Effects("k1") != 1 {
+		t.Errorf("form request: %d %s, want 201 performed", ok.status, ok.body)
+	}
+	if got := s.Bodies("k1"); len(got) != 1 || got[0] != "amount=1999&currency=usd&metadata%5Border%5D=42" {
+		t.Errorf("Bodies(k1) = %q", got)
 	}
 }
