@@ -34,7 +34,19 @@
 // route's), to a fixed method and URL. The URL is never built from message
 // content: a URL containing template syntax ({, }, $, <, > or their
 // percent-encodings), or that is not an absolute http/https URL, is refused
-// at start-up. Configured headers take their values from the file ({value:
+// at start-up.
+//
+// The one exception is a request mapping (a route's or step's `request`,
+// mapping.go): a JSON message's fields, picked by JSON Pointer, with fixed
+// values beside them, become a form-encoded or JSON body, and whole path
+// segments written {name} in the URL. Placeholders anywhere but a whole
+// path segment (the scheme, host, port, query, fragment) are refused at
+// start-up; a path value is one segment of RFC 3986 unreserved characters,
+// never empty, "." or "..", and anything else is refused rather than
+// percent-encoded. HTTPRouter.Route builds every mapped request before
+// any claim and returns an *InputError with ReasonMappingFailed when it
+// cannot; the route's fingerprint covers the URL template and the
+// mapping. Configured headers take their values from the file ({value:
 // ...}) or, for secrets, from environment variables ({fromEnv: NAME}); a
 // missing variable is a start-up error naming the route, header and
 // variable, and secret values are redacted from every log line, error and

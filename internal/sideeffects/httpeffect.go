@@ -50,6 +50,11 @@ func (r *HTTPRouter) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 				return Handler{}, err
 			}
 		}
+		if rt.mapped {
+			if err := rt.checkMapping(msg.Body); err != nil {
+				return Handler{}, err
+			}
+		}
 		return Handler{Name: rt.name, Effect: rt, Recovery: rt.recovery, Fingerprint: rt.fingerprint, AllowNewKey: rt.allowNewKey}, nil
 	}
 	return Handler{}, noRoute(msg)
@@ -74,6 +79,32 @@ func checkJSONBody(route string, body []byte) error {
 	}
 }
 
+// checkMapping builds every mapped step's request from body, so a message
+// that cannot be mapped is dead-lettered (ReasonMappingFailed) before any
+// claim rather than failing after it.
+func (r *httpRoute) checkMapping(body []byte) error {
+	doc, ok := decodeJSON(body)
+	if !ok {
+		return &InputError{
+			Reason:      ReasonMappingFailed,
+			Description: fmt.Sprintf("route %q builds its request from a JSON message; the message body (%d bytes) is not valid JSON", r.name, len(body)),
+		}
+	}
+	for _, st := range r.steps {
+		if st.request == nil {
+			continue
+		}
+		if _, _, err := st.request.build(doc); err != nil {
+			where := fmt.Sprintf("route %q", r.name)
+			if st.name != "" {
+				where += fmt.Sprintf(" step %q", st.name)
+			}
+			return &InputError{Reason: ReasonMappingFailed, Description: where + ": " + err.Error()}
+		}
+	}
+	return nil
+}
+
 // httpRoute is the Effect of one route: its steps, run in order.
 type httpRoute struct {
 	name        string
@@ -83,7 +114,8 @@ type httpRoute struct {
 	recovery    Recovery
 	allowNewKey bool
 	excerpt     bool   // put a response excerpt in error messages
-	fingerprint string // Fingerprint of the steps' names, methods and URLs
+	fingerprint string // Fingerprint of the steps' names, methods and URLs (and mappings)
+	mapped      bool   // a step builds its request from the message (request)
 	steps       []*httpStep
 	client      *http.Client
 	logger      *slog.Logger
@@ -102,6 +134,11 @@ type httpStep struct {
 	record  recordRT
 	// needJSON: a rule or the record reads the JSON body.
 	needJSON bool
+	// request, when set, builds the URL (path placeholders) and, for a
+	// form or json mapping, the body from the message's JSON; contentType
+	// is then the mapped body's, whatever the message's.
+	request     *requestMap
+	contentType string
 }
 
 // label names a step in errors: route, step and host, never the URL's
@@ -224,6 +261,23 @@ func (r *httpRoute) attempt(ctx context.Context, msg *azservicebus.ReceivedMessa
 	if msg.ContentType != nil && *msg.ContentType != "" {
 		contentType = *msg.ContentType
 	}
+	target, reqBody := st.url, msg.Body
+	if st.request != nil {
+		// Route checked the mapping before the claim; the message has not
+		// changed since, so this builds the same request on every attempt.
+		doc, ok := decodeJSON(msg.Body)
+		if !ok {
+			return 0, "", Permanent(errors.New("not sent: the message body is not valid JSON (request mapping)"))
+		}
+		u, b, err := st.request.build(doc)
+		if err != nil {
+			return 0, "", Permanent(fmt.Errorf("not sent: request mapping: %w", err))
+		}
+		target = u
+		if b != nil {
+			reqBody, contentType = b, st.contentType
+		}
+	}
 	// A second line of defence behind Route and the processor: net/http
 	// would refuse a CR/LF before connecting, which looks retryable and
 	// would loop until the broker dead-letters the message.
@@ -232,7 +286,7 @@ func (r *httpRoute) attempt(ctx context.Context, msg *azservicebus.ReceivedMessa
 		errors.As(err, &ie)
 		return 0, "", Permanent(fmt.Errorf("not sent: %s", ie.Description))
 	}
-	req, err := http.NewRequestWithContext(ctx, st.method, st.url, bytes.NewReader(msg.Body))
+	req, err := http.NewRequestWithContext(ctx, st.method, target, bytes.NewReader(reqBody))
 	if err != nil {
 		return 0, "", Permanent(fmt.Errorf("build request: %w", scrubURLError(err, st.origin)))
 	}

@@ -83,6 +83,7 @@ type routeSpec struct {
 	Record      *recordSpec           `yaml:"record"`
 	Excerpt     *bool                 `yaml:"excerpt"`
 	AllowNewKey bool                  `yaml:"allowNewKey"`
+	Request     *requestSpec          `yaml:"request"`
 	Steps       []stepSpec            `yaml:"steps"`
 }
 
@@ -119,6 +120,7 @@ type stepSpec struct {
 	Timeout string                `yaml:"timeout"`
 	Answers []answerSpec          `yaml:"answers"`
 	Record  *recordSpec           `yaml:"record"`
+	Request *requestSpec          `yaml:"request"`
 }
 
 type headerSpec struct {
@@ -230,11 +232,28 @@ func validateSchema(doc any) []error {
 		return []error{&RoutesError{Problem: err.Error()}}
 	}
 	var errs []error
-	var walk func(e *jsonschema.ValidationError)
-	walk = func(e *jsonschema.ValidationError) {
+	var walk func(e, parent *jsonschema.ValidationError)
+	walk = func(e, parent *jsonschema.ValidationError) {
+		if pn, ok := e.ErrorKind.(*kind.PropertyNames); ok && parent != nil {
+			// jsonschema v6.0.3 gives a propertyNames error a location
+			// that a later check overwrites (a shared slice); its parent,
+			// the object's $ref, has the object's. Its causes are located
+			// in the name alone.
+			loc := append(slices.Clone(parent.InstanceLocation), pn.Property)
+			errs = append(errs, schemaError(doc, loc, nameProblem(loc)))
+			return
+		}
+		if _, ok := e.ErrorKind.(*kind.Not); ok && inRequest(e.InstanceLocation) {
+			problem := "set exactly one of pointer (a field of the message) or value (fixed text)"
+			if l := e.InstanceLocation; l[len(l)-1] == "request" {
+				problem = "set form or json, not both"
+			}
+			errs = append(errs, schemaError(doc, e.InstanceLocation, problem))
+			return
+		}
 		if len(e.Causes) > 0 {
 			for _, c := range e.Causes {
-				walk(c)
+				walk(c, e)
 			}
 			return
 		}
@@ -252,6 +271,10 @@ func validateSchema(doc any) []error {
 		}
 		switch k := e.ErrorKind.(type) {
 		case *kind.DependentRequired:
+			if inRequest(loc) {
+				errs = append(errs, schemaError(doc, append(slices.Clone(loc), "pointer"), fmt.Sprintf("missing: %s applies to a field of the message, named by pointer", k.Prop)))
+				break
+			}
 			for _, m := range k.Missing {
 				errs = append(errs, schemaError(doc, append(slices.Clone(loc), m), fmt.Sprintf("missing: %s needs %s (a rule narrowed by a JSON field names the field and the value it must equal)", k.Prop, m)))
 			}
@@ -274,6 +297,17 @@ func validateSchema(doc any) []error {
 				errs = append(errs, schemaError(doc, loc, "set exactly one of fromEnv (a secret, read from the environment) or value (fixed text)"))
 				break
 			}
+			if inRequest(loc) {
+				switch {
+				case last == "request":
+					errs = append(errs, schemaError(doc, loc, "set form, json or path"))
+				case last == "form" || last == "json" || last == "path":
+					errs = append(errs, schemaError(doc, loc, e.ErrorKind.LocalizedString(schemaPrinter)+" (list the fields)"))
+				default:
+					errs = append(errs, schemaError(doc, loc, "set exactly one of pointer (a field of the message) or value (fixed text)"))
+				}
+				break
+			}
 			errs = append(errs, schemaError(doc, loc, e.ErrorKind.LocalizedString(schemaPrinter)))
 		case *kind.Pattern:
 			errs = append(errs, schemaError(doc, loc, patternProblem(loc, k)))
@@ -281,7 +315,7 @@ func validateSchema(doc any) []error {
 			errs = append(errs, schemaError(doc, loc, e.ErrorKind.LocalizedString(schemaPrinter)))
 		}
 	}
-	walk(ve)
+	walk(ve, nil)
 	return errs
 }
 
@@ -297,12 +331,38 @@ func patternProblem(loc []string, k *kind.Pattern) string {
 		return fmt.Sprintf("%q is not a valid name (letters, digits, '.', '_', '-'; at most 64)", k.Got)
 	case last == "fromEnv":
 		return fmt.Sprintf("%q is not an environment variable name", k.Got)
-	case last == "field" || len(loc) >= 2 && loc[len(loc)-2] == "fields":
+	case last == "field" || last == "pointer" || len(loc) >= 2 && loc[len(loc)-2] == "fields":
 		return fmt.Sprintf(`%q is not a JSON Pointer (RFC 6901): write it like /error/type, starting with "/", with "~" as ~0 and a "/" inside a name as ~1`, k.Got)
 	case len(loc) >= 2 && loc[len(loc)-2] == "headers":
 		return "not a valid HTTP header name"
 	}
 	return k.LocalizedString(schemaPrinter)
+}
+
+// nameProblem says why the name that ends loc (a key of an object) is
+// refused.
+func nameProblem(loc []string) string {
+	parent := ""
+	if len(loc) >= 2 {
+		parent = loc[len(loc)-2]
+	}
+	switch {
+	case parent == "headers":
+		return "not a valid HTTP header name"
+	case inRequest(loc) && (parent == "form" || parent == "json"):
+		return `not a field name: write name or name[key][key] (Stripe's nested keys), at most 128 bytes, without control characters`
+	case inRequest(loc) && parent == "path":
+		return `not a placeholder name: letters, digits and "_", not starting with a digit, at most 64`
+	}
+	return "not a valid name"
+}
+
+// inRequest reports whether loc is inside a route's or step's request
+// mapping.
+func inRequest(loc []string) bool {
+	// routes/<i>/request/... or routes/<i>/steps/<j>/request/...
+	return len(loc) >= 3 && loc[0] == "routes" && loc[2] == "request" ||
+		len(loc) >= 5 && loc[0] == "routes" && loc[2] == "steps" && loc[4] == "request"
 }
 
 // instanceText renders the value at loc in doc for an error message.
@@ -379,8 +439,13 @@ func buildRouter(file *routesFile, getenv func(string) string, client *http.Clie
 
 	router := &HTTPRouter{logger: logger}
 	var errs []error
+	seen := map[RoutesError]bool{} // a route's request is checked once per step: say it once
 	fail := func(route, field, format string, args ...any) {
-		errs = append(errs, &RoutesError{Route: route, Field: field, Problem: fmt.Sprintf(format, args...)})
+		e := RoutesError{Route: route, Field: field, Problem: fmt.Sprintf(format, args...)}
+		if !seen[e] {
+			seen[e] = true
+			errs = append(errs, &e)
+		}
 	}
 	var secrets []string
 	names := map[string]bool{}
@@ -466,7 +531,18 @@ func buildRouter(file *routesFile, getenv func(string) string, client *http.Clie
 				}
 				st.timeout = d
 			}
-			if err := checkURL(ss.URL); err != nil {
+			// A step's request mapping replaces the route's.
+			req, reqField := rs.Request, "request"
+			if ss.Request != nil {
+				req, reqField = ss.Request, prefix+"request"
+			}
+			if req != nil {
+				st.request = buildRequestMap(req, ss.URL, prefix+"url", rs.ContentType, reqField,
+					func(field, problem string) { fail(rs.Name, field, "%s", problem) })
+				if st.request != nil && st.request.encoding != "" {
+					st.contentType = cmp.Or(rs.ContentType, st.request.contentType())
+				}
+			} else if err := checkURL(ss.URL); err != nil {
 				fail(rs.Name, prefix+"url", "%v", err)
 			}
 			st.url, st.host, st.origin = ss.URL, urlHost(ss.URL), urlOrigin(ss.URL)
@@ -518,6 +594,12 @@ func buildRouter(file *routesFile, getenv func(string) string, client *http.Clie
 		var parts []string
 		for _, st := range r.steps {
 			parts = append(parts, st.name, st.method, st.url)
+			if st.request != nil {
+				// A step without a mapping keeps the fingerprint it had
+				// before mappings existed.
+				parts = append(parts, "request", st.contentType, st.request.canonical)
+			}
+			r.mapped = r.mapped || st.request != nil
 		}
 		r.fingerprint = Fingerprint(parts...)
 		router.routes = append(router.routes, r)
@@ -633,7 +715,7 @@ func checkURL(raw string) error {
 	lower := strings.ToLower(raw)
 	for _, bad := range []string{"{", "}", "$", "%7b", "%7d", "%24", "<", ">", "%3c", "%3e"} {
 		if strings.Contains(lower, bad) {
-			return fmt.Errorf("the URL contains template syntax %q: a route URL is fixed text and never takes a value from the message", bad)
+			return fmt.Errorf("the URL contains template syntax %q: a route URL is fixed text; only a whole path segment may come from the message, as a {name} placeholder mapped in request.path", bad)
 		}
 	}
 	u, err := url.Parse(raw)

@@ -66,6 +66,14 @@ routes:
     url: https://example.com/p
     timeout: 5 seconds
 `, []string{`route "payments"`, `field "timeout"`, "not a duration"}},
+		{"bad header name", `
+routes:
+  - name: payments
+    match: {subject: s}
+    url: https://example.com/p
+    headers:
+      "X Bad": {value: v}
+`, []string{`route "payments"`, `field "headers.X Bad"`, "not a valid HTTP header name"}},
 		{"numeric timeout", `
 routes:
   - name: payments
