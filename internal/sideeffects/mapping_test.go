@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -425,5 +429,93 @@ func TestRequestMappingFingerprint(t *testing.T) {
     request: {path: {c: {pointer: /c}}, form: {amount: {pointer: /amount}, currency: {value: "1"}}}`) == fp(u+`
     request: {path: {c: {pointer: /c}}, form: {amount: {pointer: /amount}, currency: {value: 1}}}`) {
 		t.Error(`value "1" and value 1 share a fingerprint (they differ in a JSON body)`)
+	}
+}
+
+// readmeStripeRoute returns the README's Stripe example (the yaml block
+// that calls api.stripe.com for payment.requested) as a routes file.
+func readmeStripeRoute(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Skipf("no README: %v", err)
+	}
+	for _, m := range regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllStringSubmatch(string(b), -1) {
+		if strings.Contains(m[1], "https://api.stripe.com/") && strings.Contains(m[1], "subject: payment.requested") {
+			if !strings.Contains(m[1], "routes:") {
+				return "routes:\n" + m[1]
+			}
+			return m[1]
+		}
+	}
+	t.Fatal("README has no yaml block calling https://api.stripe.com/ for payment.requested")
+	return ""
+}
+
+// The README's Stripe example and examples/routes.yaml, as written (the
+// host pointed at the fake), charge a Stripe-compatible API from a JSON
+// event: form-encoded, Bearer key, the message's key as Idempotency-Key.
+func TestStripeExamplesAgainstFakeStripe(t *testing.T) {
+	t.Parallel()
+	example, err := os.ReadFile(filepath.Join("..", "..", "examples", "routes.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, file := range map[string]string{"README": readmeStripeRoute(t), "examples/routes.yaml": string(example)} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setupFake(t, fakedownstream.Options{StripeRequests: true, ConflictStyle: fakedownstream.ConflictStripe})
+			yml := strings.ReplaceAll(file, "https://api.stripe.com", b.url)
+			env := map[string]string{"STRIPE_AUTHORIZATION": "Bearer sk_test_4eC39HqLyjWDarjtT1zdp7dc", "PAYMENTS_TOKEN": "Bearer payments-token", "EMAILS_API_KEY": "emails-api-key"}
+			r, err := ParseRoutes([]byte(yml), mapEnv(env), nil, b.log)
+			if err != nil {
+				t.Fatal(err)
+			}
+			msg := jsonMsg("evt-1", "payment.requested", `{"order":42,"amount_cents":1999}`)
+			ctx, rec := RecordAnswers(context.Background())
+			if err := mustEffect(t, r, msg).Perform(ctx, msg, "evt-1"); err != nil {
+				t.Fatalf("Perform: %v", err)
+			}
+			if b.fake.Effects("evt-1") != 1 {
+				t.Fatalf("effects %d, want 1", b.fake.Effects("evt-1"))
+			}
+			form, err := url.ParseQuery(b.fake.Bodies("evt-1")[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if form.Get("amount") != "1999" || form.Get("currency") != "usd" || form.Get("metadata[order]") != "42" {
+				t.Errorf("form %v, want amount=1999 currency=usd metadata[order]=42", form)
+			}
+			h := b.fake.Headers("evt-1")[0]
+			if h.Get("Idempotency-Key") != "evt-1" || h.Get("Authorization") != "Bearer sk_test_4eC39HqLyjWDarjtT1zdp7dc" ||
+				h.Get("Content-Type") != "application/x-www-form-urlencoded" {
+				t.Errorf("headers %v", h)
+			}
+			if a := rec.Last(); a == nil || a.Status != http.StatusCreated || a.Fields["/id"] == "" || a.Headers["Request-Id"] == "" {
+				t.Errorf("recorded answer %+v, want 201 with the id and Request-Id", a)
+			}
+			// A decline is rejected, as the example's answer rules say.
+			b.fake.SetKeyReply("evt-2", fakedownstream.ReplyDecline)
+			msg2 := jsonMsg("evt-2", "payment.requested", `{"order":43,"amount_cents":500}`)
+			if err := mustEffect(t, r, msg2).Perform(context.Background(), msg2, "evt-2"); Classify(err) != OutcomeRejected {
+				t.Errorf("decline: %v (%v), want rejected", err, Classify(err))
+			}
+			// An event without the amount is refused before any claim.
+			var ie *InputError
+			if _, err := r.Route(jsonMsg("evt-3", "payment.requested", `{"order":44}`)); !errors.As(err, &ie) || ie.Reason != ReasonMappingFailed {
+				t.Errorf("event without amount_cents: %v, want MappingFailed", err)
+			}
+			// Both have the path-segment route.
+			upd := jsonMsg("evt-4", "customer.updated", `{"customer_id":"cus_9","email":"ada@example.com"}`)
+			if err := mustEffect(t, r, upd).Perform(context.Background(), upd, "evt-4"); err != nil {
+				t.Fatalf("customer-updates: %v", err)
+			}
+			if b.fake.EffectsAt("/v1/customers/cus_9", "evt-4") != 1 || b.fake.Bodies("evt-4")[0] != "email=ada%40example.com" {
+				t.Errorf("customer-updates: effects at the path %d, body %q", b.fake.EffectsAt("/v1/customers/cus_9", "evt-4"), b.fake.Bodies("evt-4"))
+			}
+			if _, err := r.Route(jsonMsg("evt-5", "customer.updated", `{"customer_id":"../admin","email":"x"}`)); !errors.As(err, &ie) || ie.Reason != ReasonMappingFailed {
+				t.Errorf("customer_id ../admin: %v, want MappingFailed", err)
+			}
+		})
 	}
 }

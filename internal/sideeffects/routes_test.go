@@ -379,7 +379,7 @@ func TestLoadRoutesExampleFile(t *testing.T) {
 		t.Skipf("no example file: %v", err)
 	}
 	logger, _ := testLogger(t)
-	env := map[string]string{"PAYMENTS_TOKEN": "Bearer x", "EMAILS_API_KEY": "k"}
+	env := map[string]string{"STRIPE_AUTHORIZATION": "Bearer x", "EMAILS_API_KEY": "k"}
 	r, err := LoadRoutes(path, mapEnv(env), logger)
 	if err != nil {
 		t.Fatalf("examples/routes.yaml: %v", err)
@@ -387,11 +387,11 @@ func TestLoadRoutesExampleFile(t *testing.T) {
 	if len(r.Names()) == 0 {
 		t.Error("no routes")
 	}
-	h, err := r.Route(newMsg("m", "payment.requested", `{}`))
+	h, err := r.Route(newMsg("m", "payment.requested", `{"order":42,"amount_cents":1999}`))
 	if err != nil || !h.AllowNewKey {
 		t.Errorf("payments: %v, AllowNewKey %v (the example allows a new key)", err, h.AllowNewKey)
 	}
-	if _, err := LoadRoutes(path, mapEnv(nil), logger); err == nil || !strings.Contains(err.Error(), "PAYMENTS_TOKEN") {
+	if _, err := LoadRoutes(path, mapEnv(nil), logger); err == nil || !strings.Contains(err.Error(), "STRIPE_AUTHORIZATION") {
 		t.Errorf("missing env var not reported: %v", err)
 	}
 }
