@@ -168,13 +168,8 @@ func buildRequestMap(spec *requestSpec, raw, urlField, contentType, field string
 	if m.encoding == "json" {
 		fields = spec.JSON
 	}
-	names := make([]string, 0, len(fields))
-	for n := range fields {
-		names = append(names, n)
-	}
-	slices.Sort(names)
 	ok := true
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(fields)) {
 		where := field + "." + m.encoding + "." + n
 		if !fieldNameRE.MatchString(n) {
 			fail(where, `not a field name: write name or name[key][key] (Stripe's nested keys), without control characters`)
@@ -413,7 +408,7 @@ func (s mappedSource) resolve(doc any) (v any, found bool, err error) {
 		return nil, false, &mappingError{where: s.where, problem: fmt.Sprintf("the message has no field %s", s.pointer)}
 	}
 	if s.typ != "" && jsonType(v) != s.typ && !(s.typ == "number" && jsonType(v) == "integer") {
-		return nil, false, s.wrongType(v, "a "+s.typ)
+		return nil, false, s.wrongType(v, article(s.typ))
 	}
 	return v, true, nil
 }
