@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -130,6 +132,7 @@ func ExampleTxHandlerFunc() {
 	)
 
 	claims, _ := store.Claims(ctx, sbclaim.ClaimFilter{})
+	slices.SortFunc(claims, func(a, b *sbclaim.Claim) int { return strings.Compare(a.DedupKey, b.DedupKey) })
 	for _, c := range claims {
 		fmt.Println(c.DedupKey, c.State)
 	}
