@@ -9,6 +9,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/groupcommit"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
@@ -65,10 +66,17 @@ type RetryPolicy struct {
 // never delayed.
 type GroupCommit struct {
 	Disabled    bool
-	MaxBatch    int           // writes per batch at most (default 128)
-	MaxInFlight int           // batches written at once (default 2)
+	MaxBatch    int           // writes per batch at most (default DefaultGroupCommitMaxBatch, at most MaxGroupCommitBatch)
+	MaxInFlight int           // batches written at once (default DefaultGroupCommitMaxInFlight)
 	Window      time.Duration // how long a batch waits for more writes (default 0)
 }
+
+// Group commit's bounds and defaults.
+const (
+	DefaultGroupCommitMaxBatch    = groupcommit.DefaultMaxBatch
+	DefaultGroupCommitMaxInFlight = groupcommit.DefaultMaxInFlight
+	MaxGroupCommitBatch           = claim.MaxOutcomeBatch
+)
 
 // ProcessorConfig configures a Processor. Consumer, Store, Router and
 // NewReceiver are required; every other field has a default that suits
@@ -187,9 +195,6 @@ func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
 		opts.MaxLockRenewal = DefaultMaxLockRenewal
 	case cfg.MaxLockRenewal < 0:
 		opts.MaxLockRenewal = 0
-	}
-	if cfg.DedupKey == nil {
-		opts.Key = nil
 	}
 	p, err := processor.New(opts)
 	if err != nil {
