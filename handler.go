@@ -36,6 +36,13 @@ func (d *Delivery) DedupKey() string { return d.dedupKey }
 // an operator redrives the claim under a new key. Send it unchanged.
 func (d *Delivery) IdempotencyKey() string { return d.key }
 
+// StepKey returns the idempotency key of one step of a handler that
+// makes several calls (create a customer, then charge it): derived from
+// IdempotencyKey and the step's name, the same on every attempt, distinct
+// per step. A retry that repeats a step already performed sends its key
+// again and the downstream replays its answer.
+func (d *Delivery) StepKey(step string) string { return sideeffects.StepKey(d.key, step) }
+
 // Consumer returns the consumer name the claim was taken for.
 func (d *Delivery) Consumer() string { return d.consumer }
 
