@@ -239,3 +239,75 @@ func TestRouterRefusesBadRoutes(t *testing.T) {
 		}
 	}
 }
+
+// An operator's redrive of a claim whose handler is Go code the console
+// and the CLI do not have: they hand the claim off, and the reconciler
+// passes running in the user's binary (with the handler) re-run it once,
+// with the claim's own idempotency key.
+func TestHandOffRedrivesUserCodeWithTheSameKey(t *testing.T) {
+	st := sbclaimtest.NewStore(t)
+	var c calls
+	router, _ := sbclaim.NewRouter(sbclaim.Route{Name: "refund", Recovery: sbclaim.RecoveryManual,
+		Handler: func(ctx context.Context, d *sbclaim.Delivery) error {
+			if c.add(d) == 1 {
+				return errors.New("read timeout: the refund may have happened")
+			}
+			return nil
+		}})
+	q := sbclaimtest.NewQueue(&sbclaimtest.QueueOptions{LockDuration: 300 * time.Millisecond})
+	sbclaimtest.Start(t, sbclaim.ProcessorConfig{Consumer: "refunds", Store: st, Router: router}, q)
+	send(t, q, message("refund-5", "refund.requested", `{"amount":5}`))
+	waitIdle(t, q) // the unknown outcome on a manual route is left for the reconciler
+
+	ctx := context.Background()
+	rec, err := sbclaim.NewReconciler(sbclaim.ReconcilerConfig{Store: st, Routers: map[string]*sbclaim.Router{"refunds": router},
+		HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tick := func(want func(sbclaim.TickResult) bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			res, err := rec.RunOnce(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want(res) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("reconciler never did it; last tick %+v", res)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	tick(func(r sbclaim.TickResult) bool { return r.Flagged == 1 })
+	cl := onlyClaim(t, st)
+	if cl.State != sbclaim.StateFlagged {
+		t.Fatalf("claim %+v, want flagged (manual route, outcome unknown)", cl)
+	}
+
+	// The console has no handler: it hands the claim off. A second
+	// operator acting at once is refused.
+	handed, err := st.HandOff(ctx, cl.ID, "alice", "checked the PSP: no refund")
+	if err != nil || handed.State != sbclaim.StateReleased {
+		t.Fatalf("HandOff: %+v, %v; want released", handed, err)
+	}
+	if _, err := st.HandOff(ctx, cl.ID, "bob", "me too"); !errors.Is(err, sbclaim.ErrNotFlagged) {
+		t.Errorf("second HandOff: %v, want ErrNotFlagged", err)
+	}
+	if _, err := st.Resolve(ctx, cl.ID, sbclaim.ResolutionDiscarded, "bob", "too late"); !errors.Is(err, sbclaim.ErrStateChanged) {
+		t.Errorf("Resolve after the hand-off: %v, want ErrStateChanged", err)
+	}
+
+	tick(func(r sbclaim.TickResult) bool { return r.Recovered == 1 })
+	keys, _ := c.snapshot()
+	if len(keys) != 2 || keys[0] != keys[1] {
+		t.Fatalf("handler keys %q: want the original attempt and one redrive, with one key", keys)
+	}
+	cl = onlyClaim(t, st)
+	if cl.State != sbclaim.StateProcessed {
+		t.Errorf("claim %+v, want processed by the redrive", cl)
+	}
+}
