@@ -7,6 +7,7 @@ require (
 	github.com/sbclaim/sbclaim v0.0.0
 	github.com/stripe/stripe-go/v82 v82.5.1
 	github.com/stripe/stripe-mock v0.203.0
+	modernc.org/sqlite v1.62.0
 )
 
 require (
@@ -64,7 +65,6 @@ require (
 	modernc.org/libc v1.80.2 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
-	modernc.org/sqlite v1.62.0 // indirect
 )
 
 replace github.com/sbclaim/sbclaim => ../
