@@ -23,14 +23,14 @@
 // claims database, in the transaction that inserts the claim.
 //
 //	charge := func(ctx context.Context, d *sbclaim.Delivery) error {
-//		params := &stripe.PaymentIntentParams{Amount: stripe.Int64(1999), Currency: stripe.String("usd")}
-//		params.SetIdempotencyKey(d.IdempotencyKey())
-//		_, err := paymentintent.New(params)
+//		params := &stripe.PaymentIntentCreateParams{Amount: stripe.Int64(1999), Currency: stripe.String("usd")}
+//		params.SetIdempotencyKey(d.IdempotencyKey()) // the same on every repeat
+//		_, err := sc.V1PaymentIntents.Create(ctx, params)
 //		var se *stripe.Error
 //		if errors.As(err, &se) && se.Type == stripe.ErrorTypeCard {
 //			return sbclaim.Rejected(err) // a decline: final, dead-lettered once
 //		}
-//		return err
+//		return err // nil: performed; anything else: unknown, repeated with the key
 //	}
 //
 // # Routing

@@ -132,8 +132,10 @@ func (f TxHandlerFunc) txEffect() sideeffects.TxEffect {
 // NotPerformed marks err as "definitely not performed; may succeed later":
 // the claim is released and the message redelivered. Return it only when
 // nothing can have reached the downstream, or the downstream said it did
-// nothing (503, 429): a repeat after it is not deduplicated against
-// anything.
+// nothing (503, 429). A handler with several steps may return it for a
+// later step after earlier ones were performed, when every step sends its
+// own StepKey to a downstream that deduplicates on it: the repeat replays
+// the performed steps under their keys.
 func NotPerformed(err error) error { return sideeffects.Retryable(err) }
 
 // Rejected marks err as the downstream's final business answer for the

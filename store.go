@@ -2,6 +2,7 @@ package sbclaim
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -24,7 +25,8 @@ func init() {
 // for concurrent use; one Store serves a processor and a reconciler in the
 // same program.
 type Store struct {
-	s claim.Store
+	s       claim.Store
+	dialect string
 }
 
 // OpenStore opens the claims store a URL names:
@@ -41,7 +43,8 @@ func OpenStore(ctx context.Context, url string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sbclaim: open store: %w", err)
 	}
-	return &Store{s: s}, nil
+	d, _ := claimdb.DialectOf(url)
+	return &Store{s: s, dialect: string(d)}, nil
 }
 
 // Migrate creates or upgrades the claims table in the database a URL
@@ -70,6 +73,23 @@ func Migrations(dialect string) (fs.FS, error) {
 // connecting (an unknown scheme, a missing host), never echoing its
 // password.
 func CheckStoreURL(url string) error { return claimdb.Check(url) }
+
+// DB returns the store's database handle, for a program's own tables in
+// the claims database (a TxHandlerFunc's schema, a test reading back what
+// it wrote). Never write the claims table through it: every change of a
+// claim is a guarded write of the store's. On SQLite the pool has one
+// connection: do not hold it while a processor runs.
+func (s *Store) DB() *sql.DB {
+	if d, ok := s.s.(interface{ DB() *sql.DB }); ok {
+		return d.DB()
+	}
+	return nil
+}
+
+// Dialect returns the database's dialect: "sqlserver", "postgres" or
+// "sqlite" ("" for a store this module did not open), for SQL that
+// differs between them, such as placeholders (@p1, $1, ?).
+func (s *Store) Dialect() string { return s.dialect }
 
 // Ping checks the database answers.
 func (s *Store) Ping(ctx context.Context) error { return s.s.Ping(ctx) }
@@ -116,13 +136,28 @@ type Claim struct {
 	// LateSuccess is set when an attempt that had lost the claim saw its
 	// effect succeed anyway.
 	LateSuccess bool
+	// Answer is the downstream's last answer recorded with an outcome
+	// (Delivery.ReportAnswer, or the HTTP effect's), nil when none was.
+	Answer *Answer
+}
+
+// Answer is a downstream's answer as a claim keeps it: the status and the
+// few header and field values worth keeping.
+type Answer struct {
+	Status  int
+	Headers map[string]string
+	Fields  map[string]string
 }
 
 func publicClaim(c *claim.Claim) *Claim {
-	return &Claim{ID: c.ID, DedupKey: c.MessageID, Consumer: c.Consumer, State: ClaimState(c.State), Route: c.Route,
+	pc := &Claim{ID: c.ID, DedupKey: c.MessageID, Consumer: c.Consumer, State: ClaimState(c.State), Route: c.Route,
 		IdempotencyKey: c.Key(), Attempts: c.Attempts, TakeOvers: c.TakeOvers, ClaimedBy: c.ClaimedBy,
 		LastError: c.LastError, FlagReason: c.FlagReason, FailReason: c.FailReason, ClaimedAt: c.ClaimedAt,
 		ProcessedAt: c.ProcessedAt, LateSuccess: c.LateSuccessAt != nil}
+	if a := c.Answer; a != nil {
+		pc.Answer = &Answer{Status: a.Status, Headers: a.Headers, Fields: a.Fields}
+	}
+	return pc
 }
 
 // Claim returns one claim by id; the error wraps ErrNotFound when there
