@@ -10,10 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/claimdb"
-	"github.com/sbclaim/sbclaim/internal/groupcommit"
-	"github.com/sbclaim/sbclaim/internal/processor"
+	"github.com/sbclaim/sbclaim"
 	"github.com/sbclaim/sbclaim/internal/settings"
 )
 
@@ -37,7 +34,7 @@ type Config struct {
 	GracePeriod        time.Duration
 	ShutdownTimeout    time.Duration
 	DedupKey           string
-	Key                processor.KeyFunc
+	Key                sbclaim.DedupKeyFunc
 	StorePayload       bool
 	MaxPayloadBytes    int
 	Routes             string
@@ -69,7 +66,7 @@ func configSettings(c *Config) []settings.Setting {
 					return errors.New("required")
 				}
 				c.DatabaseURL = v
-				return claimdb.Check(v)
+				return sbclaim.CheckStoreURL(v)
 			}},
 		{Env: "SBCLAIM_SERVICEBUS_CONNECTION_STRING", Flag: "servicebus-connection-string", Secret: true,
 			Usage: "Service Bus connection string (the emulator's works); or set SBCLAIM_SERVICEBUS_NAMESPACE",
@@ -127,7 +124,7 @@ func configSettings(c *Config) []settings.Setting {
 		{Env: "SBCLAIM_DEDUP_KEY", Flag: "dedup-key", Default: "message-id",
 			Usage: "dedup key: message-id, property:<name>, or cloudevents (ce_source + ce_id)",
 			Parse: func(v string) error {
-				key, err := processor.ParseKeySpec(v)
+				key, err := sbclaim.ParseDedupKey(v)
 				c.DedupKey, c.Key = v, key
 				return err
 			}},
@@ -136,8 +133,8 @@ func configSettings(c *Config) []settings.Setting {
 		settings.Int("SBCLAIM_EFFECT_MAX_ATTEMPTS", "effect-max-attempts", "5", "attempts per effect, with the same idempotency key", 1, 100, &c.EffectMaxAttempts),
 		settings.Duration("SBCLAIM_EFFECT_RETRY_BUDGET", "effect-retry-budget", "2m", "time budget for an effect's attempts; must be below SBCLAIM_MAX_LOCK_RENEWAL", time.Millisecond, &c.EffectBudget),
 		settings.Bool("SBCLAIM_GROUP_COMMIT", "group-commit", "true", "write the outcomes (processed, released, attempts, heartbeats) of messages finishing together in one statement and one commit; a lone write is never delayed", &c.GroupCommit),
-		settings.Int("SBCLAIM_GROUP_COMMIT_MAX_BATCH", "group-commit-max-batch", strconv.Itoa(groupcommit.DefaultMaxBatch), "outcome writes per batch at most", 1, claim.MaxOutcomeBatch, &c.GroupCommitMaxBatch),
-		settings.Int("SBCLAIM_GROUP_COMMIT_MAX_IN_FLIGHT", "group-commit-max-in-flight", strconv.Itoa(groupcommit.DefaultMaxInFlight), "outcome batches written at once; a write waits only while this many are being written", 1, 16, &c.GroupCommitMaxInFlight),
+		settings.Int("SBCLAIM_GROUP_COMMIT_MAX_BATCH", "group-commit-max-batch", strconv.Itoa(sbclaim.DefaultGroupCommitMaxBatch), "outcome writes per batch at most", 1, sbclaim.MaxGroupCommitBatch, &c.GroupCommitMaxBatch),
+		settings.Int("SBCLAIM_GROUP_COMMIT_MAX_IN_FLIGHT", "group-commit-max-in-flight", strconv.Itoa(sbclaim.DefaultGroupCommitMaxInFlight), "outcome batches written at once; a write waits only while this many are being written", 1, 16, &c.GroupCommitMaxInFlight),
 		settings.Duration("SBCLAIM_GROUP_COMMIT_WINDOW", "group-commit-window", "0s", "how long a batch that starts while another is being written waits for more writes (0: none; at most 1s)", 0, &c.GroupCommitWindow),
 		{Env: "SBCLAIM_HTTP_ADDR", Flag: "http-addr", Default: ":8080", Usage: "address of /healthz, /readyz and /metrics",
 			Parse: func(v string) error {

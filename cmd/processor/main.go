@@ -23,11 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/claimdb"
-	"github.com/sbclaim/sbclaim/internal/groupcommit"
-	"github.com/sbclaim/sbclaim/internal/processor"
-	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim"
 )
 
 func main() {
@@ -76,13 +72,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 }
 
 func serve(ctx context.Context, cfg *Config, logger *slog.Logger, getenv func(string) string) error {
-	router, err := sideeffects.LoadRoutes(cfg.Routes, getenv, logger)
+	routes, err := sbclaim.LoadRoutesFile(cfg.Routes, &sbclaim.RoutesFileOptions{Getenv: getenv, Logger: logger})
 	if err != nil {
+		return fmt.Errorf("SBCLAIM_ROUTES: %w", err)
+	}
+	router := &sbclaim.Router{}
+	if err := router.AddRoutesFile(routes); err != nil {
 		return fmt.Errorf("SBCLAIM_ROUTES: %w", err)
 	}
 
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	st, err := claimdb.Open(openCtx, cfg.DatabaseURL)
+	st, err := sbclaim.OpenStore(openCtx, cfg.DatabaseURL)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("open claims store: %w", err)
@@ -97,43 +97,46 @@ func serve(ctx context.Context, cfg *Config, logger *slog.Logger, getenv func(st
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := processor.NewMetrics(reg)
 
-	p, err := processor.New(processor.Options{
+	renewal := cfg.MaxLockRenewal
+	if renewal == 0 {
+		renewal = -1 // SBCLAIM_MAX_LOCK_RENEWAL=0 turns renewal off
+	}
+	p, err := sbclaim.NewProcessor(sbclaim.ProcessorConfig{
 		Consumer: cfg.Consumer,
 		Entity:   cfg.Entity(),
 		Store:    st,
 		Router:   router,
-		NewReceiver: func(ctx context.Context) (processor.Receiver, error) {
+		NewReceiver: func(ctx context.Context) (sbclaim.Receiver, error) {
 			if cfg.Queue != "" {
 				return client.NewReceiverForQueue(cfg.Queue, nil)
 			}
 			return client.NewReceiverForSubscription(cfg.Topic, cfg.Subscription, nil)
 		},
-		Key:                cfg.Key,
+		DedupKey:           cfg.Key,
 		MaxConcurrentCalls: cfg.MaxConcurrentCalls,
-		MaxLockRenewal:     cfg.MaxLockRenewal,
+		MaxLockRenewal:     renewal,
 		HeartbeatInterval:  cfg.HeartbeatInterval,
 		TakeoverAfter:      cfg.TakeoverAfter,
 		StaleAfter:         cfg.StaleAfter,
-		Retry: sideeffects.RetryPolicy{
+		Retry: sbclaim.RetryPolicy{
 			MaxAttempts:     cfg.EffectMaxAttempts,
 			InitialInterval: 500 * time.Millisecond,
 			MaxInterval:     30 * time.Second,
 			Budget:          cfg.EffectBudget,
 		},
-		StorePayload:           cfg.StorePayload,
+		NoPayload:              !cfg.StorePayload,
 		MaxPayloadBytes:        cfg.MaxPayloadBytes,
 		ShutdownTimeout:        cfg.ShutdownTimeout,
 		StoreTimeout:           cfg.StoreTimeout,
 		SettleTimeout:          cfg.SettleTimeout,
 		TerminationGracePeriod: cfg.GracePeriod,
-		GroupCommit: groupcommit.Options{
+		GroupCommit: sbclaim.GroupCommit{
+			Disabled: !cfg.GroupCommit,
 			MaxBatch: cfg.GroupCommitMaxBatch, MaxInFlight: cfg.GroupCommitMaxInFlight, Window: cfg.GroupCommitWindow,
 		},
-		NoGroupCommit: !cfg.GroupCommit,
-		Logger:        logger,
-		Metrics:       metrics,
+		Logger:     logger,
+		Registerer: reg,
 	})
 	if err != nil {
 		return err
@@ -169,14 +172,14 @@ func serve(ctx context.Context, cfg *Config, logger *slog.Logger, getenv func(st
 	return err
 }
 
-func httpHandler(p *processor.Processor, st claim.Store, reg *prometheus.Registry) http.Handler {
+func httpHandler(p *sbclaim.Processor, st *sbclaim.Store, reg *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		if !p.Ready() {
-			http.Error(w, p.NotReadyReason(), http.StatusServiceUnavailable)
+		if ok, why := p.Ready(); !ok {
+			http.Error(w, why, http.StatusServiceUnavailable)
 			return
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)

@@ -407,3 +407,19 @@ type Stats struct {
 	Failed           int64
 	OldestUnfinished *time.Time // ClaimedAt of the oldest claimed or released claim
 }
+
+type txClaimKey struct{}
+
+// WithTxClaim returns ctx carrying the claim ClaimTx inserted, for the
+// callback it runs in the same transaction (TxClaimOf reads it). Every
+// store's ClaimTx passes it, so a database-only effect knows its claim.
+func WithTxClaim(ctx context.Context, c *Claim) context.Context {
+	return context.WithValue(ctx, txClaimKey{}, c)
+}
+
+// TxClaimOf returns the claim ClaimTx inserted (nil outside a ClaimTx
+// callback).
+func TxClaimOf(ctx context.Context) *Claim {
+	c, _ := ctx.Value(txClaimKey{}).(*Claim)
+	return c
+}

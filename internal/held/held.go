@@ -184,6 +184,8 @@ func Run(ctx context.Context, p Params) Result {
 	err := p.Retry.Do(effectCtx, func(ctx context.Context) error {
 		attempts++
 		ctx, attemptAnswers = sideeffects.RecordAnswers(ctx)
+		ctx = sideeffects.WithCall(ctx, sideeffects.Call{ClaimID: p.Claim.ID, Consumer: p.Claim.Consumer,
+			DedupKey: p.Claim.MessageID, Attempt: p.Claim.Attempts + attempts})
 		return perform(ctx, p, log)
 	}, func(attempt int, err error) {
 		if isLost() {

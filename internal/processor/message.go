@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"strings"
 	"time"
 	"unicode"
@@ -674,10 +675,16 @@ func (p *Processor) runTx(work context.Context, d *delivery) verdict {
 		func(ctx context.Context, tx *sql.Tx) (err error) {
 			defer func() {
 				if r := recover(); r != nil {
+					d.log.Error("transactional effect panicked; rolled back", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 					err = fmt.Errorf("transactional effect panicked: %v", r) // rolled back
 				}
 			}()
-			return d.handler.TxEffect.PerformTx(ctx, tx, d.msg, d.key)
+			key := d.key
+			if c := claim.TxClaimOf(ctx); c != nil {
+				key = c.Key()
+				ctx = sideeffects.WithCall(ctx, sideeffects.Call{ClaimID: c.ID, Consumer: c.Consumer, DedupKey: c.MessageID, Attempt: 1})
+			}
+			return d.handler.TxEffect.PerformTx(ctx, tx, d.msg, key)
 		})
 	if err != nil {
 		eo := sideeffects.Classify(err)

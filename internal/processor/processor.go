@@ -122,6 +122,19 @@ type Hooks struct {
 	AfterFail func(ctx context.Context, msg *azservicebus.ReceivedMessage) error
 }
 
+func (h Hooks) set() bool {
+	return h.AfterClaim != nil || h.AfterEffect != nil || h.AfterMarkProcessed != nil || h.AfterFail != nil
+}
+
+type hooksKey struct{}
+
+// WithHooks returns ctx carrying hooks for Run: the chaos harness builds
+// its replicas through the public API, which has no hooks, and injects its
+// faults this way. Hooks in Options take precedence.
+func WithHooks(ctx context.Context, h Hooks) context.Context {
+	return context.WithValue(ctx, hooksKey{}, h)
+}
+
 // ErrCrash is returned by a hook to stop an attempt dead.
 var ErrCrash = errors.New("processor: simulated crash")
 
@@ -261,6 +274,9 @@ func (p *Processor) NotReadyReason() string {
 // ShutdownTimeout, and returns nil. It returns an error only when it cannot
 // work at all.
 func (p *Processor) Run(ctx context.Context) error {
+	if h, ok := ctx.Value(hooksKey{}).(Hooks); ok && !p.opts.Hooks.set() {
+		p.opts.Hooks = h
+	}
 	// Work (effects, store writes, settlement) must outlive ctx: a SIGTERM
 	// stops receiving, not the effects already running. work is cancelled
 	// ShutdownTimeout after ctx ends.

@@ -157,6 +157,17 @@ type header struct {
 	secret bool // from the environment: never logged, redacted from errors
 }
 
+// StepKey is the idempotency key of one step of an effect with several:
+// key extended with the step's name ("" for a single-step effect: key
+// itself). Every attempt of the step sends it, so a retry that re-runs a
+// performed step is deduplicated downstream.
+func StepKey(key, step string) string {
+	if step == "" {
+		return key
+	}
+	return key + ":" + step
+}
+
 // Perform sends the message to each step in order, one attempt per step
 // (the processor's RetryPolicy retries the whole effect). The idempotency
 // key is key for a single-step route and key + ":" + step name per step, so
@@ -175,10 +186,7 @@ type header struct {
 // performed for the operator reading the dead letter.
 func (r *httpRoute) Perform(ctx context.Context, msg *azservicebus.ReceivedMessage, key string) error {
 	for i, st := range r.steps {
-		stepKey := key
-		if st.name != "" {
-			stepKey = key + ":" + st.name
-		}
+		stepKey := StepKey(key, st.name)
 		err := r.send(ctx, msg, st, stepKey)
 		if err == nil {
 			continue

@@ -331,7 +331,7 @@ func (s *Store) ClaimTx(ctx context.Context, params *claim.ClaimTxParams, fn fun
 	case got[key] == nil || got[key].Owner != r.owner:
 		return claim.ClaimResult{}, fmt.Errorf("%s: insert returned no row", op)
 	}
-	if err := fn(ctx, tx); err != nil {
+	if err := fn(claim.WithTxClaim(ctx, got[key]), tx); err != nil {
 		return claim.ClaimResult{}, err
 	}
 	if err := tx.Commit(); err != nil {

@@ -370,7 +370,7 @@ func (s *Store) ClaimTx(ctx context.Context, params *claim.ClaimTxParams, fn fun
 	if res[0].Outcome != claim.OutcomeWon {
 		return res[0], nil // the deferred rollback ends the transaction
 	}
-	if err := fn(ctx, tx); err != nil {
+	if err := fn(claim.WithTxClaim(ctx, res[0].Claim), tx); err != nil {
 		return claim.ClaimResult{}, err
 	}
 	if err := tx.Commit(); err != nil {

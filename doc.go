@@ -1,0 +1,58 @@
+// Package sbclaim gives Azure Service Bus consumers exactly-once effects
+// on top of at-least-once delivery.
+//
+// Service Bus redelivers: a producer retries a send whose ack was lost, a
+// lock expires during a slow call, a replica dies between its work and its
+// CompleteMessage. sbclaim's Processor receives each message (peek-lock),
+// claims it by committing a row whose unique index on (dedup key,
+// consumer) lets exactly one replica win, runs the message's handler with
+// an idempotency key to send downstream, records the outcome and settles
+// the message — completing it on the success path and on the duplicate
+// path. A claim whose holder died is taken over by the message's next
+// delivery, or by the Reconciler, and its handler run again with the same
+// key, so the downstream deduplicates the repeat. Only what a person must
+// decide is flagged for operators.
+//
+// # Handlers
+//
+// A HandlerFunc is your code: a Stripe charge through stripe-go, an email
+// through its SDK. It gets a *Delivery with the SDK's message and the
+// idempotency key, and returns what happened: nil (performed),
+// NotPerformed, Rejected, Permanent or KeyConflict; any other error, or a
+// panic, means the outcome is unknown. A TxHandlerFunc writes only to the
+// claims database, in the transaction that inserts the claim.
+//
+//	charge := func(ctx context.Context, d *sbclaim.Delivery) error {
+//		params := &stripe.PaymentIntentCreateParams{Amount: stripe.Int64(1999), Currency: stripe.String("usd")}
+//		params.SetIdempotencyKey(d.IdempotencyKey()) // the same on every repeat
+//		_, err := sc.V1PaymentIntents.Create(ctx, params)
+//		var se *stripe.Error
+//		if errors.As(err, &se) && se.Type == stripe.ErrorTypeCard {
+//			return sbclaim.Rejected(err) // a decline: final, dead-lettered once
+//		}
+//		return err // nil: performed; anything else: unknown, repeated with the key
+//	}
+//
+// # Routing
+//
+// A Router picks each message's Route by name and Match (MatchSubject,
+// MatchProperty, or a function); each route says whether its downstream
+// honours the key (RecoveryAuto) or not (RecoveryManual). A routes file
+// (LoadRoutesFile: HTTP calls configured in YAML) is one entry among Go
+// routes.
+//
+// # Running it
+//
+// OpenStore opens the claims table (SQL Server, PostgreSQL or SQLite;
+// Migrate creates it), NewProcessor runs the protocol on a receiver the
+// SDK opens (or package sbclaimtest's in-memory queue), and NewReconciler
+// runs the periodic passes — recovery with your handlers, the flags for
+// operators and the purge — in your binary or in the reconciler command.
+//
+// Package sbclaimtest has what a handler's tests need: an in-memory queue
+// with Service Bus's delivery semantics, a SQLite store in the test's
+// directory, and crashes.
+//
+// The protocol, the claim states and why they are shaped so are in
+// docs/design.md; running and operating it in the README.
+package sbclaim

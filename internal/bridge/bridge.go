@@ -1,0 +1,21 @@
+// Package bridge lets the module's own tools (the chaos harness, the
+// operator console) reach the internal value behind a public sbclaim
+// handle, and wrap an internal value in one, without widening the public
+// API. The root package fills the functions in its init; importing
+// github.com/sbclaim/sbclaim is enough to have them set.
+package bridge
+
+import (
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/sideeffects"
+)
+
+var (
+	// StoreOf returns the claim.Store behind an *sbclaim.Store.
+	StoreOf func(store any) claim.Store
+	// NewStore wraps a claim.Store (a fault-injecting wrapper, say) in an
+	// *sbclaim.Store.
+	NewStore func(s claim.Store) any
+	// RouterOf returns the router behind an *sbclaim.Router.
+	RouterOf func(router any) sideeffects.Router
+)

@@ -1,0 +1,224 @@
+package sbclaim
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/groupcommit"
+	"github.com/sbclaim/sbclaim/internal/processor"
+	"github.com/sbclaim/sbclaim/internal/sideeffects"
+)
+
+// Receiver is the part of *azservicebus.Receiver the processor uses; the
+// SDK's receiver satisfies it as it is, and so does sbclaimtest's
+// in-memory broker.
+type Receiver interface {
+	ReceiveMessages(ctx context.Context, maxMessages int, options *azservicebus.ReceiveMessagesOptions) ([]*azservicebus.ReceivedMessage, error)
+	CompleteMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.CompleteMessageOptions) error
+	AbandonMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.AbandonMessageOptions) error
+	DeadLetterMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.DeadLetterOptions) error
+	RenewMessageLock(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.RenewMessageLockOptions) error
+	PeekMessages(ctx context.Context, maxMessageCount int, options *azservicebus.PeekMessagesOptions) ([]*azservicebus.ReceivedMessage, error)
+	Close(ctx context.Context) error
+}
+
+var _ Receiver = (*azservicebus.Receiver)(nil)
+
+// DedupKeyFunc returns a message's dedup key, or an error for a message
+// without a usable one (it is dead-lettered MissingDedupKey).
+type DedupKeyFunc func(msg *azservicebus.ReceivedMessage) (string, error)
+
+// ParseDedupKey turns a key spec into a DedupKeyFunc: "message-id" (the
+// default), "property:<name>" (an application property), or "cloudevents"
+// (ce_source, path-escaped, "/" ce_id). Never CorrelationId, the delivery
+// count, the lock token or the sequence number: they are not stable across
+// redeliveries.
+func ParseDedupKey(spec string) (DedupKeyFunc, error) {
+	f, err := processor.ParseKeySpec(spec)
+	if err != nil {
+		return nil, err
+	}
+	return DedupKeyFunc(f), nil
+}
+
+// RetryPolicy bounds the retries of an effect within one delivery: by
+// attempts and by a time budget, whichever ends first, with exponential
+// backoff and jitter, every attempt with the same idempotency key. Zero
+// fields take defaults (5 attempts, 200ms doubling to 5s, 30s budget).
+type RetryPolicy struct {
+	MaxAttempts     int
+	InitialInterval time.Duration
+	MaxInterval     time.Duration
+	// Budget bounds the loop; it must stay below MaxLockRenewal, so the
+	// processor still holds the message when the loop ends.
+	Budget time.Duration
+}
+
+// GroupCommit tunes the group commit of outcome writes: the processed
+// marks, releases, attempts and heartbeats of messages that finish at the
+// same time are written in one statement and one commit. A lone write is
+// never delayed.
+type GroupCommit struct {
+	Disabled    bool
+	MaxBatch    int           // writes per batch at most (default DefaultGroupCommitMaxBatch, at most MaxGroupCommitBatch)
+	MaxInFlight int           // batches written at once (default DefaultGroupCommitMaxInFlight)
+	Window      time.Duration // how long a batch waits for more writes (default 0)
+}
+
+// Group commit's bounds and defaults.
+const (
+	DefaultGroupCommitMaxBatch    = groupcommit.DefaultMaxBatch
+	DefaultGroupCommitMaxInFlight = groupcommit.DefaultMaxInFlight
+	MaxGroupCommitBatch           = claim.MaxOutcomeBatch
+)
+
+// ProcessorConfig configures a Processor. Consumer, Store, Router and
+// NewReceiver are required; every other field has a default that suits
+// Azure Container Apps.
+type ProcessorConfig struct {
+	// Consumer names this consumer in claims: claims are unique per
+	// (dedup key, consumer), so several consumers of one topic each
+	// perform a message's effect once.
+	Consumer string
+	// Entity is the queue, or topic/subscription, recorded on claims.
+	Entity      string
+	Store       *Store
+	Router      *Router
+	NewReceiver func(ctx context.Context) (Receiver, error)
+	// DedupKey extracts the dedup key (default: the MessageId).
+	DedupKey DedupKeyFunc
+
+	// MaxConcurrentCalls is how many messages are worked on at once
+	// (default 16).
+	MaxConcurrentCalls int
+	// MaxLockRenewal bounds how long a message's lock is renewed after it
+	// was received (default 5m when zero; negative turns renewal off).
+	MaxLockRenewal time.Duration
+	// HeartbeatInterval is how often a held claim's heartbeat is written
+	// (default 30s).
+	HeartbeatInterval time.Duration
+	// TakeoverAfter is how long a claim's holder must be silent, by the
+	// database clock, before a redelivery takes its claim over and repeats
+	// the effect with the same key (default 3 × HeartbeatInterval, the
+	// least allowed).
+	TakeoverAfter time.Duration
+	// StaleAfter is the reconciler's window, when known: TakeoverAfter
+	// must not exceed it.
+	StaleAfter time.Duration
+	Retry      RetryPolicy
+	// NoPayload keeps message bodies off claims (for PII); a flagged claim
+	// can then only be resolved by hand, not redriven.
+	NoPayload bool
+	// MaxPayloadBytes dead-letters larger bodies (default 256 KiB).
+	MaxPayloadBytes int
+	// StoreTimeout bounds each claims-store call (default 5s);
+	// SettleTimeout each settlement (default 5s); ShutdownTimeout how long
+	// effects in flight may run after Run's context ends (default 15s).
+	StoreTimeout, SettleTimeout, ShutdownTimeout time.Duration
+	// TerminationGracePeriod is the platform's SIGTERM-to-SIGKILL time;
+	// when set, ShutdownTimeout + SettleTimeout + StoreTimeout must fit it.
+	TerminationGracePeriod time.Duration
+	GroupCommit            GroupCommit
+	// Host is recorded as the holder of the claims (default: the host
+	// name).
+	Host   string
+	Logger *slog.Logger
+	// Registerer, when set, gets the processor's Prometheus metrics
+	// (sbclaim_messages_total, ...).
+	Registerer prometheus.Registerer
+}
+
+// Processor receives messages, claims each, runs its route's handler with
+// the idempotency key, records the outcome and settles the message. Run
+// several (replicas) on one entity and one store: the claims table's
+// unique index decides who performs each effect.
+type Processor struct {
+	p *processor.Processor
+}
+
+// DefaultMaxLockRenewal is ProcessorConfig.MaxLockRenewal's default.
+const DefaultMaxLockRenewal = 5 * time.Minute
+
+// NewProcessor checks cfg and returns a processor, or an error naming the
+// setting that is wrong and its value.
+func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
+	if cfg.Store == nil {
+		return nil, errNilStore
+	}
+	if cfg.Router == nil {
+		return nil, errors.New("sbclaim: a Router is required")
+	}
+	if cfg.NewReceiver == nil {
+		return nil, errors.New("sbclaim: NewReceiver is required")
+	}
+	opts := processor.Options{
+		Consumer: cfg.Consumer,
+		Entity:   cfg.Entity,
+		Store:    cfg.Store.s,
+		Router:   cfg.Router.internal(),
+		NewReceiver: func(ctx context.Context) (processor.Receiver, error) {
+			r, err := cfg.NewReceiver(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return r, nil
+		},
+		Key:                    processor.KeyFunc(cfg.DedupKey),
+		MaxConcurrentCalls:     cfg.MaxConcurrentCalls,
+		MaxLockRenewal:         cfg.MaxLockRenewal,
+		HeartbeatInterval:      cfg.HeartbeatInterval,
+		TakeoverAfter:          cfg.TakeoverAfter,
+		StaleAfter:             cfg.StaleAfter,
+		Retry:                  cfg.Retry.internal(),
+		StorePayload:           !cfg.NoPayload,
+		MaxPayloadBytes:        cfg.MaxPayloadBytes,
+		StoreTimeout:           cfg.StoreTimeout,
+		SettleTimeout:          cfg.SettleTimeout,
+		ShutdownTimeout:        cfg.ShutdownTimeout,
+		TerminationGracePeriod: cfg.TerminationGracePeriod,
+		GroupCommit: groupcommit.Options{
+			MaxBatch: cfg.GroupCommit.MaxBatch, MaxInFlight: cfg.GroupCommit.MaxInFlight, Window: cfg.GroupCommit.Window,
+		},
+		NoGroupCommit: cfg.GroupCommit.Disabled,
+		Host:          cfg.Host,
+		Logger:        cfg.Logger,
+		Metrics:       processor.NewMetrics(cfg.Registerer),
+	}
+	switch {
+	case cfg.MaxLockRenewal == 0:
+		opts.MaxLockRenewal = DefaultMaxLockRenewal
+	case cfg.MaxLockRenewal < 0:
+		opts.MaxLockRenewal = 0
+	}
+	p, err := processor.New(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Processor{p: p}, nil
+}
+
+// Run receives and processes messages until ctx ends, then shuts down
+// gracefully: it stops receiving, lets the effects in flight finish for up
+// to ShutdownTimeout, and returns nil. It returns an error only when it
+// cannot work at all.
+func (p *Processor) Run(ctx context.Context) error { return p.p.Run(ctx) }
+
+// Ready reports whether the processor can work (for a readiness probe): a
+// receiver is open, Service Bus answered recently and the claims store
+// takes writes. When it cannot, reason says why.
+func (p *Processor) Ready() (ok bool, reason string) {
+	if p.p.Ready() {
+		return true, ""
+	}
+	return false, p.p.NotReadyReason()
+}
+
+func (r RetryPolicy) internal() sideeffects.RetryPolicy {
+	return sideeffects.RetryPolicy{MaxAttempts: r.MaxAttempts, InitialInterval: r.InitialInterval, MaxInterval: r.MaxInterval, Budget: r.Budget}
+}

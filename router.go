@@ -1,0 +1,202 @@
+package sbclaim
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+
+	"github.com/sbclaim/sbclaim/internal/sideeffects"
+)
+
+// Recovery is a route's answer to "may sbclaim repeat this effect with the
+// same idempotency key on its own, when its outcome is unknown?".
+type Recovery string
+
+const (
+	// RecoveryAuto: the downstream deduplicates on the idempotency key,
+	// so an attempt whose outcome is unknown is repeated with the same key
+	// — by retries, by a redelivery that takes over a silent holder's
+	// claim, and by the reconciler's recovery. The default.
+	RecoveryAuto Recovery = "auto"
+	// RecoveryManual: the downstream does not honour the key. An unknown
+	// outcome is never repeated without an operator: retries stop at it,
+	// and the reconciler flags the claim.
+	RecoveryManual Recovery = "manual"
+)
+
+// Match selects the messages of a route.
+type Match func(msg *azservicebus.ReceivedMessage) bool
+
+// MatchSubject selects messages whose Subject is subject.
+func MatchSubject(subject string) Match {
+	m := sideeffects.Match{Subject: subject}
+	return m.Matches
+}
+
+// MatchProperty selects messages carrying the application property name
+// with value (compared as text: 42 and "42" match "42").
+func MatchProperty(name, value string) Match {
+	m := sideeffects.Match{Subject: sideeffects.AnySubject, Property: &sideeffects.PropertyMatch{Name: name, Value: value}}
+	return m.Matches
+}
+
+// Route is one handler registered by name. Exactly one of Handler and
+// TxHandler is set.
+type Route struct {
+	// Name is recorded on every claim taken for the route (required,
+	// unique in a Router).
+	Name string
+	// Match selects the route's messages; nil selects every message.
+	Match     Match
+	Handler   HandlerFunc
+	TxHandler TxHandlerFunc
+	// Recovery is RecoveryAuto ("" too) or RecoveryManual.
+	Recovery Recovery
+	// Version goes into the route's fingerprint with its name. A claim
+	// records both; a take-over, recovery or redrive under another name or
+	// version is refused and the claim flagged, so a key is never sent to
+	// an effect it was not taken for. Change it when the effect changes
+	// meaning (another API, another amount field).
+	Version string
+	// AllowNewKey lets an operator redrive a flagged claim of this route
+	// under a new idempotency key: for a downstream that stored a failure
+	// under the key and replays it to every retry.
+	AllowNewKey bool
+	// JSONBody dead-letters a message whose body is not JSON
+	// (MalformedBody) before it is claimed.
+	JSONBody bool
+}
+
+// Router picks a message's route: the first registered route whose Match
+// selects it, in registration order; a routes file (AddRoutesFile) is one
+// entry among them. A message no route selects is dead-lettered NoRoute.
+// Register every route before the processor starts.
+type Router struct {
+	entries []sideeffects.Router
+	names   map[string]bool
+}
+
+// NewRouter returns a router with routes, or an error naming every route
+// that is invalid.
+func NewRouter(routes ...Route) (*Router, error) {
+	r := &Router{names: map[string]bool{}}
+	var errs []error
+	for _, rt := range routes {
+		errs = append(errs, r.Add(rt))
+	}
+	return r, errors.Join(errs...)
+}
+
+// Add registers a route, or returns an error naming what is wrong with it.
+func (r *Router) Add(rt Route) error {
+	switch {
+	case rt.Name == "":
+		return errors.New("sbclaim: route: Name is required")
+	case r.names[rt.Name]:
+		return fmt.Errorf("sbclaim: route %q: Name is used twice", rt.Name)
+	case (rt.Handler == nil) == (rt.TxHandler == nil):
+		return fmt.Errorf("sbclaim: route %q: exactly one of Handler and TxHandler must be set", rt.Name)
+	case rt.Recovery != "" && rt.Recovery != RecoveryAuto && rt.Recovery != RecoveryManual:
+		return fmt.Errorf("sbclaim: route %q: Recovery must be %q or %q, got %q", rt.Name, RecoveryAuto, RecoveryManual, rt.Recovery)
+	}
+	r.init()
+	r.names[rt.Name] = true
+	r.entries = append(r.entries, newGoRoute(rt))
+	return nil
+}
+
+// AddRoutesFile registers the HTTP routes of a routes file, as one entry
+// at this point of the order.
+func (r *Router) AddRoutesFile(f *RoutesFile) error {
+	r.init()
+	for _, n := range f.r.Names() {
+		if r.names[n] {
+			return fmt.Errorf("sbclaim: routes file %s: route %q: Name is used twice", f.path, n)
+		}
+	}
+	for _, n := range f.r.Names() {
+		r.names[n] = true
+	}
+	r.entries = append(r.entries, f.r)
+	return nil
+}
+
+func (r *Router) init() {
+	if r.names == nil {
+		r.names = map[string]bool{}
+	}
+}
+
+// internal returns the router the processor and the reconciler use.
+func (r *Router) internal() sideeffects.Router { return sideeffects.Chain(r.entries...) }
+
+// goRoute is a Route as the processor's router: an in-code sideeffects
+// route that takes every message its Match selects (one implementation of
+// JSON checks and fingerprints for both).
+type goRoute struct {
+	match Match
+	route sideeffects.Routes
+}
+
+func newGoRoute(rt Route) goRoute {
+	in := sideeffects.Route{Name: rt.Name, Match: sideeffects.Match{Subject: sideeffects.AnySubject},
+		JSONBody: rt.JSONBody, Recovery: sideeffects.Recovery(cmp.Or(rt.Recovery, RecoveryAuto)), Version: rt.Version, AllowNewKey: rt.AllowNewKey}
+	if rt.Handler != nil {
+		in.Effect = rt.Handler.effect()
+	} else {
+		in.TxEffect = rt.TxHandler.txEffect()
+	}
+	return goRoute{match: rt.Match, route: sideeffects.Routes{in}}
+}
+
+func (g goRoute) Route(msg *azservicebus.ReceivedMessage) (sideeffects.Handler, error) {
+	if g.match != nil && !g.match(msg) {
+		return sideeffects.Handler{}, &sideeffects.InputError{Reason: sideeffects.ReasonNoRoute, Description: "no route matches"}
+	}
+	return g.route.Route(msg)
+}
+
+// RoutesFile is a routes file's HTTP routes: for users who do not write
+// Go, each route calls an HTTP API with the message (or a request mapped
+// from its JSON body) and the idempotency key. See the README's "Side
+// effects" for the format.
+type RoutesFile struct {
+	path string
+	r    *sideeffects.HTTPRouter
+}
+
+// RoutesFileOptions tune LoadRoutesFile. The zero value is usable.
+type RoutesFileOptions struct {
+	// Getenv reads the variables headers name with fromEnv (default
+	// os.Getenv).
+	Getenv func(string) string
+	// Logger receives warnings about the file (default: discarded).
+	Logger *slog.Logger
+}
+
+// LoadRoutesFile reads and checks a routes file. Every problem is
+// reported at once, naming the route and field; secrets are redacted.
+func LoadRoutesFile(path string, opts *RoutesFileOptions) (*RoutesFile, error) {
+	var o RoutesFileOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.Getenv == nil {
+		o.Getenv = os.Getenv
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	r, err := sideeffects.LoadRoutes(path, o.Getenv, o.Logger)
+	if err != nil {
+		return nil, err
+	}
+	return &RoutesFile{path: path, r: r}, nil
+}
+
+// Names returns the names of the file's routes, in file order.
+func (f *RoutesFile) Names() []string { return f.r.Names() }

@@ -1,0 +1,180 @@
+// Package sbclaimtest helps test sbclaim handlers without Service Bus and
+// without a database server: an in-memory queue that behaves like Service
+// Bus (peek-lock, lock expiry, redelivery with a growing DeliveryCount,
+// dead-lettering at MaxDeliveryCount, the SDK's own message types and
+// errors), a migrated SQLite claims store in the test's temporary
+// directory, and a processor run for the length of a test, with faults: a
+// crash right after the effect, before its outcome is recorded.
+//
+// A handler test sends messages (duplicates too), waits until the queue is
+// idle, and checks what the handler did and the claims:
+//
+//	store := sbclaimtest.NewStore(t)
+//	queue := sbclaimtest.NewQueue(nil)
+//	sbclaimtest.Start(t, sbclaim.ProcessorConfig{Consumer: "billing", Store: store, Router: router}, queue)
+//	queue.Send(ctx, &azservicebus.Message{MessageID: to.Ptr("order-42"), Body: body})
+//	queue.WaitIdle(ctx)
+package sbclaimtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+
+	"github.com/sbclaim/sbclaim"
+	"github.com/sbclaim/sbclaim/internal/processor"
+	"github.com/sbclaim/sbclaim/internal/testkit/membus"
+)
+
+// NewStore returns a migrated SQLite claims store in t's temporary
+// directory, closed when the test ends.
+func NewStore(t testing.TB) *sbclaim.Store {
+	t.Helper()
+	url := "sqlite:" + filepath.Join(t.TempDir(), "claims.db")
+	ctx := context.Background()
+	if err := sbclaim.Migrate(ctx, url); err != nil {
+		t.Fatalf("sbclaimtest: %v", err)
+	}
+	st, err := sbclaim.OpenStore(ctx, url)
+	if err != nil {
+		t.Fatalf("sbclaimtest: %v", err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+// QueueOptions configure a Queue. Zero values take short test defaults.
+type QueueOptions struct {
+	// LockDuration is how long a delivery's lock lasts (default 2s): a
+	// message whose processor crashed is redelivered after it.
+	LockDuration time.Duration
+	// MaxDeliveryCount is how many deliveries a message gets before the
+	// queue dead-letters it (default 10, as Service Bus).
+	MaxDeliveryCount int
+}
+
+// Queue is an in-memory Service Bus queue.
+type Queue struct {
+	q *membus.Queue
+}
+
+// NewQueue returns an empty queue.
+func NewQueue(opts *QueueOptions) *Queue {
+	o := QueueOptions{LockDuration: 2 * time.Second}
+	if opts != nil {
+		o.LockDuration = max(opts.LockDuration, 0)
+		if o.LockDuration == 0 {
+			o.LockDuration = 2 * time.Second
+		}
+		o.MaxDeliveryCount = opts.MaxDeliveryCount
+	}
+	return &Queue{q: membus.NewQueue("sbclaimtest", membus.QueueOptions{LockDuration: o.LockDuration, MaxDeliveryCount: o.MaxDeliveryCount})}
+}
+
+// Send enqueues messages as a producer would; sending one MessageId twice
+// is a duplicate delivery.
+func (q *Queue) Send(ctx context.Context, msgs ...*azservicebus.Message) error {
+	return q.q.SendMessages(ctx, msgs)
+}
+
+// NewReceiver opens a receiver on the queue: ProcessorConfig.NewReceiver.
+func (q *Queue) NewReceiver(context.Context) (sbclaim.Receiver, error) { return q.q.NewReceiver(), nil }
+
+// WaitIdle waits until every message was completed or dead-lettered and
+// none is locked, or ctx ends.
+func (q *Queue) WaitIdle(ctx context.Context) error {
+	if err := q.q.WaitIdle(ctx); err != nil {
+		return fmt.Errorf("sbclaimtest: queue not idle: %w (%+v)", err, q.q.Stats())
+	}
+	return nil
+}
+
+// Completed returns the MessageIds of the completed messages, in order (a
+// duplicate that was completed appears twice).
+func (q *Queue) Completed() []string { return q.q.Completed() }
+
+// DeadLetters returns the dead-lettered messages, with their
+// DeadLetterReason and DeadLetterErrorDescription.
+func (q *Queue) DeadLetters() []*azservicebus.ReceivedMessage { return q.q.DeadLetters() }
+
+// Deliveries returns how many deliveries the queue made, redeliveries
+// included.
+func (q *Queue) Deliveries() int { return q.q.Stats().Deliveries }
+
+// ExpireLocks ends the lock of every message being worked on, as if its
+// holder had hung: the broker redelivers them.
+func (q *Queue) ExpireLocks() int { return q.q.ExpireAllLocks() }
+
+// Option changes how Start runs a processor.
+type Option func(*options)
+
+type options struct {
+	crashes int
+}
+
+// CrashAfterEffect makes the first n successful effects end as if the
+// replica died right after the effect and before its outcome was
+// recorded: no write, no settlement. The claim's holder goes silent, the
+// message's lock expires, and its redelivery takes the claim over after
+// TakeoverAfter and repeats the effect with the same idempotency key,
+// which the handler must be ready for.
+func CrashAfterEffect(n int) Option { return func(o *options) { o.crashes = n } }
+
+// Start runs a processor on queue until the test ends. cfg.NewReceiver is
+// set to the queue's; zero timings get short test values (heartbeat
+// 100ms, take-over after 300ms, a 1s retry budget).
+func Start(t testing.TB, cfg sbclaim.ProcessorConfig, queue *Queue, opts ...Option) {
+	t.Helper()
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	cfg.NewReceiver = queue.NewReceiver
+	if cfg.HeartbeatInterval == 0 {
+		cfg.HeartbeatInterval = 100 * time.Millisecond
+	}
+	if cfg.TakeoverAfter == 0 {
+		cfg.TakeoverAfter = 3 * cfg.HeartbeatInterval
+	}
+	if cfg.Retry.Budget == 0 {
+		cfg.Retry.Budget = time.Second
+	}
+	if cfg.Retry.InitialInterval == 0 {
+		cfg.Retry.InitialInterval = 10 * time.Millisecond
+	}
+	if cfg.Consumer == "" {
+		cfg.Consumer = "test"
+	}
+	p, err := sbclaim.NewProcessor(cfg)
+	if err != nil {
+		t.Fatalf("sbclaimtest: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if o.crashes > 0 {
+		var mu sync.Mutex
+		left := o.crashes
+		ctx = processor.WithHooks(ctx, processor.Hooks{AfterEffect: func(context.Context, *azservicebus.ReceivedMessage) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if left > 0 {
+				left--
+				return processor.ErrCrash
+			}
+			return nil
+		}})
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("sbclaimtest: processor: %v", err)
+		}
+	})
+}

@@ -1,0 +1,199 @@
+package sbclaim
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io/fs"
+	"time"
+
+	"github.com/sbclaim/sbclaim/internal/bridge"
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/claimdb"
+	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	sqlfiles "github.com/sbclaim/sbclaim/sql"
+)
+
+func init() {
+	bridge.StoreOf = func(s any) claim.Store { return s.(*Store).s }
+	bridge.NewStore = func(s claim.Store) any { return &Store{s: s} }
+	bridge.RouterOf = func(r any) sideeffects.Router { return r.(*Router).internal() }
+}
+
+// Store is the claims table: SQL Server, PostgreSQL or SQLite. It is safe
+// for concurrent use; one Store serves a processor and a reconciler in the
+// same program.
+type Store struct {
+	s       claim.Store
+	dialect string
+}
+
+// OpenStore opens the claims store a URL names:
+//
+//	sqlserver://user:pass@host:1433?database=db   (Entra ID: &fedauth=ActiveDirectoryDefault)
+//	postgres://user:pass@host:5432/db
+//	sqlite:/path/to/claims.db                       (sqlite::memory: for tests)
+//
+// It does not create the schema (except for sqlite::memory:, which starts
+// migrated): run Migrate once per database. Errors never contain the
+// URL's password.
+func OpenStore(ctx context.Context, url string) (*Store, error) {
+	s, err := claimdb.Open(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("sbclaim: open store: %w", err)
+	}
+	d, _ := claimdb.DialectOf(url)
+	return &Store{s: s, dialect: string(d)}, nil
+}
+
+// Migrate creates or upgrades the claims table in the database a URL
+// names, with the migrations embedded in this module (sql/<dialect>/). It
+// is idempotent, and safe to run from several replicas at once on
+// PostgreSQL and SQL Server.
+func Migrate(ctx context.Context, url string) error {
+	if err := claimdb.Migrate(ctx, url); err != nil {
+		return fmt.Errorf("sbclaim: migrate: %w", err)
+	}
+	return nil
+}
+
+// Migrations returns one dialect's migrations ("sqlserver", "postgres" or
+// "sqlite"), goose-formatted SQL files, for a user's own migration
+// pipeline.
+func Migrations(dialect string) (fs.FS, error) {
+	switch dialect {
+	case "sqlserver", "postgres", "sqlite":
+		return sqlfiles.Dialect(dialect)
+	}
+	return nil, fmt.Errorf("sbclaim: unknown dialect %q: want sqlserver, postgres or sqlite", dialect)
+}
+
+// CheckStoreURL reports what is wrong with a database URL without
+// connecting (an unknown scheme, a missing host), never echoing its
+// password.
+func CheckStoreURL(url string) error { return claimdb.Check(url) }
+
+// DB returns the store's database handle, for a program's own tables in
+// the claims database (a TxHandlerFunc's schema, a test reading back what
+// it wrote). Never write the claims table through it: every change of a
+// claim is a guarded write of the store's. On SQLite the pool has one
+// connection: do not hold it while a processor runs.
+func (s *Store) DB() *sql.DB {
+	if d, ok := s.s.(interface{ DB() *sql.DB }); ok {
+		return d.DB()
+	}
+	return nil
+}
+
+// Dialect returns the database's dialect: "sqlserver", "postgres" or
+// "sqlite" ("" for a store this module did not open), for SQL that
+// differs between them, such as placeholders (@p1, $1, ?).
+func (s *Store) Dialect() string { return s.dialect }
+
+// Ping checks the database answers.
+func (s *Store) Ping(ctx context.Context) error { return s.s.Ping(ctx) }
+
+// Close releases the store's connections.
+func (s *Store) Close() error { return s.s.Close() }
+
+// errNilStore is returned by constructors given no store.
+var errNilStore = errors.New("sbclaim: a Store is required (OpenStore)")
+
+// ClaimState is where a claim is in its life: claimed, processed,
+// released, failed, flagged or resolved (see docs/design.md, States).
+type ClaimState string
+
+// The claim states.
+const (
+	StateClaimed   ClaimState = "claimed"
+	StateProcessed ClaimState = "processed"
+	StateReleased  ClaimState = "released"
+	StateFailed    ClaimState = "failed"
+	StateFlagged   ClaimState = "flagged"
+	StateResolved  ClaimState = "resolved"
+)
+
+// Claim is a read-only view of one row of the claims table. Times are the
+// database clock's.
+type Claim struct {
+	ID       int64
+	DedupKey string
+	Consumer string
+	State    ClaimState
+	Route    string
+	// IdempotencyKey is the key the claim's effect is sent with.
+	IdempotencyKey string
+	// Attempts counts the failed attempts recorded; TakeOvers the times
+	// another holder took the claim over.
+	Attempts, TakeOvers int
+	ClaimedBy           string
+	LastError           string
+	FlagReason          string
+	FailReason          string
+	ClaimedAt           time.Time
+	ProcessedAt         *time.Time
+	// LateSuccess is set when an attempt that had lost the claim saw its
+	// effect succeed anyway.
+	LateSuccess bool
+	// Answer is the downstream's last answer recorded with an outcome
+	// (Delivery.ReportAnswer, or the HTTP effect's), nil when none was.
+	Answer *Answer
+}
+
+// Answer is a downstream's answer as a claim keeps it: the status and the
+// few header and field values worth keeping.
+type Answer struct {
+	Status  int
+	Headers map[string]string
+	Fields  map[string]string
+}
+
+func publicClaim(c *claim.Claim) *Claim {
+	pc := &Claim{ID: c.ID, DedupKey: c.MessageID, Consumer: c.Consumer, State: ClaimState(c.State), Route: c.Route,
+		IdempotencyKey: c.Key(), Attempts: c.Attempts, TakeOvers: c.TakeOvers, ClaimedBy: c.ClaimedBy,
+		LastError: c.LastError, FlagReason: c.FlagReason, FailReason: c.FailReason, ClaimedAt: c.ClaimedAt,
+		ProcessedAt: c.ProcessedAt, LateSuccess: c.LateSuccessAt != nil}
+	if a := c.Answer; a != nil {
+		pc.Answer = &Answer{Status: a.Status, Headers: a.Headers, Fields: a.Fields}
+	}
+	return pc
+}
+
+// Claim returns one claim by id; the error wraps ErrNotFound when there
+// is none.
+func (s *Store) Claim(ctx context.Context, id int64) (*Claim, error) {
+	c, err := s.s.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return publicClaim(c), nil
+}
+
+// ClaimFilter selects claims for Store.Claims. Zero fields mean "any".
+type ClaimFilter struct {
+	Consumer string
+	States   []ClaimState
+	AfterID  int64 // keyset paging: only ids greater than this
+	Limit    int   // default 100
+}
+
+// Claims returns claims, oldest id first.
+func (s *Store) Claims(ctx context.Context, f ClaimFilter) ([]*Claim, error) {
+	p := &claim.ListParams{Consumer: f.Consumer, AfterID: f.AfterID, Limit: f.Limit}
+	for _, st := range f.States {
+		p.States = append(p.States, claim.State(st))
+	}
+	cs, err := s.s.List(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*Claim, len(cs))
+	for i, c := range cs {
+		out[i] = publicClaim(c)
+	}
+	return out, nil
+}
+
+// ErrNotFound is wrapped by Store.Claim's error when no claim has the id.
+var ErrNotFound = claim.ErrNotFound
