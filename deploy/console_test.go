@@ -60,6 +60,8 @@ func TestConsoleApp(t *testing.T) {
 		"external: true", "targetPort: 8082", "allowInsecure: false",
 		"{ name: 'SBCLAIM_CONSOLE_ADDR', value: ':8082' }", "{ name: 'SBCLAIM_HTTP_ADDR', value: ':8081' }",
 		"{ name: 'SBCLAIM_CONSOLE_OIDC_ISSUER', value: consoleIssuer }", "{ name: 'SBCLAIM_CONSOLE_OIDC_AUDIENCE', value: consoleClientId }",
+		"{ name: 'SBCLAIM_CONSOLE_ALLOWED_GROUPS', value: join(consoleAllowedGroups, ',') }",
+		"{ name: 'SBCLAIM_CONSOLE_ALLOWED_PRINCIPALS', value: join(consoleAllowedPrincipals, ',') }",
 		"path: '/healthz'", "type: 'Liveness'", "type: 'Readiness'",
 		"maxReplicas: 1",
 		"secrets: concat(routesSecrets, consoleAuthSecrets, consoleTokenStoreSecrets)", "routesVolume", "mountPath: '/etc/sbclaim'",

@@ -174,10 +174,10 @@ param consoleClientId string = ''
 @secure()
 param consoleClientSecret string = ''
 
-@description('Object ids of the Entra groups whose members may sign in (the token must carry the groups claim: set groupMembershipClaims to SecurityGroup on the app registration). With consoleAllowedPrincipals also empty, anyone who can sign in to the app registration may: then set "Assignment required" on its enterprise application and assign the operators.')
+@description('Object ids of the Entra groups whose members may sign in (the token must carry the groups claim: set groupMembershipClaims to SecurityGroup on the app registration). With consoleAllowedPrincipals also empty, anyone who can sign in to the app registration may: then set "Assignment required" on its enterprise application and assign the operators. The console checks the list again on the token it verifies (SBCLAIM_CONSOLE_ALLOWED_GROUPS).')
 param consoleAllowedGroups array = []
 
-@description('Object ids of the users (or other principals) who may sign in, in addition to consoleAllowedGroups.')
+@description('Object ids of the users (or other principals) who may sign in, in addition to consoleAllowedGroups; checked again by the console (SBCLAIM_CONSOLE_ALLOWED_PRINCIPALS).')
 param consoleAllowedPrincipals array = []
 
 @description('Microsoft Entra tenant of the app registration.')
@@ -666,6 +666,10 @@ resource consoleApp 'Microsoft.App/containerApps@2025-07-01' = if (deployApps &&
               { name: 'SBCLAIM_HTTP_ADDR', value: ':8081' }
               { name: 'SBCLAIM_CONSOLE_OIDC_ISSUER', value: consoleIssuer }
               { name: 'SBCLAIM_CONSOLE_OIDC_AUDIENCE', value: consoleClientId }
+              // The sign-in's allow-list, checked again by the console on
+              // the verified token (oid, groups claim).
+              { name: 'SBCLAIM_CONSOLE_ALLOWED_GROUPS', value: join(consoleAllowedGroups, ',') }
+              { name: 'SBCLAIM_CONSOLE_ALLOWED_PRINCIPALS', value: join(consoleAllowedPrincipals, ',') }
               { name: 'SBCLAIM_ROUTES', value: '/etc/sbclaim/routes.yaml' }
               { name: 'SBCLAIM_HEARTBEAT_INTERVAL', value: heartbeatInterval }
               { name: 'SBCLAIM_SHUTDOWN_TIMEOUT', value: '25s' }

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/sbclaim/sbclaim/internal/claimdb"
 	"github.com/sbclaim/sbclaim/internal/console"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
@@ -54,6 +56,8 @@ type Config struct {
 	ConsoleAddr                 string
 	ConsoleOIDCIssuer           string
 	ConsoleOIDCAudience         string
+	ConsoleAllowedGroups        []string
+	ConsoleAllowedPrincipals    []string
 	ConsoleTrustIdentityHeaders bool
 	ConsoleLocalOperator        string
 	RunConsole                  bool
@@ -169,6 +173,12 @@ func configSettings(c *Config) []settings.Setting {
 		settings.String("SBCLAIM_CONSOLE_OIDC_AUDIENCE", "console-oidc-audience", "",
 			"the audience the console's tokens must name: the app registration's client id",
 			&c.ConsoleOIDCAudience),
+		objectIDs("SBCLAIM_CONSOLE_ALLOWED_GROUPS", "console-allowed-groups",
+			"with SBCLAIM_CONSOLE_OIDC_ISSUER: object ids (comma-separated) of the groups whose members may use the console (the token's groups claim); with SBCLAIM_CONSOLE_ALLOWED_PRINCIPALS also empty, every verified token may",
+			&c.ConsoleAllowedGroups),
+		objectIDs("SBCLAIM_CONSOLE_ALLOWED_PRINCIPALS", "console-allowed-principals",
+			"with SBCLAIM_CONSOLE_OIDC_ISSUER: object ids (comma-separated) of the users who may use the console (the token's oid), besides the allowed groups",
+			&c.ConsoleAllowedPrincipals),
 		settings.Bool("SBCLAIM_CONSOLE_INSECURE_TRUST_IDENTITY_HEADERS", "console-insecure-trust-identity-headers", "false",
 			"INSECURE: take the operator from X-MS-CLIENT-PRINCIPAL-NAME/-ID without verifying it; only behind a front that strips and sets them, on a port nothing else reaches (anybody who reaches the port can claim to be anyone)",
 			&c.ConsoleTrustIdentityHeaders),
@@ -287,11 +297,36 @@ func (c *Config) ValidateConsole() error {
 	case c.ConsoleOIDCIssuer == "" && c.ConsoleOIDCAudience != "":
 		return &ConfigError{Field: "SBCLAIM_CONSOLE_OIDC_ISSUER", Err: fmt.Errorf(
 			"required with SBCLAIM_CONSOLE_OIDC_AUDIENCE=%q", c.ConsoleOIDCAudience)}
+	case c.ConsoleOIDCIssuer == "" && len(c.ConsoleAllowedGroups)+len(c.ConsoleAllowedPrincipals) > 0:
+		field, v := "SBCLAIM_CONSOLE_ALLOWED_GROUPS", c.ConsoleAllowedGroups
+		if len(v) == 0 {
+			field, v = "SBCLAIM_CONSOLE_ALLOWED_PRINCIPALS", c.ConsoleAllowedPrincipals
+		}
+		return &ConfigError{Field: field, Value: strings.Join(v, ","), Err: errors.New(
+			"only with SBCLAIM_CONSOLE_OIDC_ISSUER: the allow-list is checked against verified tokens")}
 	case c.ConsoleOIDCIssuer != "" && c.ConsoleOIDCAudience == "":
 		return &ConfigError{Field: "SBCLAIM_CONSOLE_OIDC_AUDIENCE", Err: fmt.Errorf(
 			"required with SBCLAIM_CONSOLE_OIDC_ISSUER=%q: the app registration's client id, which every token's aud must name", c.ConsoleOIDCIssuer)}
 	}
 	return nil
+}
+
+// objectIDs is a comma-separated list of Entra object ids (GUIDs).
+func objectIDs(env, flagName, usage string, dst *[]string) settings.Setting {
+	return settings.Setting{Env: env, Flag: flagName, Usage: usage, Parse: func(v string) error {
+		*dst = nil
+		if v == "" {
+			return nil
+		}
+		for part := range strings.SplitSeq(v, ",") {
+			id := strings.TrimSpace(part)
+			if _, err := uuid.Parse(id); err != nil || len(id) != 36 {
+				return fmt.Errorf("%q is not an object id (a GUID such as 0b5e7a1c-1234-4abc-8def-0123456789ab)", id)
+			}
+			*dst = append(*dst, id)
+		}
+		return nil
+	}}
 }
 
 // validIssuer checks an OIDC issuer: an absolute https URL without query

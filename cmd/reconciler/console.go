@@ -20,7 +20,8 @@ import (
 
 // consoleEnvs are the settings `reconciler console` reads.
 var consoleEnvs = []string{"SBCLAIM_DATABASE_URL", "SBCLAIM_CONSOLE_ADDR", "SBCLAIM_HTTP_ADDR",
-	"SBCLAIM_CONSOLE_OIDC_ISSUER", "SBCLAIM_CONSOLE_OIDC_AUDIENCE", "SBCLAIM_CONSOLE_INSECURE_TRUST_IDENTITY_HEADERS", "SBCLAIM_CONSOLE_LOCAL_OPERATOR",
+	"SBCLAIM_CONSOLE_OIDC_ISSUER", "SBCLAIM_CONSOLE_OIDC_AUDIENCE", "SBCLAIM_CONSOLE_ALLOWED_GROUPS", "SBCLAIM_CONSOLE_ALLOWED_PRINCIPALS",
+	"SBCLAIM_CONSOLE_INSECURE_TRUST_IDENTITY_HEADERS", "SBCLAIM_CONSOLE_LOCAL_OPERATOR",
 	"SBCLAIM_ROUTES", "SBCLAIM_HEARTBEAT_INTERVAL", "SBCLAIM_QUERY_TIMEOUT", "SBCLAIM_SHUTDOWN_TIMEOUT", "SBCLAIM_LOG_FORMAT", "SBCLAIM_LOG_LEVEL"}
 
 // validListenAddr checks a listen address: host:port with a numeric port
@@ -86,7 +87,8 @@ func (e *env) startConsole(ctx context.Context, st claim.Store) (stop func(), er
 		HeartbeatInterval: e.cfg.HeartbeatInterval, StoreTimeout: e.cfg.QueryTimeout,
 	}
 	if e.cfg.ConsoleOIDCIssuer != "" {
-		opts.OIDC = &console.OIDC{Issuer: e.cfg.ConsoleOIDCIssuer, Audience: e.cfg.ConsoleOIDCAudience}
+		opts.OIDC = &console.OIDC{Issuer: e.cfg.ConsoleOIDCIssuer, Audience: e.cfg.ConsoleOIDCAudience,
+			AllowedGroups: e.cfg.ConsoleAllowedGroups, AllowedPrincipals: e.cfg.ConsoleAllowedPrincipals}
 	}
 	srv, err := console.New(opts)
 	if err != nil {
@@ -116,7 +118,11 @@ func (e *env) startConsole(ctx context.Context, st claim.Store) (stop func(), er
 			"Only behind a front that strips and sets them, on a port nothing else reaches.", "addr", addr)
 	default:
 		e.logger.Info("console: every request needs an ID token signed by "+e.cfg.ConsoleOIDCIssuer+" for audience "+e.cfg.ConsoleOIDCAudience+
-			" ("+console.HeaderIDToken+" from the platform's sign-in, or Authorization: Bearer); identity headers alone are refused", "addr", addr)
+			" ("+console.HeaderIDToken+" from the platform's sign-in, or Authorization: Bearer); identity headers alone are refused", "addr", addr,
+			"allowed_groups", len(e.cfg.ConsoleAllowedGroups), "allowed_principals", len(e.cfg.ConsoleAllowedPrincipals))
+		if len(e.cfg.ConsoleAllowedGroups)+len(e.cfg.ConsoleAllowedPrincipals) == 0 {
+			e.logger.Warn("console: no SBCLAIM_CONSOLE_ALLOWED_GROUPS or SBCLAIM_CONSOLE_ALLOWED_PRINCIPALS: every user whose token the issuer signs for the audience may act", "addr", addr)
+		}
 	}
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: nil}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))

@@ -172,14 +172,17 @@ func TestConsoleServes(t *testing.T) {
 
 // reconciler run serves the console too when SBCLAIM_RUN_CONSOLE is true,
 // verifying operators' tokens against SBCLAIM_CONSOLE_OIDC_ISSUER (a test
-// issuer with its own key): forged identity headers get 401, the issuer's
-// token for the audience gets the page.
+// issuer with its own key): forged identity headers get 401, a token of
+// a user outside SBCLAIM_CONSOLE_ALLOWED_GROUPS 403, the issuer's token
+// for the audience and an allowed group gets the page.
 func TestRunServesTheConsole(t *testing.T) {
 	url := "sqlite:" + filepath.Join(t.TempDir(), "claims.db")
 	iss := testissuer.New(t)
+	const operators = "0b5e7a1c-0000-4000-8000-0000000000a1"
 	c := newCLI(t, map[string]string{"SBCLAIM_DATABASE_URL": url, "SBCLAIM_CONSOLE_ADDR": "127.0.0.1:0", "SBCLAIM_RUN_CONSOLE": "true",
 		"SBCLAIM_HTTP_ADDR": "127.0.0.1:0", "SBCLAIM_RECONCILE_SCHEDULE": "@every 1h",
-		"SBCLAIM_CONSOLE_OIDC_ISSUER": iss.URL, "SBCLAIM_CONSOLE_OIDC_AUDIENCE": testissuer.Audience})
+		"SBCLAIM_CONSOLE_OIDC_ISSUER": iss.URL, "SBCLAIM_CONSOLE_OIDC_AUDIENCE": testissuer.Audience,
+		"SBCLAIM_CONSOLE_ALLOWED_GROUPS": operators})
 	c.mustRun("migrate")
 	addr, _, stop := startCommand(t, c, "run")
 	get := func(h http.Header) (int, string) {
@@ -199,7 +202,10 @@ func TestRunServesTheConsole(t *testing.T) {
 	if code, _ := get(http.Header{console.HeaderIDToken: {iss.Token("alice@contoso.example", "a11ce", testissuer.Claims{"aud": "other"})}}); code != 401 {
 		t.Errorf("GET / with another audience's token = %d, want 401", code)
 	}
-	code, body := get(http.Header{console.HeaderIDToken: {iss.Token("alice@contoso.example", "a11ce", nil)}})
+	if code, _ := get(http.Header{console.HeaderIDToken: {iss.Token("eve@contoso.example", "e7e", nil)}}); code != 403 {
+		t.Errorf("GET / with the token of a user in no allowed group = %d, want 403", code)
+	}
+	code, body := get(http.Header{console.HeaderIDToken: {iss.Token("alice@contoso.example", "a11ce", testissuer.Claims{"groups": []string{operators}})}})
 	if code != 200 || !strings.Contains(body, `id="who">alice@contoso.example<`) {
 		t.Errorf("GET / with the issuer's token = %d:\n%s", code, body)
 	}
@@ -231,6 +237,10 @@ func TestConsoleIdentitySettings(t *testing.T) {
 			`SBCLAIM_CONSOLE_OIDC_ISSUER="login.microsoftonline.com"`, "not an absolute URL"},
 		{map[string]string{"SBCLAIM_CONSOLE_OIDC_ISSUER": issuer + "?x=1", "SBCLAIM_CONSOLE_OIDC_AUDIENCE": "app"},
 			"SBCLAIM_CONSOLE_OIDC_ISSUER=", "no query or fragment"},
+		{map[string]string{"SBCLAIM_CONSOLE_OIDC_ISSUER": issuer, "SBCLAIM_CONSOLE_OIDC_AUDIENCE": "app", "SBCLAIM_CONSOLE_ALLOWED_GROUPS": "operators"},
+			`SBCLAIM_CONSOLE_ALLOWED_GROUPS="operators"`, "not an object id"},
+		{map[string]string{"SBCLAIM_CONSOLE_LOCAL_OPERATOR": "dev", "SBCLAIM_CONSOLE_ALLOWED_PRINCIPALS": "0b5e7a1c-0000-4000-8000-0000000000a1"},
+			`SBCLAIM_CONSOLE_ALLOWED_PRINCIPALS="0b5e7a1c-0000-4000-8000-0000000000a1"`, "only with SBCLAIM_CONSOLE_OIDC_ISSUER"},
 		{map[string]string{"SBCLAIM_CONSOLE_INSECURE_TRUST_IDENTITY_HEADERS": "yes please"},
 			`SBCLAIM_CONSOLE_INSECURE_TRUST_IDENTITY_HEADERS="yes please"`, "want true or false"},
 	} {
@@ -258,6 +268,7 @@ func TestConsoleHelp(t *testing.T) {
 	}
 	r = c.run("console", "-h")
 	for _, want := range []string{"SBCLAIM_CONSOLE_ADDR", "SBCLAIM_HTTP_ADDR", "SBCLAIM_CONSOLE_OIDC_ISSUER", "SBCLAIM_CONSOLE_OIDC_AUDIENCE",
+		"SBCLAIM_CONSOLE_ALLOWED_GROUPS", "SBCLAIM_CONSOLE_ALLOWED_PRINCIPALS",
 		"SBCLAIM_CONSOLE_INSECURE_TRUST_IDENTITY_HEADERS", "SBCLAIM_CONSOLE_LOCAL_OPERATOR", "SBCLAIM_ROUTES", "SBCLAIM_DATABASE_URL"} {
 		if !strings.Contains(r.stderr, want) {
 			t.Errorf("console -h lacks %s", want)

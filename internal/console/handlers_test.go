@@ -129,6 +129,43 @@ func TestTokenClaimsAreTheIdentity(t *testing.T) {
 	}
 }
 
+// With an allow-list, a verified token acts only when its oid or one of
+// its groups is on it; another user of the tenant gets 403 and sees
+// nothing.
+func TestAllowedGroupsAndPrincipals(t *testing.T) {
+	const operators, bobID = "0b5e7a1c-0000-4000-8000-0000000000a1", "b0b00000-0000-4000-8000-000000000b0b"
+	f := setup(t, func(o *console.Options) {
+		o.OIDC.AllowedGroups = []string{operators}
+		o.OIDC.AllowedPrincipals = []string{strings.ToUpper(bobID)}
+	})
+	c := f.flagged("billing", "order-77", `{"amount":1}`, nil, "no heartbeat since x")
+	path := fmt.Sprintf("/claims/%d", c.ID)
+	for name, tc := range map[string]struct {
+		token string
+		want  int
+	}{
+		"in the group":        {f.iss.Token(alice, aliceID, testissuer.Claims{"groups": []string{"other", operators}}), http.StatusOK},
+		"an allowed oid":      {f.iss.Token("bob@contoso.example", bobID, nil), http.StatusOK},
+		"another group":       {f.iss.Token(alice, aliceID, testissuer.Claims{"groups": []string{"other"}}), http.StatusForbidden},
+		"no groups (overage)": {f.iss.Token(alice, aliceID, nil), http.StatusForbidden},
+	} {
+		cl := f.client("", "")
+		cl.headers.Set(console.HeaderIDToken, tc.token)
+		r := cl.getPage(path)
+		mustStatus(t, name, r, tc.want)
+		if tc.want == http.StatusForbidden {
+			mustContain(t, name, r, "Refused: not an operator")
+			if strings.Contains(r.body, c.MessageID) {
+				t.Errorf("%s: the page shows the claim", name)
+			}
+			mustStatus(t, name+" POST", cl.post(path+"/resolve", resolveForm("", "done", "x")), http.StatusForbidden)
+		}
+	}
+	if f.get(c.ID).State != claim.StateFlagged {
+		t.Error("a refused operator changed the claim")
+	}
+}
+
 // Header-only identity is refused unless the console is told it runs
 // behind a trusted front (TrustIdentityHeaders); then it is marked
 // unverified on every page and in the audit.

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -37,9 +38,18 @@ const (
 // issuer (discovery document at Issuer/.well-known/openid-configuration,
 // for Microsoft Entra ID https://login.microsoftonline.com/<tenant>/v2.0)
 // and the audience (the app registration's client id).
+//
+// AllowedGroups and AllowedPrincipals, when either is set, narrow the
+// operators to the tokens whose oid is an allowed principal or whose
+// groups claim names an allowed group (others get 403): the same rule as
+// the platform's sign-in, checked again here so that a valid token of
+// another user of the tenant does not act when it reaches the console
+// some other way.
 type OIDC struct {
-	Issuer   string
-	Audience string
+	Issuer            string
+	Audience          string
+	AllowedGroups     []string
+	AllowedPrincipals []string
 	// Client fetches the discovery document and the keys (default
 	// http.DefaultClient).
 	Client *http.Client
@@ -58,6 +68,7 @@ type Operator struct {
 	ID     string // the principal's object id (oid, else sub); empty when Local
 	Local  bool   // named by Options.LocalOperator: local development, not signed in
 	source string
+	groups []string // the verified token's groups claim
 }
 
 // Unverified reports an identity taken from headers the console cannot
@@ -95,6 +106,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var op *Operator
 		var why string
+		status := http.StatusUnauthorized
 		switch {
 		case s.opts.LocalOperator != "":
 			if !loopbackHost(r.Host) {
@@ -106,10 +118,19 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			op = &Operator{Name: s.opts.LocalOperator, Local: true, source: sourceLocal}
 		case s.verifier != nil:
 			op, why = s.verifier.operator(r)
+			if op != nil && !s.verifier.allowed(op) {
+				op, why, status = nil, "", http.StatusForbidden
+			}
 		case s.opts.TrustIdentityHeaders:
 			op, why = headerOperator(r)
 		}
-		if op == nil {
+		switch {
+		case op == nil && status == http.StatusForbidden:
+			s.renderError(w, r, http.StatusForbidden, "Refused: not an operator",
+				"You are signed in, but neither you nor a group the token names is allowed to use this console "+
+					"(SBCLAIM_CONSOLE_ALLOWED_GROUPS, SBCLAIM_CONSOLE_ALLOWED_PRINCIPALS). Nothing was read or changed.")
+			return
+		case op == nil:
 			s.unauthorized(w, r, why)
 			return
 		}
@@ -256,11 +277,12 @@ func (v *tokenVerifier) operator(r *http.Request) (*Operator, string) {
 		return nil, "the token was refused: " + tokenError(err)
 	}
 	var c struct {
-		PreferredUsername string `json:"preferred_username"`
-		UPN               string `json:"upn"`
-		Email             string `json:"email"`
-		Name              string `json:"name"`
-		OID               string `json:"oid"`
+		PreferredUsername string   `json:"preferred_username"`
+		UPN               string   `json:"upn"`
+		Email             string   `json:"email"`
+		Name              string   `json:"name"`
+		OID               string   `json:"oid"`
+		Groups            []string `json:"groups"`
 	}
 	if err := tok.Claims(&c); err != nil {
 		return nil, "the token's claims could not be read"
@@ -270,7 +292,23 @@ func (v *tokenVerifier) operator(r *http.Request) (*Operator, string) {
 	if op == nil {
 		return nil, "the token names no usable principal (oid or sub)"
 	}
+	op.groups = c.Groups
 	return op, ""
+}
+
+// allowed reports whether a verified operator may use the console: no
+// allow-list, or its oid or one of its groups on it. A token with too many
+// groups to list (Entra's overage: no groups claim) passes only by oid.
+func (v *tokenVerifier) allowed(op *Operator) bool {
+	if len(v.cfg.AllowedGroups) == 0 && len(v.cfg.AllowedPrincipals) == 0 {
+		return true
+	}
+	if slices.ContainsFunc(v.cfg.AllowedPrincipals, func(p string) bool { return strings.EqualFold(p, op.ID) }) {
+		return true
+	}
+	return slices.ContainsFunc(op.groups, func(g string) bool {
+		return slices.ContainsFunc(v.cfg.AllowedGroups, func(a string) bool { return strings.EqualFold(a, g) })
+	})
 }
 
 // tokenError is go-oidc's reason without its prefix, cut short: it names
