@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"reflect"
 	"regexp"
@@ -112,6 +113,18 @@ func TestForgedIdentityIsRefusedOnEveryRoute(t *testing.T) {
 	r := bearer.getPage(claimPath)
 	mustStatus(t, "alice's bearer token", r, http.StatusOK)
 	mustContain(t, "alice's bearer token", r, c.MessageID, `id="who">`+alice+`</div>`)
+}
+
+// While the issuer cannot be reached, no token can be verified: every
+// request is refused 401, saying why.
+func TestUnreachableIssuerRefusesEveryone(t *testing.T) {
+	down := httptest.NewServer(http.NotFoundHandler())
+	gone := down.URL
+	down.Close()
+	f := setup(t, func(o *console.Options) { o.OIDC.Issuer = gone })
+	r := f.client(alice, aliceID).getPage("/")
+	mustStatus(t, "GET /", r, http.StatusUnauthorized)
+	mustContain(t, "GET /", r, "discovery document could not be read")
 }
 
 // The identity is the token's verified claims, never the headers beside

@@ -99,14 +99,14 @@ func (s *Server) operator(r *http.Request) *Operator {
 
 // authenticate is the gate of every route: the request carries an
 // identity the console can stand behind, or it is refused 401 before any
-// handler runs (reads included). In local development mode the request
+// handler runs (reads included); a verified identity outside the
+// allow-lists is refused 403. In local development mode the request
 // must be addressed to a loopback host (DNS rebinding: a page on a name
 // that resolves to 127.0.0.1 sends its own Host).
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var op *Operator
 		var why string
-		status := http.StatusUnauthorized
 		switch {
 		case s.opts.LocalOperator != "":
 			if !loopbackHost(r.Host) {
@@ -119,18 +119,15 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		case s.verifier != nil:
 			op, why = s.verifier.operator(r)
 			if op != nil && !s.verifier.allowed(op) {
-				op, why, status = nil, "", http.StatusForbidden
+				s.renderError(w, r, http.StatusForbidden, "Refused: not an operator",
+					"You are signed in, but neither you nor a group your token names is allowed to use this console "+
+						"(SBCLAIM_CONSOLE_ALLOWED_GROUPS, SBCLAIM_CONSOLE_ALLOWED_PRINCIPALS). Nothing was read or changed.")
+				return
 			}
 		case s.opts.TrustIdentityHeaders:
 			op, why = headerOperator(r)
 		}
-		switch {
-		case op == nil && status == http.StatusForbidden:
-			s.renderError(w, r, http.StatusForbidden, "Refused: not an operator",
-				"You are signed in, but neither you nor a group the token names is allowed to use this console "+
-					"(SBCLAIM_CONSOLE_ALLOWED_GROUPS, SBCLAIM_CONSOLE_ALLOWED_PRINCIPALS). Nothing was read or changed.")
-			return
-		case op == nil:
+		if op == nil {
 			s.unauthorized(w, r, why)
 			return
 		}
@@ -145,7 +142,7 @@ func (s *Server) unauthorized(w http.ResponseWriter, r *http.Request, why string
 	lines := []string{"The console shows and changes nothing without a verified identity: " + why + ". Nothing was read or changed."}
 	if s.verifier != nil {
 		lines = append(lines, "Behind the platform's sign-in, sign in again at /.auth/login/aad?post_login_redirect_uri="+
-			url.QueryEscape(r.URL.RequestURI())+" (an ID token lasts about an hour; /.auth/refresh renews it).")
+			url.QueryEscape(r.URL.RequestURI())+" (an ID token lasts about an hour).")
 	}
 	s.renderError(w, r, http.StatusUnauthorized, "Not signed in", lines...)
 }
