@@ -58,10 +58,13 @@ func TestConsoleApp(t *testing.T) {
 		"resource consoleApp 'Microsoft.App/containerApps@2025-07-01'",
 		"image: reconcilerImage", "'console'",
 		"external: true", "targetPort: 8082", "allowInsecure: false",
-		"{ name: 'SBCLAIM_CONSOLE_ADDR', value: ':8082' }",
-		"path: '/healthz'", "port: 8082", "type: 'Liveness'", "type: 'Readiness'",
+		"{ name: 'SBCLAIM_CONSOLE_ADDR', value: ':8082' }", "{ name: 'SBCLAIM_HTTP_ADDR', value: ':8081' }",
+		"{ name: 'SBCLAIM_CONSOLE_OIDC_ISSUER', value: consoleIssuer }", "{ name: 'SBCLAIM_CONSOLE_OIDC_AUDIENCE', value: consoleClientId }",
+		"{ name: 'SBCLAIM_CONSOLE_ALLOWED_GROUPS', value: join(consoleAllowedGroups, ',') }",
+		"{ name: 'SBCLAIM_CONSOLE_ALLOWED_PRINCIPALS', value: join(consoleAllowedPrincipals, ',') }",
+		"path: '/healthz'", "type: 'Liveness'", "type: 'Readiness'",
 		"maxReplicas: 1",
-		"secrets: concat(routesSecrets, consoleAuthSecrets)", "routesVolume", "mountPath: '/etc/sbclaim'",
+		"secrets: concat(routesSecrets, consoleAuthSecrets, consoleTokenStoreSecrets)", "routesVolume", "mountPath: '/etc/sbclaim'",
 		"{ name: 'SBCLAIM_ROUTES', value: '/etc/sbclaim/routes.yaml' }", "routeSecretEnvVars",
 		"value: configHash }",
 		"databaseUrl(sqlHost, sqlDatabaseName, consoleIdentity.properties.clientId)",
@@ -73,9 +76,12 @@ func TestConsoleApp(t *testing.T) {
 	if !regexp.MustCompile(`dependsOn: \[\s*acrPull\s*\]`).MatchString(sec) {
 		t.Error("the console app does not depend on acrPull")
 	}
-	// Never local-development mode in Azure: the platform signs people in.
-	if slices.Contains(envNames(main), "SBCLAIM_CONSOLE_LOCAL_OPERATOR") {
-		t.Error("main.bicep sets SBCLAIM_CONSOLE_LOCAL_OPERATOR: the deployed console must take the identity from the platform's sign-in")
+	// Never local-development mode in Azure, never unverified headers:
+	// the console verifies the token the platform's sign-in forwards.
+	for _, never := range []string{"SBCLAIM_CONSOLE_LOCAL_OPERATOR", "SBCLAIM_CONSOLE_INSECURE_TRUST_IDENTITY_HEADERS"} {
+		if slices.Contains(envNames(main), never) {
+			t.Errorf("main.bicep sets %s: the deployed console must verify the operator's token", never)
+		}
 	}
 	known := knownSettings(t, "reconciler")
 	names := envNames(sec)
@@ -124,7 +130,8 @@ func TestConsoleAuthentication(t *testing.T) {
 		"requireHttps: true",
 		"azureActiveDirectory: {\n        enabled: true", "clientId: consoleClientId",
 		"clientSecretSettingName: empty(consoleClientSecret) ? null : consoleAuthSecretName",
-		"openIdIssuer: '${environment().authentication.loginEndpoint}${consoleTenantId}/v2.0'",
+		"openIdIssuer: consoleIssuer",
+		"tokenStore: {\n        enabled: !empty(consoleTokenStoreSasUrl)", "sasUrlSettingName: consoleTokenStoreSecretName",
 		"groups: consoleAllowedGroups", "identities: consoleAllowedPrincipals",
 	} {
 		if !strings.Contains(auth, want) {
@@ -138,8 +145,44 @@ func TestConsoleAuthentication(t *testing.T) {
 	if !regexp.MustCompile(`(?s)var consoleAuthSecrets = empty\(consoleClientSecret\) \? \[\] : \[\s*\{\s*name: consoleAuthSecretName\s*value: consoleClientSecret`).MatchString(main) {
 		t.Error("the client secret must reach the app only as the Container Apps secret consoleAuthSecretName")
 	}
+	if !regexp.MustCompile(`@secure\(\)\s*\nparam consoleTokenStoreSasUrl string = ''`).MatchString(main) {
+		t.Error("consoleTokenStoreSasUrl must be an optional @secure() string")
+	}
+	if !regexp.MustCompile(`(?s)var consoleTokenStoreSecrets = empty\(consoleTokenStoreSasUrl\) \? \[\] : \[\s*\{\s*name: consoleTokenStoreSecretName\s*value: consoleTokenStoreSasUrl`).MatchString(main) {
+		t.Error("the token store's SAS URL must reach the app only as the Container Apps secret consoleTokenStoreSecretName")
+	}
 	if n := strings.Count(stripBicep(main), "consoleClientSecret"); n != 4 { // the param, the secret, empty() twice
 		t.Errorf("consoleClientSecret is used %d times outside strings and comments, want 4 (the param, the secret's value, and empty() in consoleAuthSecrets and the auth config)", n)
+	}
+}
+
+// The console verifies the token the sign-in forwards against the issuer
+// the sign-in uses, for the app registration's client id; the platform's
+// probes (which bypass the sign-in) use the health port, never the
+// console's, and the ingress never exposes the health port.
+func TestConsoleVerifiesTheSignInsToken(t *testing.T) {
+	t.Parallel()
+	main := read(t, "main.bicep")
+	sec := consoleSection(t)
+	if !strings.Contains(main, "var consoleIssuer = '${environment().authentication.loginEndpoint}${consoleTenantId}/v2.0'") {
+		t.Error("consoleIssuer is not the tenant's v2.0 issuer (the one Entra ID's ID tokens name)")
+	}
+	if strings.Count(stripBicep(sec), "consoleIssuer") != 2 {
+		t.Error("the sign-in's openIdIssuer and the console's SBCLAIM_CONSOLE_OIDC_ISSUER must both be consoleIssuer")
+	}
+	probes := sec[strings.Index(sec, "probes: ["):]
+	probes = probes[:strings.Index(probes, "\n          ]")]
+	ports := regexp.MustCompile(`port: (\d+)`).FindAllStringSubmatch(probes, -1)
+	if len(ports) != 2 {
+		t.Fatalf("want a liveness and a readiness probe, found ports %v", ports)
+	}
+	for _, p := range ports {
+		if p[1] != "8081" {
+			t.Errorf("a probe uses port %s: the probes use the health port 8081 (SBCLAIM_HTTP_ADDR), the console's 8082 answers 401", p[1])
+		}
+	}
+	if !strings.Contains(sec, "targetPort: 8082") || strings.Contains(sec, "targetPort: 8081") || strings.Contains(sec, "additionalPortMappings") {
+		t.Error("the ingress must expose the console's port 8082 only")
 	}
 }
 
@@ -196,7 +239,9 @@ func TestReadmeConsoleSection(t *testing.T) {
 		t.Errorf("the screenshot %s is not a committed PNG: %v", m[1], err)
 	}
 	for _, want := range []string{"SBCLAIM_CONSOLE_LOCAL_OPERATOR", "localhost:8082", "reconciler console", "deployConsole=true",
-		"consoleClientId", "consoleRedirectUri", "X-MS-CLIENT-PRINCIPAL-NAME", "SBCLAIM_TEST_SCREENSHOTS", "read-only"} {
+		"consoleClientId", "consoleRedirectUri", "X-MS-CLIENT-PRINCIPAL-NAME", "SBCLAIM_TEST_SCREENSHOTS", "401",
+		"X-MS-TOKEN-AAD-ID-TOKEN", "SBCLAIM_CONSOLE_OIDC_ISSUER", "SBCLAIM_CONSOLE_OIDC_AUDIENCE", "SBCLAIM_CONSOLE_INSECURE_TRUST_IDENTITY_HEADERS",
+		"consoleTokenStoreSasUrl", "SBCLAIM_HTTP_ADDR", "127.0.0.1"} {
 		if !strings.Contains(section, want) {
 			t.Errorf("the console section does not mention %s", want)
 		}
@@ -221,5 +266,22 @@ func TestReadmeConsoleSection(t *testing.T) {
 	compose := read(t, "../docker-compose.yml")
 	if !strings.Contains(compose, `"127.0.0.1:8082:8082"`) {
 		t.Error("docker-compose.yml does not publish the console on 127.0.0.1:8082")
+	}
+	// Local development mode in compose: published on the loopback only,
+	// the health port apart, never unverified headers.
+	svc := compose[strings.Index(compose, "\n  console:"):]
+	svc = svc[:strings.Index(svc[1:], "\n  demoapi:")+1]
+	for _, want := range []string{"SBCLAIM_CONSOLE_LOCAL_OPERATOR: developer", `SBCLAIM_HTTP_ADDR: ":8081"`} {
+		if !strings.Contains(svc, want) {
+			t.Errorf("the compose console lacks %s", want)
+		}
+	}
+	for _, m := range regexp.MustCompile(`- "([^"]+)"`).FindAllStringSubmatch(svc, -1) {
+		if strings.Count(m[1], ":") == 2 && !strings.HasPrefix(m[1], "127.0.0.1:") {
+			t.Errorf("the compose console publishes %s beyond the loopback", m[1])
+		}
+	}
+	if strings.Contains(compose, "SBCLAIM_CONSOLE_INSECURE_TRUST_IDENTITY_HEADERS") {
+		t.Error("docker-compose.yml trusts identity headers")
 	}
 }

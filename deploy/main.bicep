@@ -174,14 +174,18 @@ param consoleClientId string = ''
 @secure()
 param consoleClientSecret string = ''
 
-@description('Object ids of the Entra groups whose members may sign in (the token must carry the groups claim: set groupMembershipClaims to SecurityGroup on the app registration). With consoleAllowedPrincipals also empty, anyone who can sign in to the app registration may: then set "Assignment required" on its enterprise application and assign the operators.')
+@description('Object ids of the Entra groups whose members may sign in (the token must carry the groups claim: set groupMembershipClaims to SecurityGroup on the app registration). With consoleAllowedPrincipals also empty, anyone who can sign in to the app registration may: then set "Assignment required" on its enterprise application and assign the operators. The console checks the list again on the token it verifies (SBCLAIM_CONSOLE_ALLOWED_GROUPS).')
 param consoleAllowedGroups array = []
 
-@description('Object ids of the users (or other principals) who may sign in, in addition to consoleAllowedGroups.')
+@description('Object ids of the users (or other principals) who may sign in, in addition to consoleAllowedGroups; checked again by the console (SBCLAIM_CONSOLE_ALLOWED_PRINCIPALS).')
 param consoleAllowedPrincipals array = []
 
 @description('Microsoft Entra tenant of the app registration.')
 param consoleTenantId string = tenant().tenantId
+
+@description('SAS URL (read, write, delete, list) of a private blob container for the sign-in\'s token store, stored as a Container Apps secret. With the token store on, the platform forwards the signed-in user\'s ID token to the console (X-MS-TOKEN-AAD-ID-TOKEN), which verifies it; without it a browser gets 401 (only Authorization: Bearer clients get in). Required with deployConsole for browser sign-in.')
+@secure()
+param consoleTokenStoreSasUrl string = ''
 
 // ---- Derived values ------------------------------------------------------------
 
@@ -203,6 +207,19 @@ var consoleAuthSecrets = empty(consoleClientSecret) ? [] : [
     value: consoleClientSecret
   }
 ]
+// The token store's blob container, a Container Apps secret the
+// authentication configuration names.
+var consoleTokenStoreSecretName = 'console-token-store-sas-url'
+var consoleTokenStoreSecrets = empty(consoleTokenStoreSasUrl) ? [] : [
+  {
+    name: consoleTokenStoreSecretName
+    value: consoleTokenStoreSasUrl
+  }
+]
+// The issuer whose ID tokens the console verifies: the one the sign-in
+// uses (v2.0 endpoint of the tenant); the audience is the app
+// registration's client id.
+var consoleIssuer = '${environment().authentication.loginEndpoint}${consoleTenantId}/v2.0'
 var sqlHost = '${sqlServerName}${environment().suffixes.sqlServerHostname}'
 
 // go-mssqldb with its azuread driver: a token for the user-assigned identity
@@ -582,11 +599,18 @@ resource reconcilerJob 'Microsoft.App/jobs@2025-07-01' = if (deployApps) {
 //
 // reconciler console with external ingress. The platform's built-in
 // authentication (authConfigs below) signs every request in with Microsoft
-// Entra ID before it reaches the container, redirects unauthenticated
-// browsers to the login page, and passes the signed-in user to the code as
-// X-MS-CLIENT-PRINCIPAL-NAME / -ID (it strips those headers from clients'
-// requests): the console records actions with that identity and is
-// read-only without it. SBCLAIM_CONSOLE_LOCAL_OPERATOR is never set here.
+// Entra ID before it reaches the container and redirects unauthenticated
+// browsers to the login page; its token store forwards the signed-in
+// user's ID token (X-MS-TOKEN-AAD-ID-TOKEN). The console does not take the
+// platform's word for it: it verifies that token itself (signature against
+// the tenant's published keys, issuer, audience = consoleClientId, expiry:
+// SBCLAIM_CONSOLE_OIDC_ISSUER / _AUDIENCE) and refuses every request
+// without one (401), so a request that reaches the port without the
+// sign-in — the platform's probes, an ingress mistake — with forged
+// X-MS-CLIENT-PRINCIPAL-* headers gets nothing. The probes use /healthz on
+// port 8081 (SBCLAIM_HTTP_ADDR), apart from the console's 8082.
+// SBCLAIM_CONSOLE_LOCAL_OPERATOR and
+// SBCLAIM_CONSOLE_INSECURE_TRUST_IDENTITY_HEADERS are never set here.
 // One replica: the oldest-unfinished-age history is kept in the process.
 // The routes and their secrets are mounted as in the reconciler job, for
 // redrive; the console shows route names only, never the routes file.
@@ -615,7 +639,7 @@ resource consoleApp 'Microsoft.App/containerApps@2025-07-01' = if (deployApps &&
       identitySettings: concat([
         { identity: consoleIdentity.id, lifecycle: 'Main' }
       ], pullIdentitySettings)
-      secrets: concat(routesSecrets, consoleAuthSecrets)
+      secrets: concat(routesSecrets, consoleAuthSecrets, consoleTokenStoreSecrets)
     }
     template: {
       // An action in flight (a redrive) gets SBCLAIM_SHUTDOWN_TIMEOUT to
@@ -639,6 +663,13 @@ resource consoleApp 'Microsoft.App/containerApps@2025-07-01' = if (deployApps &&
                 value: databaseUrl(sqlHost, sqlDatabaseName, consoleIdentity.properties.clientId)
               }
               { name: 'SBCLAIM_CONSOLE_ADDR', value: ':8082' }
+              { name: 'SBCLAIM_HTTP_ADDR', value: ':8081' }
+              { name: 'SBCLAIM_CONSOLE_OIDC_ISSUER', value: consoleIssuer }
+              { name: 'SBCLAIM_CONSOLE_OIDC_AUDIENCE', value: consoleClientId }
+              // The sign-in's allow-list, checked again by the console on
+              // the verified token (oid, groups claim).
+              { name: 'SBCLAIM_CONSOLE_ALLOWED_GROUPS', value: join(consoleAllowedGroups, ',') }
+              { name: 'SBCLAIM_CONSOLE_ALLOWED_PRINCIPALS', value: join(consoleAllowedPrincipals, ',') }
               { name: 'SBCLAIM_ROUTES', value: '/etc/sbclaim/routes.yaml' }
               { name: 'SBCLAIM_HEARTBEAT_INTERVAL', value: heartbeatInterval }
               { name: 'SBCLAIM_SHUTDOWN_TIMEOUT', value: '25s' }
@@ -655,12 +686,14 @@ resource consoleApp 'Microsoft.App/containerApps@2025-07-01' = if (deployApps &&
           ]
           probes: [
             {
-              // The platform's probes reach the container port directly,
-              // not through the sign-in.
+              // The platform's probes reach the container directly, not
+              // through the sign-in: they use the health port, which
+              // serves /healthz and /metrics only; the console's port
+              // answers 401 without a verified token.
               type: 'Liveness'
               httpGet: {
                 path: '/healthz'
-                port: 8082
+                port: 8081
               }
               initialDelaySeconds: 5
               periodSeconds: 15
@@ -671,7 +704,7 @@ resource consoleApp 'Microsoft.App/containerApps@2025-07-01' = if (deployApps &&
               type: 'Readiness'
               httpGet: {
                 path: '/healthz'
-                port: 8082
+                port: 8081
               }
               initialDelaySeconds: 2
               periodSeconds: 10
@@ -696,8 +729,9 @@ resource consoleApp 'Microsoft.App/containerApps@2025-07-01' = if (deployApps &&
 }
 
 // Built-in authentication of the console: Microsoft Entra ID, every
-// unauthenticated request redirected to its login page, HTTPS only, and
-// (when given) only the allowed groups and users.
+// unauthenticated request redirected to its login page, HTTPS only,
+// (when given) only the allowed groups and users, and the token store that
+// forwards the ID token the console verifies.
 resource consoleAuth 'Microsoft.App/containerApps/authConfigs@2025-07-01' = if (deployApps && deployConsole) {
   parent: consoleApp
   name: 'current'
@@ -712,13 +746,21 @@ resource consoleAuth 'Microsoft.App/containerApps/authConfigs@2025-07-01' = if (
     httpSettings: {
       requireHttps: true
     }
+    login: {
+      tokenStore: {
+        enabled: !empty(consoleTokenStoreSasUrl)
+        azureBlobStorage: empty(consoleTokenStoreSasUrl) ? null : {
+          sasUrlSettingName: consoleTokenStoreSecretName
+        }
+      }
+    }
     identityProviders: {
       azureActiveDirectory: {
         enabled: true
         registration: {
           clientId: consoleClientId
           clientSecretSettingName: empty(consoleClientSecret) ? null : consoleAuthSecretName
-          openIdIssuer: '${environment().authentication.loginEndpoint}${consoleTenantId}/v2.0'
+          openIdIssuer: consoleIssuer
         }
         validation: {
           defaultAuthorizationPolicy: {

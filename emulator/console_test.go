@@ -9,7 +9,8 @@ import (
 )
 
 // The operator console runs on the laptop in local-development mode,
-// published on the loopback only, and can redrive the claims of every
+// published on the loopback only (it answers only loopback Host headers
+// too), with /healthz and /metrics on a port of their own, and can redrive the claims of every
 // consumer with the routes that consumer's processor uses.
 func TestComposeConsole(t *testing.T) {
 	t.Parallel()
@@ -27,9 +28,15 @@ func TestComposeConsole(t *testing.T) {
 	}
 	op := env["SBCLAIM_CONSOLE_LOCAL_OPERATOR"]
 	if op == "" {
-		t.Error("the compose console has no SBCLAIM_CONSOLE_LOCAL_OPERATOR: without sign-in it would be read-only")
+		t.Error("the compose console has no SBCLAIM_CONSOLE_LOCAL_OPERATOR: with no sign-in on the laptop it would refuse to start")
 	} else if err := console.ValidOperatorName(op); err != nil {
 		t.Errorf("SBCLAIM_CONSOLE_LOCAL_OPERATOR=%q: %v", op, err)
+	}
+	if _, ok := env["SBCLAIM_CONSOLE_INSECURE_TRUST_IDENTITY_HEADERS"]; ok {
+		t.Error("the compose console trusts identity headers")
+	}
+	if env["SBCLAIM_HTTP_ADDR"] == "" || env["SBCLAIM_HTTP_ADDR"] == env["SBCLAIM_CONSOLE_ADDR"] {
+		t.Errorf("the compose console's /healthz and /metrics must have their own port, have SBCLAIM_HTTP_ADDR=%q", env["SBCLAIM_HTTP_ADDR"])
 	}
 	if c.DependsOn["migrate"].Condition != "service_completed_successfully" {
 		t.Error("the console must wait for migrate to complete")

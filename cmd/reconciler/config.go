@@ -6,9 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claimdb"
 	"github.com/sbclaim/sbclaim/internal/console"
@@ -45,14 +49,21 @@ type Config struct {
 	RecoveryConcurrency int
 	Operator            string
 	HTTPAddr            string
-	// The operator console (console.go): its listen address, the local
-	// operator of local development, and whether `run` serves it too.
-	ConsoleAddr          string
-	ConsoleLocalOperator string
-	RunConsole           bool
-	LogFormat            string // json | text
-	LogLevel             slog.Level
-	ShutdownTimeout      time.Duration
+	// The operator console (console.go): its listen address, the
+	// operators' identity (exactly one of: a verified OIDC token, headers
+	// trusted by declaration, the local operator of local development),
+	// and whether `run` serves it too.
+	ConsoleAddr                 string
+	ConsoleOIDCIssuer           string
+	ConsoleOIDCAudience         string
+	ConsoleAllowedGroups        []string
+	ConsoleAllowedPrincipals    []string
+	ConsoleTrustIdentityHeaders bool
+	ConsoleLocalOperator        string
+	RunConsole                  bool
+	LogFormat                   string // json | text
+	LogLevel                    slog.Level
+	ShutdownTimeout             time.Duration
 }
 
 // ConfigError is an invalid setting: it names the environment variable (and
@@ -147,8 +158,32 @@ func configSettings(c *Config) []settings.Setting {
 				c.ConsoleAddr = v
 				return nil
 			}},
+		{Env: "SBCLAIM_CONSOLE_OIDC_ISSUER", Flag: "console-oidc-issuer",
+			Usage: "the console accepts operators whose ID token (X-MS-TOKEN-AAD-ID-TOKEN from the platform's sign-in, or Authorization: Bearer) this OpenID Connect issuer signed, e.g. https://login.microsoftonline.com/<tenant-id>/v2.0; needs SBCLAIM_CONSOLE_OIDC_AUDIENCE",
+			Parse: func(v string) error {
+				if v == "" {
+					return nil
+				}
+				if err := validIssuer(v); err != nil {
+					return err
+				}
+				c.ConsoleOIDCIssuer = v
+				return nil
+			}},
+		settings.String("SBCLAIM_CONSOLE_OIDC_AUDIENCE", "console-oidc-audience", "",
+			"the audience the console's tokens must name: the app registration's client id",
+			&c.ConsoleOIDCAudience),
+		objectIDs("SBCLAIM_CONSOLE_ALLOWED_GROUPS", "console-allowed-groups",
+			"with SBCLAIM_CONSOLE_OIDC_ISSUER: object ids (comma-separated) of the groups whose members may use the console (the token's groups claim); with SBCLAIM_CONSOLE_ALLOWED_PRINCIPALS also empty, every verified token may",
+			&c.ConsoleAllowedGroups),
+		objectIDs("SBCLAIM_CONSOLE_ALLOWED_PRINCIPALS", "console-allowed-principals",
+			"with SBCLAIM_CONSOLE_OIDC_ISSUER: object ids (comma-separated) of the users who may use the console (the token's oid), besides the allowed groups",
+			&c.ConsoleAllowedPrincipals),
+		settings.Bool("SBCLAIM_CONSOLE_INSECURE_TRUST_IDENTITY_HEADERS", "console-insecure-trust-identity-headers", "false",
+			"INSECURE: take the operator from X-MS-CLIENT-PRINCIPAL-NAME/-ID without verifying it; only behind a front that strips and sets them, on a port nothing else reaches (anybody who reaches the port can claim to be anyone)",
+			&c.ConsoleTrustIdentityHeaders),
 		{Env: "SBCLAIM_CONSOLE_LOCAL_OPERATOR", Flag: "console-local-operator",
-			Usage: "local development only: the console records every action as this operator, \"not signed in\", instead of reading the platform's sign-in headers (without either, the console is read-only)",
+			Usage: "local development only: nobody signs in; the console records every action as this operator, \"not signed in\", and answers only requests addressed to localhost, 127.0.0.1 or [::1]",
 			Parse: func(v string) error {
 				if v == "" {
 					return nil
@@ -236,6 +271,79 @@ func (c *Config) Validate() error {
 			"must be at least SBCLAIM_PURGE_BATCH_SIZE (%d)", c.PurgeBatchSize)})
 	}
 	return errors.Join(errs...)
+}
+
+// ValidateConsole checks the console's identity settings: exactly one way
+// to know the operator, and an OIDC issuer with its audience.
+func (c *Config) ValidateConsole() error {
+	var modes, values []string
+	if c.ConsoleOIDCIssuer != "" || c.ConsoleOIDCAudience != "" {
+		modes, values = append(modes, "SBCLAIM_CONSOLE_OIDC_ISSUER"), append(values, c.ConsoleOIDCIssuer)
+	}
+	if c.ConsoleTrustIdentityHeaders {
+		modes, values = append(modes, "SBCLAIM_CONSOLE_INSECURE_TRUST_IDENTITY_HEADERS"), append(values, "true")
+	}
+	if c.ConsoleLocalOperator != "" {
+		modes, values = append(modes, "SBCLAIM_CONSOLE_LOCAL_OPERATOR"), append(values, c.ConsoleLocalOperator)
+	}
+	switch {
+	case len(modes) == 0:
+		return &ConfigError{Field: "SBCLAIM_CONSOLE_OIDC_ISSUER", Err: errors.New(
+			"the console needs a way to verify who its operators are: set SBCLAIM_CONSOLE_OIDC_ISSUER and SBCLAIM_CONSOLE_OIDC_AUDIENCE " +
+				"(the tenant's issuer and the app registration's client id), or SBCLAIM_CONSOLE_LOCAL_OPERATOR for local development")}
+	case len(modes) > 1:
+		return &ConfigError{Field: modes[1], Value: values[1], Err: fmt.Errorf(
+			"the console takes its operators' identity one way only, and %s is set too: unset one", modes[0])}
+	case c.ConsoleOIDCIssuer == "" && c.ConsoleOIDCAudience != "":
+		return &ConfigError{Field: "SBCLAIM_CONSOLE_OIDC_ISSUER", Err: fmt.Errorf(
+			"required with SBCLAIM_CONSOLE_OIDC_AUDIENCE=%q", c.ConsoleOIDCAudience)}
+	case c.ConsoleOIDCIssuer == "" && len(c.ConsoleAllowedGroups)+len(c.ConsoleAllowedPrincipals) > 0:
+		field, v := "SBCLAIM_CONSOLE_ALLOWED_GROUPS", c.ConsoleAllowedGroups
+		if len(v) == 0 {
+			field, v = "SBCLAIM_CONSOLE_ALLOWED_PRINCIPALS", c.ConsoleAllowedPrincipals
+		}
+		return &ConfigError{Field: field, Value: strings.Join(v, ","), Err: errors.New(
+			"only with SBCLAIM_CONSOLE_OIDC_ISSUER: the allow-list is checked against verified tokens")}
+	case c.ConsoleOIDCIssuer != "" && c.ConsoleOIDCAudience == "":
+		return &ConfigError{Field: "SBCLAIM_CONSOLE_OIDC_AUDIENCE", Err: fmt.Errorf(
+			"required with SBCLAIM_CONSOLE_OIDC_ISSUER=%q: the app registration's client id, which every token's aud must name", c.ConsoleOIDCIssuer)}
+	}
+	return nil
+}
+
+// objectIDs is a comma-separated list of Entra object ids (GUIDs).
+func objectIDs(env, flagName, usage string, dst *[]string) settings.Setting {
+	return settings.Setting{Env: env, Flag: flagName, Usage: usage, Parse: func(v string) error {
+		*dst = nil
+		if v == "" {
+			return nil
+		}
+		for part := range strings.SplitSeq(v, ",") {
+			id := strings.TrimSpace(part)
+			if _, err := uuid.Parse(id); err != nil || len(id) != 36 {
+				return fmt.Errorf("%q is not an object id (a GUID such as 0b5e7a1c-1234-4abc-8def-0123456789ab)", id)
+			}
+			*dst = append(*dst, id)
+		}
+		return nil
+	}}
+}
+
+// validIssuer checks an OIDC issuer: an absolute https URL without query
+// or fragment (http only on a loopback host, for tests and local issuers).
+func validIssuer(v string) error {
+	u, err := url.Parse(v)
+	switch {
+	case err != nil || u.Host == "" || u.User != nil:
+		return errors.New("not an absolute URL (e.g. https://login.microsoftonline.com/<tenant-id>/v2.0)")
+	case u.RawQuery != "" || u.Fragment != "":
+		return errors.New("an issuer has no query or fragment")
+	case u.Scheme == "https":
+		return nil
+	case u.Scheme == "http" && (u.Hostname() == "localhost" || net.ParseIP(u.Hostname()).IsLoopback()):
+		return nil
+	}
+	return errors.New("must be https (http only on a loopback host): the keys that prove identities are fetched from it")
 }
 
 // reconcilerConfig is the tick's configuration.

@@ -11,13 +11,18 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/console"
 )
 
 // consoleEnvs are the settings `reconciler console` reads.
-var consoleEnvs = []string{"SBCLAIM_DATABASE_URL", "SBCLAIM_CONSOLE_ADDR", "SBCLAIM_CONSOLE_LOCAL_OPERATOR", "SBCLAIM_ROUTES",
-	"SBCLAIM_HEARTBEAT_INTERVAL", "SBCLAIM_QUERY_TIMEOUT", "SBCLAIM_SHUTDOWN_TIMEOUT", "SBCLAIM_LOG_FORMAT", "SBCLAIM_LOG_LEVEL"}
+var consoleEnvs = []string{"SBCLAIM_DATABASE_URL", "SBCLAIM_CONSOLE_ADDR", "SBCLAIM_HTTP_ADDR",
+	"SBCLAIM_CONSOLE_OIDC_ISSUER", "SBCLAIM_CONSOLE_OIDC_AUDIENCE", "SBCLAIM_CONSOLE_ALLOWED_GROUPS", "SBCLAIM_CONSOLE_ALLOWED_PRINCIPALS",
+	"SBCLAIM_CONSOLE_INSECURE_TRUST_IDENTITY_HEADERS", "SBCLAIM_CONSOLE_LOCAL_OPERATOR",
+	"SBCLAIM_ROUTES", "SBCLAIM_HEARTBEAT_INTERVAL", "SBCLAIM_QUERY_TIMEOUT", "SBCLAIM_SHUTDOWN_TIMEOUT", "SBCLAIM_LOG_FORMAT", "SBCLAIM_LOG_LEVEL"}
 
 // validListenAddr checks a listen address: host:port with a numeric port
 // (0 picks a free one) and a host that is empty, an IP address or a name.
@@ -52,8 +57,17 @@ func consoleFlags(*flag.FlagSet) func(context.Context, *env, []string) int {
 		if err != nil {
 			return e.fail("console", err)
 		}
+		// The probes' port: the console's own answers only operators.
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		stopHTTP, err := e.serveHTTP(st, reg)
+		if err != nil {
+			stop()
+			return e.fail("console", err)
+		}
 		<-ctx.Done()
 		stop()
+		stopHTTP()
 		return exitOK
 	}
 }
@@ -67,10 +81,16 @@ func (e *env) startConsole(ctx context.Context, st claim.Store) (stop func(), er
 	if err != nil {
 		return nil, err
 	}
-	srv, err := console.New(console.Options{
-		Store: st, Routes: routes, LocalOperator: e.cfg.ConsoleLocalOperator, Logger: e.logger,
+	opts := console.Options{
+		Store: st, Routes: routes, Logger: e.logger,
+		LocalOperator: e.cfg.ConsoleLocalOperator, TrustIdentityHeaders: e.cfg.ConsoleTrustIdentityHeaders,
 		HeartbeatInterval: e.cfg.HeartbeatInterval, StoreTimeout: e.cfg.QueryTimeout,
-	})
+	}
+	if e.cfg.ConsoleOIDCIssuer != "" {
+		opts.OIDC = &console.OIDC{Issuer: e.cfg.ConsoleOIDCIssuer, Audience: e.cfg.ConsoleOIDCAudience,
+			AllowedGroups: e.cfg.ConsoleAllowedGroups, AllowedPrincipals: e.cfg.ConsoleAllowedPrincipals}
+	}
+	srv, err := console.New(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -81,13 +101,28 @@ func (e *env) startConsole(ctx context.Context, st claim.Store) (stop func(), er
 	if len(routes) == 0 {
 		e.logger.Warn("console: SBCLAIM_ROUTES is not set: redrive is off (resolve still works)")
 	}
-	if op := e.cfg.ConsoleLocalOperator; op != "" {
+	addr := ln.Addr().String()
+	switch {
+	case e.cfg.ConsoleLocalOperator != "":
 		e.logger.Warn("console: LOCAL DEVELOPMENT MODE (SBCLAIM_CONSOLE_LOCAL_OPERATOR): nobody signs in; every action is recorded as "+
-			strconv.Quote(op+" (local, not signed in)")+" and anyone who reaches the address acts as them", "addr", ln.Addr().String())
-	} else {
-		e.logger.Info("console: actions need the platform's sign-in headers "+console.HeaderPrincipalName+" and "+console.HeaderPrincipalID+
-			" (Container Apps built-in authentication); without them the console is read-only. Never expose it without that authentication in front.",
-			"addr", ln.Addr().String())
+			strconv.Quote(e.cfg.ConsoleLocalOperator+" (local, not signed in)")+"; only requests addressed to localhost, 127.0.0.1 or [::1] are answered",
+			"addr", addr)
+		if host, _, _ := net.SplitHostPort(e.cfg.ConsoleAddr); host == "" || !(host == "localhost" || net.ParseIP(host).IsLoopback()) {
+			e.logger.Warn("console: local development mode listens on every interface ("+e.cfg.ConsoleAddr+"): "+
+				"anyone who reaches the port with a Host of localhost acts as the local operator; publish it on 127.0.0.1 only "+
+				"(as docker-compose.yml does) or set SBCLAIM_CONSOLE_ADDR=127.0.0.1:8082", "addr", addr)
+		}
+	case e.cfg.ConsoleTrustIdentityHeaders:
+		e.logger.Warn("console: INSECURE (SBCLAIM_CONSOLE_INSECURE_TRUST_IDENTITY_HEADERS): the operator is taken from the "+
+			console.HeaderPrincipalName+"/-Id headers without verification; anybody who reaches this port directly can claim to be anyone. "+
+			"Only behind a front that strips and sets them, on a port nothing else reaches.", "addr", addr)
+	default:
+		e.logger.Info("console: every request needs an ID token signed by "+e.cfg.ConsoleOIDCIssuer+" for audience "+e.cfg.ConsoleOIDCAudience+
+			" ("+console.HeaderIDToken+" from the platform's sign-in, or Authorization: Bearer); identity headers alone are refused", "addr", addr,
+			"allowed_groups", len(e.cfg.ConsoleAllowedGroups), "allowed_principals", len(e.cfg.ConsoleAllowedPrincipals))
+		if len(e.cfg.ConsoleAllowedGroups)+len(e.cfg.ConsoleAllowedPrincipals) == 0 {
+			e.logger.Warn("console: no SBCLAIM_CONSOLE_ALLOWED_GROUPS or SBCLAIM_CONSOLE_ALLOWED_PRINCIPALS: every user whose token the issuer signs for the audience may act", "addr", addr)
+		}
 	}
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: nil}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))

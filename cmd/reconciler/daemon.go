@@ -48,32 +48,41 @@ func cmdRun(ctx context.Context, e *env, _ []string) int {
 		defer stopConsole()
 	}
 
-	var srv *http.Server
-	if e.cfg.HTTPAddr != "" {
-		ln, err := net.Listen("tcp", e.cfg.HTTPAddr)
-		if err != nil {
-			return e.fail("run", fmt.Errorf("listen on SBCLAIM_HTTP_ADDR %s: %w", e.cfg.HTTPAddr, err))
-		}
-		srv = &http.Server{Handler: httpHandler(st, reg), ReadHeaderTimeout: 5 * time.Second}
-		e.logger.Info("serving /healthz and /metrics", "addr", ln.Addr().String())
-		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				e.logger.Error("http server", "err", err)
-			}
-		}()
+	stopHTTP, err := e.serveHTTP(st, reg)
+	if err != nil {
+		return e.fail("run", err)
 	}
-
 	err = rec.Run(ctx)
-
-	if srv != nil {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	}
+	stopHTTP()
 	if err != nil {
 		return e.fail("run", err)
 	}
 	return exitOK
+}
+
+// serveHTTP serves /healthz and /metrics on SBCLAIM_HTTP_ADDR (nothing
+// when it is empty) until stop: the port the platform's probes use, apart
+// from the console's, which answers only signed-in operators.
+func (e *env) serveHTTP(st claim.Store, reg *prometheus.Registry) (stop func(), err error) {
+	if e.cfg.HTTPAddr == "" {
+		return func() {}, nil
+	}
+	ln, err := net.Listen("tcp", e.cfg.HTTPAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on SBCLAIM_HTTP_ADDR %s: %w", e.cfg.HTTPAddr, err)
+	}
+	srv := &http.Server{Handler: httpHandler(st, reg), ReadHeaderTimeout: 5 * time.Second}
+	e.logger.Info("serving /healthz and /metrics", "addr", ln.Addr().String())
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			e.logger.Error("http server", "err", err)
+		}
+	}()
+	return func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}, nil
 }
 
 // httpHandler serves /healthz (the database answers a ping) and /metrics

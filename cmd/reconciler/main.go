@@ -77,7 +77,7 @@ func commands() []command {
 			envs: opEnvs, flags: resolveFlags},
 		{name: "redrive", args: "<id> [--new-key --note TEXT]", summary: "re-run a flagged claim's effect with the same idempotency key (--new-key: under a new one, for a route that allows it)",
 			envs: redrive, flags: redriveFlags},
-		{name: "console", summary: "serve the operator console (review, redrive and resolve claims in a browser)", envs: consoleEnvs, flags: consoleFlags},
+		{name: "console", summary: "serve the operator console (review, redrive and resolve claims in a browser), and /healthz and /metrics", envs: consoleEnvs, flags: consoleFlags},
 	}
 }
 
@@ -134,6 +134,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	cfg, err := cf.load()
 	if err == nil && (cmd.name == "run" || cmd.name == "once") {
 		err = cfg.Validate()
+	}
+	if err == nil && (cmd.name == "console" || cmd.name == "run" && cfg.RunConsole) {
+		err = cfg.ValidateConsole()
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "reconciler %s: invalid configuration:\n", cmd.name)

@@ -20,15 +20,13 @@ import (
 // note).
 const maxForm = 64 << 10
 
-// authorize is the gate of every POST: someone is signed in (or the
-// console runs for a local operator), and the form carries that person's
+// authorize is the gate of every POST: the request has an identity
+// (authenticate established it), and the form carries that identity's
 // CSRF token. It writes the refusal and returns nil otherwise.
 func (s *Server) authorize(w http.ResponseWriter, r *http.Request) *Operator {
 	op := s.operator(r)
-	if op == nil {
-		s.renderError(w, r, http.StatusForbidden, "Refused: not signed in",
-			"This request carries no signed-in identity (the platform's "+HeaderPrincipalName+" and "+HeaderPrincipalID+
-				" headers), so the console is read-only for it. Nothing was changed.")
+	if op == nil { // authenticate lets no such request through
+		s.unauthorized(w, r, "the request carries no identity")
 		return nil
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxForm)
@@ -36,7 +34,7 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request) *Operator {
 		s.renderError(w, r, http.StatusBadRequest, "Refused: the form could not be read", "Nothing was changed.")
 		return nil
 	}
-	if !checkCSRF(r, op) {
+	if !s.checkCSRF(r, op) {
 		s.renderError(w, r, http.StatusForbidden, "Refused: the form's security token is missing or wrong",
 			"The page may be old, or the form did not come from this console. Reload the page and try again. Nothing was changed.")
 		return nil

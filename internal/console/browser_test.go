@@ -51,13 +51,16 @@ func chromium(t *testing.T) string {
 	return ""
 }
 
-// easyAuth stands in for the platform's built-in authentication: it
-// removes the identity headers a client sent and sets the signed-in
-// user's.
-func easyAuth(next http.Handler, name, id string) http.Handler {
+// easyAuth stands in for the platform's built-in authentication with its
+// token store: it removes the identity headers and tokens a client sent
+// and forwards the signed-in user's ID token, which the test issuer
+// signed; the console verifies it against the issuer's published key.
+func easyAuth(next http.Handler, idToken string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r.Header.Set(console.HeaderPrincipalName, name)
-		r.Header.Set(console.HeaderPrincipalID, id)
+		for _, h := range []string{console.HeaderPrincipalName, console.HeaderPrincipalID, "Authorization"} {
+			r.Header.Del(h)
+		}
+		r.Header.Set(console.HeaderIDToken, idToken)
 		next.ServeHTTP(w, r)
 	})
 }
@@ -91,7 +94,10 @@ func addScript(src string) chromedp.Action[chromedp.Void] {
 // TestConsoleInBrowser drives the console in headless Chromium through
 // overview → list → claim → redrive → resolve (and a bulk resolve) on a
 // store holding flagged claims, behind a stand-in for the platform's
-// sign-in, and asserts what each page shows. It waits on the DOM only.
+// sign-in that forwards an ID token of the test's own issuer (the console
+// verifies it: discovery, JWKS, signature, issuer, audience, expiry), and
+// asserts what each page shows. The console's own port, without the
+// stand-in, answers the browser 401. It waits on the DOM only.
 func TestConsoleInBrowser(t *testing.T) {
 	exe := chromium(t)
 	f := setup(t, nil)
@@ -131,7 +137,7 @@ func TestConsoleInBrowser(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	platform := httptest.NewServer(easyAuth(f.srv, who, whoID))
+	platform := httptest.NewServer(easyAuth(f.srv, f.iss.Token(who, whoID, nil)))
 	t.Cleanup(platform.Close)
 
 	shots := os.Getenv(ScreenshotsEnv)
@@ -196,7 +202,16 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Logf("screenshot: %s", path)
 	}
 
-	// Overview.
+	// The console's port reached directly: no identity, nothing shown.
+	do("open the console without the sign-in", chromedp.Navigate(f.ts.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#flash")))
+	if got := text("#flash h2"); got != "Not signed in" {
+		t.Errorf("without the sign-in the console says %q", got)
+	}
+	if n := eval(`document.querySelectorAll("#count-flagged").length`); n != 0 {
+		t.Error("without the sign-in the console shows the overview")
+	}
+
+	// Overview, signed in.
 	do("open the overview", addScript(cspWatch), chromedp.Navigate(platform.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#count-flagged")))
 	if got := text("#count-flagged"); got != strconv.Itoa(len(seeds)) {
 		t.Errorf("overview: %s flagged, want %d", got, len(seeds))

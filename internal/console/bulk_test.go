@@ -90,11 +90,12 @@ func TestBulkIsConfirmedBoundedAndGuarded(t *testing.T) {
 	if f.get(shipping.ID).State != claim.StateFlagged {
 		t.Error("a claim outside the bulk was touched")
 	}
-	// Without identity, the confirm page shows the count but no form.
+	// Without identity, the confirm page shows nothing: not the count,
+	// not the form.
 	anon := f.client("", "")
 	page = anon.getPage("/bulk?action=resolve")
-	mustStatus(t, "anonymous confirm", page, http.StatusOK)
-	if strings.Contains(page.body, `id="bulk-form"`) {
-		t.Error("the read-only confirm page offers the form")
+	mustStatus(t, "anonymous confirm", page, http.StatusUnauthorized)
+	if strings.Contains(page.body, `id="bulk-form"`) || strings.Contains(page.body, `id="bulk-count"`) {
+		t.Error("the confirm page shows the claims or offers the form without an identity")
 	}
 }

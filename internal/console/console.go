@@ -37,7 +37,7 @@ const (
 	// MaxNote is the longest note an operator may write (the SQL Server
 	// column holds 4000).
 	MaxNote = 2000
-	// maxNameLength bounds the operator's name taken from a header.
+	// maxNameLength bounds the operator's name taken from a token or a header.
 	maxNameLength = 150
 )
 
@@ -69,9 +69,20 @@ type Options struct {
 	// Routes are the processors' routes, for redrive; without them redrive
 	// is refused (the page says to set SBCLAIM_ROUTES).
 	Routes reconciler.Routes
+	// The identity of the operators: exactly one of OIDC (tokens signed by
+	// the identity provider, verified by the console), TrustIdentityHeaders
+	// and LocalOperator. Without an identity every route answers 401.
+	OIDC *OIDC
+	// TrustIdentityHeaders takes the identity from the platform's
+	// X-MS-CLIENT-PRINCIPAL-NAME/-ID headers without verifying it: only
+	// behind a trusted front that strips them from clients' requests and
+	// sets them itself, on a port nothing else can reach. Anybody who
+	// reaches the port directly can claim to be anyone.
+	TrustIdentityHeaders bool
 	// LocalOperator, when set, is the operator of every request, for local
-	// development: the identity headers are ignored and every page says
-	// "local development, not signed in".
+	// development: identity headers and tokens are ignored, every page says
+	// "local development, not signed in", and only requests addressed to a
+	// loopback host (localhost, 127.0.0.1, [::1]) are answered.
 	LocalOperator string
 	Logger        *slog.Logger // nil discards
 	// Retry, HeartbeatInterval and StoreTimeout are the redrive's (see
@@ -99,6 +110,10 @@ type Server struct {
 	pages   map[string]*pageTemplate
 	sampler *Sampler
 	handler http.Handler
+	// verifier checks tokens (Options.OIDC); csrfKey keys the forms'
+	// CSRF tokens.
+	verifier *tokenVerifier
+	csrfKey  []byte
 }
 
 // New builds a console. It does not touch the store: Run starts sampling.
@@ -111,6 +126,18 @@ func New(opts Options) (*Server, error) {
 			return nil, fmt.Errorf("console: LocalOperator: %w", err)
 		}
 	}
+	modes := 0
+	for _, on := range []bool{opts.OIDC != nil, opts.TrustIdentityHeaders, opts.LocalOperator != ""} {
+		if on {
+			modes++
+		}
+	}
+	if modes != 1 {
+		return nil, errors.New("console: set exactly one of OIDC, TrustIdentityHeaders and LocalOperator (the operators' identity)")
+	}
+	if o := opts.OIDC; o != nil && (o.Issuer == "" || o.Audience == "") {
+		return nil, errors.New("console: OIDC needs an Issuer and an Audience")
+	}
 	opts.BulkLimit = min(cmp.Or(opts.BulkLimit, MaxBulk), MaxBulk)
 	opts.BulkTime = cmp.Or(opts.BulkTime, DefaultBulkTime)
 	if opts.ReasonGroups == nil {
@@ -119,7 +146,10 @@ func New(opts Options) (*Server, error) {
 	if len(opts.ReasonGroups) > claim.MaxReasonGroups {
 		return nil, fmt.Errorf("console: at most %d reason groups, got %d", claim.MaxReasonGroups, len(opts.ReasonGroups))
 	}
-	s := &Server{opts: opts, log: cmp.Or(opts.Logger, slog.New(slog.DiscardHandler))}
+	s := &Server{opts: opts, log: cmp.Or(opts.Logger, slog.New(slog.DiscardHandler)), csrfKey: newCSRFKey()}
+	if opts.OIDC != nil {
+		s.verifier = &tokenVerifier{cfg: *opts.OIDC}
+	}
 	s.sampler = NewSampler(opts.Store, cmp.Or(opts.SampleInterval, DefaultSampleInterval), cmp.Or(opts.SampleCapacity, DefaultSampleCapacity))
 	pages, err := parsePages()
 	if err != nil {
@@ -149,8 +179,15 @@ func validName(name string) error {
 // Sampler returns the console's sampler (tests drive it directly).
 func (s *Server) Sampler() *Sampler { return s.sampler }
 
-// Run samples the oldest unfinished claim's age until ctx ends.
+// Run samples the oldest unfinished claim's age until ctx ends. With
+// Options.OIDC it first reads the identity provider's discovery document,
+// logging an error when it cannot (requests retry it).
 func (s *Server) Run(ctx context.Context) {
+	if s.verifier != nil {
+		if _, err := s.verifier.get(ctx); err != nil {
+			s.log.Error("console: every request will be refused until the identity provider answers", "err", err)
+		}
+	}
 	s.sampler.Run(ctx, s.log)
 }
 
@@ -166,7 +203,6 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /claims/{id}/resolve", s.serveResolve)
 	mux.HandleFunc("GET /bulk", s.serveBulkConfirm)
 	mux.HandleFunc("POST /bulk", s.serveBulk)
-	mux.HandleFunc("GET /healthz", s.serveHealth)
 	static, err := fs.Sub(assets, "static")
 	if err != nil {
 		panic(err) // the embedded tree is fixed at build time
@@ -185,7 +221,9 @@ func (s *Server) routes() http.Handler {
 		s.renderError(w, r, http.StatusForbidden, "Refused: cross-origin request",
 			"This request came from another site. Nothing was changed.")
 	}))
-	return securityHeaders(cop.Handler(mux))
+	// Every route, the static files included, needs an identity: the
+	// gate runs before routing, so an unknown path is 401 too.
+	return securityHeaders(s.authenticate(cop.Handler(mux)))
 }
 
 // contentSecurityPolicy: nothing but this origin's own files; no inline
@@ -205,17 +243,6 @@ func securityHeaders(next http.Handler) http.Handler {
 		h.Set("Cache-Control", "no-store")
 		next.ServeHTTP(w, r)
 	})
-}
-
-// serveHealth answers 200 when the database does.
-func (s *Server) serveHealth(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
-	defer cancel()
-	if err := s.opts.Store.Ping(ctx); err != nil {
-		http.Error(w, "database unreachable", http.StatusServiceUnavailable)
-		return
-	}
-	_, _ = w.Write([]byte("ok\n"))
 }
 
 // storeCtx bounds one store call of a page.

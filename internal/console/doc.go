@@ -21,8 +21,12 @@
 //     offered only on a route with allowNewKey (never in bulk);
 //   - GET /bulk         the confirm page of a bulk action on the flagged
 //     claims a filter matches (how many, which, at most MaxBulk);
-//   - POST /bulk        runs it, claim by claim, and reports each outcome;
-//   - GET /healthz      the database answers (for the platform's probes).
+//   - POST /bulk        runs it, claim by claim, and reports each outcome.
+//
+// The console serves no health check: the platform's probes reach a
+// container's port directly, without the sign-in in front, so /healthz
+// and /metrics are on a port of their own (SBCLAIM_HTTP_ADDR in
+// cmd/reconciler) and the console's port answers only operators.
 //
 // Pages are server-rendered with html/template from embedded templates;
 // the stylesheet, a few lines of script (disabling a form's buttons once it
@@ -31,21 +35,35 @@
 //
 // # Identity and safety
 //
-// Actions are recorded with the identity the platform's built-in
-// authentication (Container Apps "Easy Auth", Microsoft Entra ID) passes
-// in X-MS-CLIENT-PRINCIPAL-NAME and X-MS-CLIENT-PRINCIPAL-ID; the platform
-// removes those headers from clients' requests, so only it can set them.
-// A request without them is read-only: pages render without action forms
-// and every POST is refused (403). Options.LocalOperator (the setting
-// SBCLAIM_CONSOLE_LOCAL_OPERATOR) names an operator for local development
-// instead: the headers are then ignored, every page says "local
-// development, not signed in", and the audit records the name with
-// "(local, not signed in)".
+// Every route — pages, actions, the static files, unknown paths — needs an
+// identity, established before routing; without one the answer is 401
+// and nothing is read or changed. The identity comes one way, chosen in
+// Options:
+//
+//   - OIDC (the deployed console): a token signed by the configured
+//     issuer (Microsoft Entra ID), in X-MS-TOKEN-AAD-ID-TOKEN (the
+//     platform's sign-in forwards it when its token store is on) or in
+//     Authorization: Bearer. The console verifies it itself with go-oidc:
+//     the signature against the keys the issuer publishes (discovery, then
+//     JWKS), the issuer, the audience (the app registration's client id),
+//     the expiry. The operator is the verified claims: preferred_username
+//     (else upn, email, name) and oid (else sub). The principal headers
+//     beside the token are ignored: they are plain text anybody who reaches
+//     the port can send.
+//   - TrustIdentityHeaders: the platform's X-MS-CLIENT-PRINCIPAL-NAME and
+//     -ID, unverified, only for a console behind a front that strips and
+//     sets them on a port nothing else reaches; pages and the audit mark
+//     the identity "unverified header".
+//   - LocalOperator (local development): nobody signs in, every page says
+//     so, the audit records the name with "(local, not signed in)", and
+//     only requests addressed to localhost, 127.0.0.1 or [::1] are
+//     answered (403 otherwise), so a page on a DNS name rebound to
+//     127.0.0.1 can neither read nor act.
 //
 // Every state-changing request is a POST that must carry a CSRF token (an
-// HMAC of the operator's identity under a random per-browser secret in a
-// SameSite=Strict, HttpOnly cookie, __Host- prefixed over HTTPS) and pass
-// net/http's cross-origin protection (Sec-Fetch-Site, Origin). Responses
+// HMAC of the verified identity under a random key of the process: no
+// cookie, nothing the caller chooses) and pass net/http's cross-origin
+// protection (Sec-Fetch-Site, Origin). Responses
 // carry a Content-Security-Policy without inline script or style
 // (default-src 'self'; frame-ancestors 'none'), X-Frame-Options DENY,
 // X-Content-Type-Options nosniff, Referrer-Policy same-origin and

@@ -2,15 +2,18 @@ package console_test
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"reflect"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -18,6 +21,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/console"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
 	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
+	"github.com/sbclaim/sbclaim/internal/testkit/testissuer"
 )
 
 const (
@@ -29,46 +33,191 @@ func resolveForm(token, as, note string) url.Values {
 	return url.Values{"csrf": {token}, "as": {as}, "note": {note}}
 }
 
-// An action without the platform's identity headers is refused and
-// changes nothing; the pages offer no action to such a request.
-func TestActionWithoutIdentityIsRefused(t *testing.T) {
+// A request with forged identity headers and no valid token is refused
+// 401 on every route, reads included, before any handler runs: no page
+// shows a claim, no POST changes one. A token of the wrong audience or
+// issuer, an expired one, one signed with a key the issuer does not
+// publish, or one whose signature was tampered with is no identity either;
+// the issuer's own token for the same route is accepted.
+func TestForgedIdentityIsRefusedOnEveryRoute(t *testing.T) {
+	f := setup(t, nil)
+	c := f.flagged("billing", "order-secret-42", `{"card":"4242 4242 4242 4242"}`, nil, "no heartbeat since x")
+	claimPath := fmt.Sprintf("/claims/%d", c.ID)
+	gets := []string{"/", "/claims", "/claims?state=flagged", claimPath, "/claims/987654", "/bulk?action=resolve",
+		"/bulk?action=redrive&consumer=billing", "/static/console.css", "/healthz", "/metrics", "/nowhere"}
+	posts := map[string]url.Values{
+		claimPath + "/redrive": {"note": {"x"}},
+		claimPath + "/resolve": resolveForm("", "discarded", "forged"),
+		"/bulk":                {"action": {"resolve"}, "id": {fmt.Sprint(c.ID)}, "as": {"discarded"}, "note": {"n"}},
+	}
+	good := f.client(alice, aliceID)
+	token := good.token(claimPath) // a real token of alice's, for the forged form
+	for id, cl := range map[string]*client{
+		"forged headers": f.client("", ""),
+		"wrong audience": f.client("", ""),
+		"wrong issuer":   f.client("", ""),
+		"expired":        f.client("", ""),
+		"bad signature":  f.client("", ""),
+		"tampered":       f.client("", ""),
+		"alg none":       f.client("", ""),
+		"bearer garbage": f.client("", ""),
+	} {
+		cl.headers.Set(console.HeaderPrincipalName, alice)
+		cl.headers.Set(console.HeaderPrincipalID, aliceID)
+		cl.headers.Set("X-Ms-Client-Principal", "eyJhdXRoX3R5cCI6ImFhZCJ9")
+		switch id {
+		case "wrong audience":
+			cl.headers.Set(console.HeaderIDToken, f.iss.Token(alice, aliceID, testissuer.Claims{"aud": "another-app"}))
+		case "wrong issuer":
+			cl.headers.Set(console.HeaderIDToken, f.iss.Token(alice, aliceID, testissuer.Claims{"iss": "https://login.microsoftonline.com/evil/v2.0"}))
+		case "expired":
+			cl.headers.Set(console.HeaderIDToken, f.iss.Token(alice, aliceID, testissuer.Claims{"exp": time.Now().Add(-time.Minute).Unix()}))
+		case "bad signature":
+			cl.headers.Set(console.HeaderIDToken, f.iss.Forged(alice, aliceID))
+		case "tampered":
+			// alice's valid token with mallory's claims spliced in.
+			parts := strings.Split(f.iss.Token(alice, aliceID, nil), ".")
+			evil := strings.Split(f.iss.Token("mallory@evil.example", "ma11", nil), ".")
+			cl.headers.Set(console.HeaderIDToken, parts[0]+"."+evil[1]+"."+parts[2])
+		case "alg none":
+			hdr := base64.RawURLEncoding.EncodeToString([]byte(`{"alg":"none","typ":"JWT"}`))
+			body := strings.Split(f.iss.Token(alice, aliceID, nil), ".")[1]
+			cl.headers.Set(console.HeaderIDToken, hdr+"."+body+".")
+		case "bearer garbage":
+			cl.headers.Set("Authorization", "Bearer not-a-token")
+		}
+		for _, p := range gets {
+			r := cl.getPage(p)
+			mustStatus(t, id+": GET "+p, r, http.StatusUnauthorized)
+			if strings.Contains(r.body, c.MessageID) || strings.Contains(r.body, "4242") || strings.Contains(r.body, `name="csrf"`) {
+				t.Errorf("%s: GET %s shows the claim or a form", id, p)
+			}
+			if got := r.header.Get("WWW-Authenticate"); !strings.HasPrefix(got, "Bearer") {
+				t.Errorf("%s: GET %s: WWW-Authenticate %q", id, p, got)
+			}
+		}
+		for p, form := range posts {
+			form.Set("csrf", token)
+			r := cl.post(p, form)
+			mustStatus(t, id+": POST "+p, r, http.StatusUnauthorized)
+			mustContain(t, id+": POST "+p, r, "Not signed in", "Nothing was read or changed")
+		}
+	}
+	if got := f.get(c.ID); got.State != claim.StateFlagged || f.fake.Requests(c.MessageID) != 0 {
+		t.Fatalf("a refused request changed the claim: %s, downstream requests %d", got.State, f.fake.Requests(c.MessageID))
+	}
+	// The issuer's token, in the header or as a bearer token, is accepted.
+	mustStatus(t, "alice's token", good.getPage(claimPath), http.StatusOK)
+	bearer := f.client("", "")
+	bearer.headers.Set("Authorization", "Bearer "+f.iss.Token(alice, aliceID, nil))
+	r := bearer.getPage(claimPath)
+	mustStatus(t, "alice's bearer token", r, http.StatusOK)
+	mustContain(t, "alice's bearer token", r, c.MessageID, `id="who">`+alice+`</div>`)
+}
+
+// While the issuer cannot be reached, no token can be verified: every
+// request is refused 401, saying why.
+func TestUnreachableIssuerRefusesEveryone(t *testing.T) {
+	down := httptest.NewServer(http.NotFoundHandler())
+	gone := down.URL
+	down.Close()
+	f := setup(t, func(o *console.Options) { o.OIDC.Issuer = gone })
+	r := f.client(alice, aliceID).getPage("/")
+	mustStatus(t, "GET /", r, http.StatusUnauthorized)
+	mustContain(t, "GET /", r, "discovery document could not be read")
+}
+
+// The identity is the token's verified claims, never the headers beside
+// it: alice's token with bob's principal headers acts as alice.
+func TestTokenClaimsAreTheIdentity(t *testing.T) {
 	f := setup(t, nil)
 	c := f.flagged("billing", "", `{"amount":1}`, nil, "no heartbeat since x")
-	anon := f.client("", "")
-	page := anon.getPage(fmt.Sprintf("/claims/%d", c.ID))
-	mustStatus(t, "claim page", page, http.StatusOK)
-	mustContain(t, "claim page", page, `id="readonly-banner"`, "Read-only")
-	if strings.Contains(page.body, `name="csrf"`) || strings.Contains(page.body, "<form method=\"post\"") {
-		t.Error("the read-only page offers an action form")
+	a := f.client(alice, aliceID)
+	a.headers.Set(console.HeaderPrincipalName, "bob@contoso.example")
+	a.headers.Set(console.HeaderPrincipalID, "b0b")
+	path := fmt.Sprintf("/claims/%d", c.ID)
+	mustStatus(t, "resolve", a.post(path+"/resolve", resolveForm(a.token(path), "done", "checked")), http.StatusSeeOther)
+	if got := f.get(c.ID).ResolvedBy; got != alice+" (id "+aliceID+")" {
+		t.Errorf("ResolvedBy %q, want alice's verified identity", got)
 	}
-	before := f.get(c.ID)
-	for _, tc := range []struct {
-		path string
-		form url.Values
+}
+
+// With an allow-list, a verified token acts only when its oid or one of
+// its groups is on it; another user of the tenant gets 403 and sees
+// nothing.
+func TestAllowedGroupsAndPrincipals(t *testing.T) {
+	const operators, bobID = "0b5e7a1c-0000-4000-8000-0000000000a1", "b0b00000-0000-4000-8000-000000000b0b"
+	f := setup(t, func(o *console.Options) {
+		o.OIDC.AllowedGroups = []string{operators}
+		o.OIDC.AllowedPrincipals = []string{strings.ToUpper(bobID)}
+	})
+	c := f.flagged("billing", "order-77", `{"amount":1}`, nil, "no heartbeat since x")
+	path := fmt.Sprintf("/claims/%d", c.ID)
+	for name, tc := range map[string]struct {
+		token string
+		want  int
 	}{
-		{fmt.Sprintf("/claims/%d/redrive", c.ID), url.Values{"note": {"x"}}},
-		{fmt.Sprintf("/claims/%d/resolve", c.ID), resolveForm("", "done", "checked")},
-		{"/bulk", url.Values{"action": {"resolve"}, "id": {fmt.Sprint(c.ID)}, "as": {"done"}, "note": {"n"}}},
+		"in the group":        {f.iss.Token(alice, aliceID, testissuer.Claims{"groups": []string{"other", operators}}), http.StatusOK},
+		"an allowed oid":      {f.iss.Token("bob@contoso.example", bobID, nil), http.StatusOK},
+		"another group":       {f.iss.Token(alice, aliceID, testissuer.Claims{"groups": []string{"other"}}), http.StatusForbidden},
+		"no groups (overage)": {f.iss.Token(alice, aliceID, nil), http.StatusForbidden},
 	} {
-		r := anon.post(tc.path, tc.form)
-		mustStatus(t, "POST "+tc.path, r, http.StatusForbidden)
-		mustContain(t, "POST "+tc.path, r, "Refused: not signed in", "Nothing was changed")
+		cl := f.client("", "")
+		cl.headers.Set(console.HeaderIDToken, tc.token)
+		r := cl.getPage(path)
+		mustStatus(t, name, r, tc.want)
+		if tc.want == http.StatusForbidden {
+			mustContain(t, name, r, "Refused: not an operator")
+			if strings.Contains(r.body, c.MessageID) {
+				t.Errorf("%s: the page shows the claim", name)
+			}
+			mustStatus(t, name+" POST", cl.post(path+"/resolve", resolveForm("", "done", "x")), http.StatusForbidden)
+		}
 	}
-	// Only one of the two headers is no identity either.
+	if f.get(c.ID).State != claim.StateFlagged {
+		t.Error("a refused operator changed the claim")
+	}
+}
+
+// Header-only identity is refused unless the console is told it runs
+// behind a trusted front (TrustIdentityHeaders); then it is marked
+// unverified on every page and in the audit.
+func TestTrustIdentityHeaders(t *testing.T) {
+	f := setup(t, func(o *console.Options) { o.TrustIdentityHeaders = true })
+	c := f.flagged("billing", "", `{"amount":1}`, nil, "no heartbeat since x")
+	path := fmt.Sprintf("/claims/%d", c.ID)
+	anon := f.client("", "")
+	mustStatus(t, "no headers", anon.getPage(path), http.StatusUnauthorized)
 	half := f.client("", "")
 	half.headers.Set(console.HeaderPrincipalName, alice)
-	mustStatus(t, "name without id", half.post(fmt.Sprintf("/claims/%d/resolve", c.ID), resolveForm("", "done", "n")), http.StatusForbidden)
-	if after := f.get(c.ID); !reflect.DeepEqual(before, after) {
-		t.Errorf("the claim changed:\n before %+v\n  after %+v", before, after)
+	mustStatus(t, "name without id", half.getPage(path), http.StatusUnauthorized)
+	h := f.client("", "")
+	h.headers.Set(console.HeaderPrincipalName, alice)
+	h.headers.Set(console.HeaderPrincipalID, aliceID)
+	page := h.getPage(path)
+	mustStatus(t, "headers", page, http.StatusOK)
+	mustContain(t, "headers", page, `id="unverified-banner"`, "SBCLAIM_CONSOLE_INSECURE_TRUST_IDENTITY_HEADERS")
+	mustStatus(t, "resolve", h.post(path+"/resolve", resolveForm(h.token(path), "done", "checked")), http.StatusSeeOther)
+	if got := f.get(c.ID).ResolvedBy; got != alice+" (id "+aliceID+", unverified header)" {
+		t.Errorf("ResolvedBy %q", got)
 	}
-	if n := f.fake.Requests(c.MessageID); n != 0 {
-		t.Errorf("the downstream saw %d requests", n)
+	for _, bad := range []console.Options{
+		{Store: f.store},
+		{Store: f.store, TrustIdentityHeaders: true, LocalOperator: "dev"},
+		{Store: f.store, TrustIdentityHeaders: true, OIDC: &console.OIDC{Issuer: f.iss.URL, Audience: "x"}},
+		{Store: f.store, OIDC: &console.OIDC{Issuer: f.iss.URL}},
+	} {
+		if _, err := console.New(bad); err == nil {
+			t.Errorf("console.New accepted %+v", bad)
+		}
 	}
 }
 
 // A POST without the CSRF token, with a wrong one, with one taken under
-// another identity, or without the cookie it was made for, is refused and
-// changes nothing; the right one works.
+// another identity, or with one of another console process, is refused
+// and changes nothing; the right one works. The token is bound to the
+// verified identity, not to a cookie the caller could choose: no cookie
+// is set.
 func TestPostWithoutOrWithWrongCSRFTokenIsRefused(t *testing.T) {
 	f := setup(t, nil)
 	c := f.flagged("billing", "", `{"amount":1}`, nil, "no heartbeat since x")
@@ -77,26 +226,24 @@ func TestPostWithoutOrWithWrongCSRFTokenIsRefused(t *testing.T) {
 	token := a.token(path)
 	bob := f.client("bob@contoso.example", "b0b")
 	bobToken := bob.token(path)
+	// alice's token from another console process (another CSRF key).
+	other := setup(t, nil)
+	oc := other.flagged("billing", "", `{"amount":1}`, nil, "no heartbeat since x")
+	otherToken := other.client(alice, aliceID).token(fmt.Sprintf("/claims/%d", oc.ID))
 
 	for name, form := range map[string]url.Values{
-		"no token":         resolveForm("", "done", "checked"),
-		"wrong token":      resolveForm(strings.Repeat("0", len(token)), "done", "checked"),
-		"bob's token":      resolveForm(bobToken, "done", "checked"),
-		"truncated token":  resolveForm(token[:10], "done", "checked"),
-		"token, no cookie": nil, // below
+		"no token":          resolveForm("", "done", "checked"),
+		"wrong token":       resolveForm(strings.Repeat("0", len(token)), "done", "checked"),
+		"bob's token":       resolveForm(bobToken, "done", "checked"),
+		"truncated token":   resolveForm(token[:10], "done", "checked"),
+		"another console's": resolveForm(otherToken, "done", "checked"),
 	} {
-		if form == nil {
-			continue
-		}
 		r := a.post(path+"/resolve", form)
 		mustStatus(t, name, r, http.StatusForbidden)
 		mustContain(t, name, r, "security token is missing or wrong", "Nothing was changed")
 		r = a.post(path+"/redrive", url.Values{"csrf": form["csrf"]})
 		mustStatus(t, name+" (redrive)", r, http.StatusForbidden)
 	}
-	// The right token from another browser (no cookie): refused.
-	other := f.client(alice, aliceID)
-	mustStatus(t, "token without its cookie", other.post(path+"/resolve", resolveForm(token, "done", "checked")), http.StatusForbidden)
 	if got := f.get(c.ID); got.State != claim.StateFlagged || f.fake.Requests(c.MessageID) != 0 {
 		t.Fatalf("a refused POST changed the claim: %s, downstream requests %d", got.State, f.fake.Requests(c.MessageID))
 	}
@@ -316,11 +463,13 @@ func TestSecurityHeaders(t *testing.T) {
 			t.Errorf("GET %s: inline style or script", p)
 		}
 	}
-	// Over HTTPS (the platform's ingress), the CSRF cookie is __Host-.
-	r := a.do("GET", fmt.Sprintf("/claims/%d", c.ID), nil, http.Header{"X-Forwarded-Proto": {"https"}})
-	if sc := r.header.Get("Set-Cookie"); !strings.HasPrefix(sc, "__Host-sbclaim-csrf=") || !strings.Contains(sc, "Secure") ||
-		!strings.Contains(sc, "HttpOnly") || !strings.Contains(sc, "SameSite=Strict") {
-		t.Errorf("CSRF cookie over HTTPS: %q", sc)
+	// The refusal carries them too; no page sets a cookie (the CSRF token
+	// is bound to the verified identity).
+	if r := f.client("", "").getPage("/"); r.header.Get("Content-Security-Policy") == "" || r.header.Get("X-Frame-Options") != "DENY" {
+		t.Errorf("the 401 page lacks the security headers: %v", r.header)
+	}
+	if r := a.do("GET", fmt.Sprintf("/claims/%d", c.ID), nil, http.Header{"X-Forwarded-Proto": {"https"}}); r.header.Get("Set-Cookie") != "" {
+		t.Errorf("a page sets a cookie: %q", r.header.Get("Set-Cookie"))
 	}
 }
 
@@ -402,7 +551,9 @@ func TestRedriveAndResolveRecordTheIdentity(t *testing.T) {
 }
 
 // In local-development mode every page says so, the identity headers are
-// ignored, and the audit marks the name as not signed in.
+// ignored, the audit marks the name as not signed in, and only requests
+// addressed to a loopback host are answered (DNS rebinding: a page on
+// rebind.evil.example, resolving to 127.0.0.1, sends its own name).
 func TestLocalOperator(t *testing.T) {
 	f := setup(t, func(o *console.Options) { o.LocalOperator = "dev" })
 	c := f.flagged("billing", "", `{"amount":1}`, nil, "no heartbeat since x")
@@ -415,6 +566,27 @@ func TestLocalOperator(t *testing.T) {
 	mustStatus(t, "resolve", r, http.StatusSeeOther)
 	if got := f.get(c.ID).ResolvedBy; got != "dev (local, not signed in)" {
 		t.Errorf("ResolvedBy %q", got)
+	}
+	other := f.flagged("billing", "", `{"amount":1}`, nil, "no heartbeat since x")
+	otherPath := fmt.Sprintf("/claims/%d", other.ID)
+	for _, host := range []string{"localhost", "localhost:8082", "LOCALHOST:1", "127.0.0.1:8082", "[::1]:8082", "[::1]"} {
+		mustStatus(t, "Host "+host, forged.do("GET", otherPath, nil, http.Header{"Host": {host}}), http.StatusOK)
+	}
+	token := forged.token(otherPath)
+	for _, host := range []string{"rebind.evil.example", "rebind.evil.example:8082", "localhost.evil.example:8082", "127.0.0.1.nip.io:8082",
+		"127.0.0.2:8082", "10.0.0.5:8082", "[::ffff:127.0.0.1]:8082", "0.0.0.0:8082"} {
+		h := http.Header{"Host": {host}}
+		r := forged.do("GET", otherPath, nil, h)
+		mustStatus(t, "GET with Host "+host, r, http.StatusForbidden)
+		if strings.Contains(r.body, other.MessageID) {
+			t.Errorf("Host %q: the page shows the claim", host)
+		}
+		r = forged.do("POST", otherPath+"/resolve", resolveForm(token, "discarded", "rebound"), h)
+		mustStatus(t, "POST with Host "+host, r, http.StatusForbidden)
+		mustContain(t, "POST with Host "+host, r, "answers only on localhost")
+	}
+	if got := f.get(other.ID); got.State != claim.StateFlagged {
+		t.Errorf("a request to a non-loopback host changed the claim: %s", got.State)
 	}
 	for _, bad := range []string{" dev", "", "a\x1bb", strings.Repeat("x", 151)} {
 		if bad == "" {

@@ -24,6 +24,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/reconciler"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
 	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
+	"github.com/sbclaim/sbclaim/internal/testkit/testissuer"
 )
 
 // fixture is a console on a SQLite store holding flagged claims, with the
@@ -38,6 +39,10 @@ type fixture struct {
 	router sideeffects.Router
 	srv    *console.Server
 	ts     *httptest.Server
+	// iss is the identity provider the console trusts (Options.OIDC):
+	// an RSA key of the test's, its discovery document and JWKS on
+	// 127.0.0.1.
+	iss *testissuer.Issuer
 }
 
 type tWriter struct{ t *testing.T }
@@ -53,8 +58,10 @@ func testLogger(t *testing.T) *slog.Logger {
 
 var fastRetry = sideeffects.RetryPolicy{MaxAttempts: 2, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond}
 
-// setup starts a console; edit may change its options (opts.Store is the
-// fixture's store unless edit replaces it).
+// setup starts a console that verifies tokens of the fixture's test
+// issuer; edit may change its options (opts.Store is the fixture's store
+// unless edit replaces it; setting LocalOperator or TrustIdentityHeaders
+// drops the issuer).
 func setup(t *testing.T, edit func(*console.Options)) *fixture {
 	t.Helper()
 	st, err := sqlite.Open(t.Context(), "sqlite:"+filepath.Join(t.TempDir(), "claims.db"))
@@ -92,10 +99,15 @@ routes:
 	if err != nil {
 		t.Fatal(err)
 	}
+	iss := testissuer.New(t)
 	opts := console.Options{Store: st, Routes: reconciler.Routes{"": router}, Logger: testLogger(t), Retry: fastRetry,
-		HeartbeatInterval: time.Second, StoreTimeout: 10 * time.Second}
+		HeartbeatInterval: time.Second, StoreTimeout: 10 * time.Second,
+		OIDC: &console.OIDC{Issuer: iss.URL, Audience: testissuer.Audience}}
 	if edit != nil {
 		edit(&opts)
+	}
+	if opts.LocalOperator != "" || opts.TrustIdentityHeaders {
+		opts.OIDC = nil
 	}
 	srv, err := console.New(opts)
 	if err != nil {
@@ -103,7 +115,7 @@ routes:
 	}
 	ts := httptest.NewServer(srv)
 	t.Cleanup(ts.Close)
-	return &fixture{t: t, store: st, fake: fake, router: router, srv: srv, ts: ts}
+	return &fixture{t: t, store: st, fake: fake, router: router, srv: srv, ts: ts, iss: iss}
 }
 
 var seq atomic.Int64
@@ -179,8 +191,9 @@ func (f *fixture) get(id int64) *claim.Claim {
 	return c
 }
 
-// client is a browser: a cookie jar, and the identity headers the
-// platform would add (none for an anonymous one).
+// client is a browser: a cookie jar, and the headers the platform's
+// sign-in would add: the signed-in user's ID token from the test issuer
+// (none for an anonymous one).
 type client struct {
 	f       *fixture
 	hc      *http.Client
@@ -191,8 +204,7 @@ func (f *fixture) client(name, id string) *client {
 	jar, _ := cookiejar.New(nil)
 	h := http.Header{}
 	if name != "" {
-		h.Set(console.HeaderPrincipalName, name)
-		h.Set(console.HeaderPrincipalID, id)
+		h.Set(console.HeaderIDToken, f.iss.Token(name, id, nil))
 	}
 	return &client{f: f, headers: h, hc: &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error {
 		return http.ErrUseLastResponse
@@ -219,6 +231,10 @@ func (c *client) do(method, path string, form url.Values, extra http.Header) res
 		req.Header[k] = v
 	}
 	for k, v := range extra {
+		if k == "Host" {
+			req.Host = v[0] // what a browser sends for the name it resolved
+			continue
+		}
 		req.Header[k] = v
 	}
 	if form != nil {

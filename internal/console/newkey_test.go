@@ -42,7 +42,6 @@ func TestNewKeyFormOnlyWhereTheRouteAllowsIt(t *testing.T) {
 
 	for name, r := range map[string]response{
 		"route without allowNewKey": a.getPage(fmt.Sprintf("/claims/%d", payment.ID)),
-		"read-only":                 f.client("", "").getPage(fmt.Sprintf("/claims/%d", charge.ID)),
 		"bulk redrive":              a.getPage("/bulk?action=redrive&consumer=billing"),
 	} {
 		mustStatus(t, name, r, http.StatusOK)
@@ -132,7 +131,7 @@ func TestRedriveUnderANewKeyIsRefused(t *testing.T) {
 			[]string{"new_key must be 1 or absent"}},
 		{"route without allowNewKey", payment, a, newKeyForm(token, "checked the PSP"), http.StatusConflict,
 			[]string{"Refused", "route &#34;payments&#34; does not allow a new idempotency key", "nothing was changed"}},
-		{"no identity", charge, f.client("", ""), newKeyForm("", "checked"), http.StatusForbidden, []string{"Refused: not signed in"}},
+		{"no identity", charge, f.client("", ""), newKeyForm("", "checked"), http.StatusUnauthorized, []string{"Not signed in"}},
 		{"no token", charge, a, newKeyForm("", "checked"), http.StatusForbidden, []string{"security token is missing or wrong"}},
 	} {
 		before := f.get(tc.c.ID)

@@ -74,7 +74,7 @@ type Flash struct {
 func (s *Server) newView(w http.ResponseWriter, r *http.Request, title, nav string) *view {
 	v := &view{Title: title, Nav: nav, Op: s.operator(r)}
 	if v.Op != nil {
-		v.CSRF = csrfToken(csrfSecret(w, r), v.Op)
+		v.CSRF = s.csrfToken(v.Op)
 	}
 	return v
 }

@@ -4,5 +4,6 @@
 // service, and then it fails. Its sub-packages are the rest of the test
 // machinery, kept apart from what ships: testdb (fresh databases per
 // test), membus (an in-memory Service Bus), fakedownstream (an idempotent
-// downstream) and chaos (the chaos harness and the benchmarks).
+// downstream), chaos (the chaos harness and the benchmarks) and
+// testissuer (an OpenID Connect issuer whose key the test generates).
 package testkit
