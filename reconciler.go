@@ -39,13 +39,49 @@ type ReconcilerConfig struct {
 	// lock duration × max delivery count, plus the message TTL and time
 	// for re-submissions from the dead-letter queue.
 	Retention time.Duration
-	// Schedule is Run's cron spec (default "@every 1m").
+	// RecoveryConcurrency bounds the effects recovery runs at once
+	// (default 8).
+	RecoveryConcurrency int
+	// FlagBatchSize bounds one flag statement (default 100); PurgeBatchSize
+	// one purge DELETE (default 500); MaxPurgePerTick what one tick
+	// deletes (default 100 × PurgeBatchSize), so a backlog is worked off
+	// over several ticks.
+	FlagBatchSize, PurgeBatchSize, MaxPurgePerTick int
+	// Schedule is Run's cron spec (default "@every 1m"; 5 fields or
+	// descriptors such as "@every 30s").
 	Schedule string
 	// QueryTimeout bounds each query (default 30s).
 	QueryTimeout time.Duration
-	Logger       *slog.Logger
+	// ShutdownTimeout bounds how long Run waits for a running tick once
+	// its context ends (default 25s).
+	ShutdownTimeout time.Duration
+	// Host names this reconciler as a claim's holder (default
+	// "reconciler@<host name>").
+	Host   string
+	Logger *slog.Logger
 	// Registerer, when set, gets the reconciler's Prometheus metrics.
 	Registerer prometheus.Registerer
+}
+
+// The reconciler's defaults.
+const (
+	DefaultSchedule            = reconciler.DefaultSchedule
+	DefaultStaleAfter          = reconciler.DefaultStaleAfter
+	DefaultRetention           = reconciler.DefaultRetention
+	DefaultRecoveryMaxAttempts = reconciler.DefaultRecoveryMaxAttempts
+	DefaultRecoveryBackoff     = reconciler.DefaultRecoveryBackoff
+	DefaultRecoveryBackoffMax  = reconciler.DefaultRecoveryBackoffMax
+	DefaultRecoveryConcurrency = reconciler.DefaultRecoveryConcurrency
+	DefaultFlagBatchSize       = reconciler.DefaultFlagBatchSize
+	DefaultPurgeBatchSize      = reconciler.DefaultPurgeBatchSize
+	DefaultMaxPurgePerTick     = reconciler.DefaultMaxPurgePerTick
+)
+
+// CheckSchedule reports what is wrong with a cron spec for
+// ReconcilerConfig.Schedule.
+func CheckSchedule(spec string) error {
+	_, err := reconciler.ParseSchedule(spec)
+	return err
 }
 
 // Reconciler runs the periodic passes over the claims table: recovery of
@@ -80,10 +116,16 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 		RecoveryMaxAttempts: cfg.RecoveryMaxAttempts,
 		RecoveryBackoff:     cfg.RecoveryBackoff,
 		RecoveryBackoffMax:  cfg.RecoveryBackoffMax,
+		RecoveryConcurrency: cfg.RecoveryConcurrency,
 		HeartbeatInterval:   cfg.HeartbeatInterval,
 		Retention:           cfg.Retention,
+		FlagBatchSize:       cfg.FlagBatchSize,
+		PurgeBatchSize:      cfg.PurgeBatchSize,
+		MaxPurgePerTick:     cfg.MaxPurgePerTick,
 		QueryTimeout:        cfg.QueryTimeout,
 		Schedule:            cfg.Schedule,
+		ShutdownTimeout:     cfg.ShutdownTimeout,
+		Host:                cfg.Host,
 	}, cfg.Logger, metrics)
 	if err != nil {
 		return nil, err
