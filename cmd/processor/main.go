@@ -4,6 +4,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -112,7 +113,8 @@ func serve(ctx context.Context, cfg *Config, logger *slog.Logger, getenv func(st
 		},
 		Key:                cfg.Key,
 		MaxConcurrentCalls: cfg.MaxConcurrentCalls,
-		MaxLockRenewal:     cfg.MaxLockRenewal,
+		MaxLockRenewal:     cmp.Or(cfg.MaxLockRenewal, -1), // 0 (the setting's "off") is the option's default
+		LockDuration:       cfg.LockDuration,
 		HeartbeatInterval:  cfg.HeartbeatInterval,
 		TakeoverAfter:      cfg.TakeoverAfter,
 		StaleAfter:         cfg.StaleAfter,
