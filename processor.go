@@ -99,7 +99,14 @@ type ProcessorConfig struct {
 	MaxConcurrentCalls int
 	// MaxLockRenewal bounds how long a message's lock is renewed after it
 	// was received (default 5m when zero; negative turns renewal off).
+	// It is also how long a duplicate may wait for a live holder, so it
+	// must exceed TakeoverAfter + HeartbeatInterval.
 	MaxLockRenewal time.Duration
+	// LockDuration is the entity's lock duration (default 1m): with lock
+	// renewal off, a duplicate waits for a live holder until shortly
+	// before its lock expires, which must exceed TakeoverAfter +
+	// HeartbeatInterval.
+	LockDuration time.Duration
 	// HeartbeatInterval is how often a held claim's heartbeat is written
 	// (default 30s).
 	HeartbeatInterval time.Duration
@@ -142,9 +149,6 @@ type Processor struct {
 	p *processor.Processor
 }
 
-// DefaultMaxLockRenewal is ProcessorConfig.MaxLockRenewal's default.
-const DefaultMaxLockRenewal = 5 * time.Minute
-
 // NewProcessor checks cfg and returns a processor, or an error naming the
 // setting that is wrong and its value.
 func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
@@ -172,6 +176,7 @@ func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
 		Key:                    processor.KeyFunc(cfg.DedupKey),
 		MaxConcurrentCalls:     cfg.MaxConcurrentCalls,
 		MaxLockRenewal:         cfg.MaxLockRenewal,
+		LockDuration:           cfg.LockDuration,
 		HeartbeatInterval:      cfg.HeartbeatInterval,
 		TakeoverAfter:          cfg.TakeoverAfter,
 		StaleAfter:             cfg.StaleAfter,
@@ -189,12 +194,6 @@ func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
 		Host:          cfg.Host,
 		Logger:        cfg.Logger,
 		Metrics:       processor.NewMetrics(cfg.Registerer),
-	}
-	switch {
-	case cfg.MaxLockRenewal == 0:
-		opts.MaxLockRenewal = DefaultMaxLockRenewal
-	case cfg.MaxLockRenewal < 0:
-		opts.MaxLockRenewal = 0
 	}
 	p, err := processor.New(opts)
 	if err != nil {

@@ -26,6 +26,7 @@ type Config struct {
 
 	MaxConcurrentCalls int
 	MaxLockRenewal     time.Duration
+	LockDuration       time.Duration // the entity's; checked when renewal is off
 	HeartbeatInterval  time.Duration
 	TakeoverAfter      time.Duration
 	StaleAfter         time.Duration
@@ -113,7 +114,8 @@ func configSettings(c *Config) []settings.Setting {
 		// Above 256, the store's connection pool (sqlstore.MaxOpenConns)
 		// would make claims and heartbeats queue for connections.
 		settings.Int("SBCLAIM_MAX_CONCURRENT_CALLS", "max-concurrent-calls", "16", "messages worked on at once", 1, 256, &c.MaxConcurrentCalls),
-		settings.Duration("SBCLAIM_MAX_LOCK_RENEWAL", "max-lock-renewal", "5m", "renew each message's lock for at most this long after receipt; 0 turns renewal off", 0, &c.MaxLockRenewal),
+		settings.Duration("SBCLAIM_MAX_LOCK_RENEWAL", "max-lock-renewal", "5m", "renew each message's lock for at most this long after receipt; 0 turns renewal off; must exceed SBCLAIM_TAKEOVER_AFTER + SBCLAIM_HEARTBEAT_INTERVAL (a redelivery watches a silent holder's claim only this long)", 0, &c.MaxLockRenewal),
+		settings.Duration("SBCLAIM_LOCK_DURATION", "lock-duration", "1m", "the entity's lock duration (Service Bus default 1m, at most 5m); with lock renewal off, minus SBCLAIM_SETTLE_TIMEOUT it must exceed SBCLAIM_TAKEOVER_AFTER + SBCLAIM_HEARTBEAT_INTERVAL", time.Second, &c.LockDuration),
 		settings.Duration("SBCLAIM_HEARTBEAT_INTERVAL", "heartbeat-interval", "30s", "claim heartbeat interval (the reconciler's SBCLAIM_STALE_AFTER must be comfortably longer)", time.Second, &c.HeartbeatInterval),
 		settings.Duration("SBCLAIM_TAKEOVER_AFTER", "takeover-after", "90s", "a redelivery takes a claim over, and repeats its effect with the same key, once its holder has shown no heartbeat for this long (by the database clock); at least 3 × SBCLAIM_HEARTBEAT_INTERVAL and at most SBCLAIM_STALE_AFTER", time.Second, &c.TakeoverAfter),
 		settings.Duration("SBCLAIM_STALE_AFTER", "stale-after", "5m", "the reconciler's stale window (set both apps alike); SBCLAIM_TAKEOVER_AFTER must not exceed it", time.Second, &c.StaleAfter),
@@ -212,6 +214,22 @@ func (c *Config) validate(v *settings.Values) error {
 		bad("SBCLAIM_SHUTDOWN_TIMEOUT", "SBCLAIM_SHUTDOWN_TIMEOUT + SBCLAIM_SETTLE_TIMEOUT + SBCLAIM_STORE_TIMEOUT = %s + %s + %s = %s must be less than SBCLAIM_TERMINATION_GRACE_PERIOD (%s): "+
 			"the last effects, their outcome write and their settlement must end before the platform's SIGKILL",
 			c.ShutdownTimeout, c.SettleTimeout, c.StoreTimeout, need, c.GracePeriod)
+	}
+	// A redelivery of a dead holder's message watches its claim only while
+	// it holds the message: the window must outlast the take-over window
+	// plus one poll (a heartbeat interval), or the message is completed
+	// instead of the claim taken over (processor.Options.checkWatch).
+	need := c.TakeoverAfter + c.HeartbeatInterval
+	switch {
+	case c.MaxLockRenewal > 0 && c.MaxLockRenewal <= need:
+		bad("SBCLAIM_MAX_LOCK_RENEWAL", "must exceed SBCLAIM_TAKEOVER_AFTER + SBCLAIM_HEARTBEAT_INTERVAL = %s + %s = %s: "+
+			"a redelivery watches a silent holder's claim only while it renews its message's lock, and would complete a dead holder's message instead of taking its claim over",
+			c.TakeoverAfter, c.HeartbeatInterval, need)
+	case c.MaxLockRenewal == 0 && c.LockDuration-c.SettleTimeout <= need:
+		bad("SBCLAIM_LOCK_DURATION", "with lock renewal off (SBCLAIM_MAX_LOCK_RENEWAL=0), SBCLAIM_LOCK_DURATION - SBCLAIM_SETTLE_TIMEOUT = %s - %s = %s "+
+			"must exceed SBCLAIM_TAKEOVER_AFTER + SBCLAIM_HEARTBEAT_INTERVAL = %s + %s = %s: a redelivery watches a silent holder's claim only until its lock nearly expires; "+
+			"turn renewal on, lengthen the entity's lock (and set SBCLAIM_LOCK_DURATION to it) or shorten SBCLAIM_TAKEOVER_AFTER",
+			c.LockDuration, c.SettleTimeout, c.LockDuration-c.SettleTimeout, c.TakeoverAfter, c.HeartbeatInterval, need)
 	}
 	if c.MaxLockRenewal > 0 && c.EffectBudget >= c.MaxLockRenewal {
 		bad("SBCLAIM_EFFECT_RETRY_BUDGET", "must be below SBCLAIM_MAX_LOCK_RENEWAL (%s) so retries end while the message is still locked", c.MaxLockRenewal)

@@ -198,3 +198,44 @@ func TestHelpListsEveryVariable(t *testing.T) {
 }
 
 var _ = slog.LevelInfo
+
+// TestConfigRefusesAWatchShorterThanTheTakeOver: a redelivery watches a
+// silent holder's claim only while it holds its message (the lock-renewal
+// window, or with renewal off the lock itself); a window that does not
+// outlast SBCLAIM_TAKEOVER_AFTER (plus a heartbeat, one poll) completes a
+// dead holder's message instead of taking its claim over. The error names
+// every setting involved, with its value.
+func TestConfigRefusesAWatchShorterThanTheTakeOver(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		env  map[string]string
+		want []string
+	}{
+		{"renewal shorter than the take-over", map[string]string{"SBCLAIM_MAX_LOCK_RENEWAL": "1m", "SBCLAIM_EFFECT_RETRY_BUDGET": "30s"},
+			[]string{`SBCLAIM_MAX_LOCK_RENEWAL="1m"`, "SBCLAIM_TAKEOVER_AFTER", "1m30s", "SBCLAIM_HEARTBEAT_INTERVAL"}},
+		{"renewal off, the default lock", map[string]string{"SBCLAIM_MAX_LOCK_RENEWAL": "0"},
+			[]string{"SBCLAIM_MAX_LOCK_RENEWAL", "SBCLAIM_LOCK_DURATION", "1m0s", "SBCLAIM_SETTLE_TIMEOUT", "SBCLAIM_TAKEOVER_AFTER", "1m30s"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			env := validEnv()
+			for k, v := range tt.env {
+				env[k] = v
+			}
+			_, err := load(env)
+			var ce *ConfigError
+			if !errors.As(err, &ce) {
+				t.Fatalf("err = %v, want a ConfigError", err)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not name %q", err, w)
+				}
+			}
+		})
+	}
+	env := validEnv()
+	env["SBCLAIM_MAX_LOCK_RENEWAL"], env["SBCLAIM_LOCK_DURATION"] = "0", "5m"
+	if _, err := load(env); err != nil {
+		t.Errorf("renewal off with a 5m lock: %v", err)
+	}
+}

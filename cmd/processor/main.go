@@ -116,6 +116,7 @@ func serve(ctx context.Context, cfg *Config, logger *slog.Logger, getenv func(st
 		DedupKey:           cfg.Key,
 		MaxConcurrentCalls: cfg.MaxConcurrentCalls,
 		MaxLockRenewal:     renewal,
+		LockDuration:       cfg.LockDuration,
 		HeartbeatInterval:  cfg.HeartbeatInterval,
 		TakeoverAfter:      cfg.TakeoverAfter,
 		StaleAfter:         cfg.StaleAfter,

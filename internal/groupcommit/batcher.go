@@ -3,6 +3,7 @@ package groupcommit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -36,24 +37,56 @@ type batcher[R any] struct {
 
 type call[R any] struct {
 	req      R
+	queued   time.Time  // when the caller queued it
 	deadline time.Time  // the caller's (zero: none)
 	done     chan error // buffered: the flush never blocks on a caller that left
 }
 
 var errClosed = errors.New("groupcommit: closed")
 
+// spentError is the result of a request that was never written because
+// its caller's deadline was spent (or nearly) waiting for a batch: it was
+// withdrawn when its context ended, or dropped from its batch because it
+// had waited longer than it had left. It is the caller's own context's
+// error; it says nothing about the store.
+type spentError struct {
+	waited time.Duration
+	err    error // the caller's context's error (context.DeadlineExceeded when dropped)
+}
+
+func (e *spentError) Error() string {
+	return fmt.Sprintf("its deadline was spent waiting %s for a batch, not written: %v", e.waited.Round(time.Millisecond), e.err)
+}
+
+func (e *spentError) Unwrap() error { return e.err }
+
+// leftError is the result of a caller whose context ended while its
+// request's batch was being written: the batch may still commit it.
+type leftError struct{ err error }
+
+func (e *leftError) Error() string {
+	return fmt.Sprintf("its context ended while its batch was being written (it may still commit): %v", e.err)
+}
+
+func (e *leftError) Unwrap() error { return e.err }
+
 func newBatcher[R any](flush func(context.Context, []R) []error, key func(R) int64, maxBatch, maxInFlight int, window, timeout time.Duration) *batcher[R] {
 	return &batcher[R]{flush: flush, key: key, maxBatch: maxBatch, maxInFlight: maxInFlight, window: window, timeout: timeout}
 }
 
-// do queues req and waits for its own result. When ctx ends before req's
-// batch was taken, req is withdrawn and ctx's error returned; once taken,
-// do waits for the batch's result (a write that may have committed is
-// never reported as not done). A batch runs until the earliest deadline
-// of its callers (at most timeout), so no caller waits past its own
-// deadline by more than the statement's reaction to it.
+// do queues req and waits for its own result, never past ctx's end.
+//
+// When ctx ends before req's batch was taken, req is withdrawn, never
+// written: a *spentError. A request that has waited longer than it has
+// left when its batch is taken is dropped from the batch, never written,
+// and its caller gets a *spentError at once: its deadline is too close for
+// the write, and the batch does not shorten itself to it. A batch runs
+// until its own timeout, whatever its callers' deadlines, so one caller's
+// spent deadline never fails the others' writes; a caller whose ctx ends
+// while its batch runs gets a *leftError (the batch may still commit its
+// write), as a single write whose statement outlives its deadline.
 func (b *batcher[R]) do(ctx context.Context, req R) error {
-	c := &call[R]{req: req, done: make(chan error, 1)}
+	c := &call[R]{req: req, queued: time.Now(), done: make(chan error, 1)}
 	c.deadline, _ = ctx.Deadline()
 	b.mu.Lock()
 	if b.closed {
@@ -74,11 +107,16 @@ func (b *batcher[R]) do(ctx context.Context, req R) error {
 		if p == c {
 			b.pending = append(b.pending[:i], b.pending[i+1:]...)
 			b.mu.Unlock()
-			return ctx.Err()
+			return &spentError{waited: time.Since(c.queued), err: ctx.Err()}
 		}
 	}
 	b.mu.Unlock()
-	return <-c.done // taken: its batch is running
+	select {
+	case err := <-c.done: // answered meanwhile (or dropped)
+		return err
+	default:
+		return &leftError{err: ctx.Err()} // taken: its batch is running
+	}
 }
 
 // startLocked starts a flush when one may run and requests are waiting.
@@ -106,25 +144,40 @@ func (b *batcher[R]) run(wait bool) {
 			return
 		}
 		b.mu.Unlock()
-		n := len(batch)
 
-		reqs := make([]R, n)
-		for i, c := range batch {
-			reqs[i] = c.req
-		}
-		deadline := time.Now().Add(b.timeout)
+		// A request that has waited longer than it has left is dropped,
+		// unwritten: its deadline would cut the batch short for everyone.
+		now := time.Now()
+		var kept, dropped []*call[R]
 		for _, c := range batch {
-			if !c.deadline.IsZero() && c.deadline.Before(deadline) {
-				deadline = c.deadline
+			if !c.deadline.IsZero() && c.deadline.Sub(now) < now.Sub(c.queued) {
+				dropped = append(dropped, c)
+			} else {
+				kept = append(kept, c)
 			}
 		}
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		if len(dropped) > 0 {
+			b.mu.Lock()
+			b.releaseLocked(dropped)
+			b.mu.Unlock()
+			for _, c := range dropped {
+				c.done <- &spentError{waited: now.Sub(c.queued), err: context.DeadlineExceeded}
+			}
+		}
+		if len(kept) == 0 {
+			continue
+		}
+		reqs := make([]R, len(kept))
+		for i, c := range kept {
+			reqs[i] = c.req
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 		errs := b.flush(ctx, reqs)
 		cancel()
 		b.mu.Lock()
-		b.releaseLocked(batch)
+		b.releaseLocked(kept)
 		b.mu.Unlock()
-		for i, c := range batch {
+		for i, c := range kept {
 			c.done <- errs[i]
 		}
 		// Keep going while requests queued during the flush: they are the

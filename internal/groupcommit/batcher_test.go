@@ -206,23 +206,84 @@ func TestBatcherOneRequestPerKeyAtATime(t *testing.T) {
 	}
 }
 
-// A batch runs until the earliest of its callers' deadlines: a caller
-// never waits for a batch longer than its own context allows.
-func TestBatcherBatchHasTheEarliestDeadline(t *testing.T) {
+// A batch runs until its own timeout, not the earliest of its callers'
+// deadlines (one caller's short deadline must not fail the others'
+// writes); a caller whose deadline passes while its batch runs still
+// returns at once, with its context's error.
+func TestBatcherCallerNeverWaitsPastItsDeadline(t *testing.T) {
 	got := make(chan time.Time, 1)
+	gate := make(chan struct{})
 	b := newBatcher(func(ctx context.Context, reqs []int) []error {
 		d, _ := ctx.Deadline()
 		got <- d
+		<-gate
 		return make([]error, len(reqs))
 	}, nil, 8, 1, 0, time.Hour)
 	defer b.close()
+	defer close(gate)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	want, _ := ctx.Deadline()
-	if err := b.do(ctx, 1); err != nil {
+	start := time.Now()
+	done := make(chan error)
+	go func() { done <- b.do(ctx, 1) }()
+	if d := <-got; d.Sub(start) < 59*time.Minute {
+		t.Fatalf("batch deadline %v after the start, want the hour-long timeout (not the caller's minute)", d.Sub(start))
+	}
+	cancel() // the caller's context ends while its batch is held
+	err := <-done
+	var left *leftError
+	if !errors.As(err, &left) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("caller whose context ended during its batch got %v, want a leftError with its context's error", err)
+	}
+}
+
+// A request that has waited longer than it has left when its batch is
+// taken is dropped, unwritten, with a spentError; the others are written.
+func TestBatcherDropsASpentRequest(t *testing.T) {
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var batches [][]int
+	b := newBatcher(func(_ context.Context, reqs []int) []error {
+		mu.Lock()
+		batches = append(batches, append([]int(nil), reqs...))
+		first := len(batches) == 1
+		mu.Unlock()
+		if first {
+			<-release
+		}
+		return make([]error, len(reqs))
+	}, nil, 8, 1, 0, time.Hour)
+	defer b.close()
+	first := make(chan error)
+	go func() { first <- b.do(context.Background(), 0) }()
+	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(batches) == 1 })
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	spent, fresh := make(chan error), make(chan error)
+	go func() { spent <- b.do(ctx, 1) }()
+	waitFor(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return len(b.pending) == 1 })
+	// Make request 1 look as if it had waited longer than it has left.
+	b.mu.Lock()
+	b.pending[0].queued = b.pending[0].deadline.Add(-2 * time.Minute)
+	b.mu.Unlock()
+	go func() { fresh <- b.do(context.Background(), 2) }()
+	waitFor(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return len(b.pending) == 2 })
+	close(release)
+
+	var se *spentError
+	if err := <-spent; !errors.As(err, &se) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("spent request got %v, want a spentError with DeadlineExceeded", err)
+	}
+	if err := <-fresh; err != nil {
 		t.Fatal(err)
 	}
-	if d := <-got; !d.Equal(want) {
-		t.Fatalf("batch deadline %v, want the caller's %v (not the hour-long timeout)", d, want)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(batches) != 2 || len(batches[1]) != 1 || batches[1][0] != 2 {
+		t.Fatalf("batches %v, want [[0] [2]] (1 dropped, never written)", batches)
 	}
 }

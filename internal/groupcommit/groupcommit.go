@@ -22,10 +22,14 @@ type Options struct {
 	// is being written waits for more writes [0]. A write that finds no
 	// batch running is never delayed.
 	Window time.Duration
-	// Timeout bounds each batch's statement [DefaultTimeout]; a batch
-	// also ends at the earliest deadline of its writes' contexts, so a
-	// caller never waits past its own (a batch cut short fails as a whole,
-	// and its callers retry as they would a timed-out write).
+	// Timeout bounds each batch's statement [DefaultTimeout]. A batch is
+	// never cut short by its writes' deadlines (one spent deadline would
+	// fail everyone's writes), yet no caller waits past its own: a write
+	// that has waited in the queue longer than it has left is dropped from
+	// its batch, unwritten, with its own context's error (claim.ErrAborted,
+	// not store-wide), like one whose context ends while it waits; a caller
+	// whose context ends while its batch runs returns at once with a
+	// timeout (the batch may still commit), as a single write would.
 	Timeout time.Duration
 }
 
@@ -100,11 +104,21 @@ func Wrap(inner claim.Store, opts Options) (claim.Store, error) {
 
 func (s *Store) write(ctx context.Context, w claim.OutcomeWrite) error {
 	err := s.b.do(ctx, w)
-	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
-		// Withdrawn while waiting for a batch: the store is too slow to
-		// take the write in time, as a single write's timeout says.
-		id, _ := w.Target()
-		return fmt.Errorf("%s claim %d: waiting for a batch: %w", w.Kind(), id, claim.NewError(claim.ClassTimeout, err))
+	id, _ := w.Target()
+	var spent *spentError
+	var left *leftError
+	switch {
+	case errors.As(err, &spent):
+		// Not written: the caller's own deadline was spent in the queue.
+		// Nothing is known about the store (the batches that did run
+		// report on it), so this is one call aborted, not a store-wide
+		// failure: retried, it is expected to succeed.
+		return fmt.Errorf("%s claim %d: %w (%w)", w.Kind(), id, err, claim.ErrAborted)
+	case errors.As(err, &left):
+		// Written in a batch that outlived the caller's deadline, which
+		// had at least as long as it waited: as a single write whose
+		// statement outlives its deadline, the outcome is unknown.
+		return fmt.Errorf("%s claim %d: %w", w.Kind(), id, claim.NewError(claim.ClassTimeout, err))
 	}
 	return err
 }

@@ -189,3 +189,95 @@ func TestBatchErrorReachesEveryCaller(t *testing.T) {
 		}
 	}
 }
+
+// slowQueue is a real store whose first batch waits for release (so the
+// others queue behind it) and whose second waits until after gate is
+// closed, then writes with the batch's own context.
+type slowQueue struct {
+	claim.Store
+	bw      claim.BatchWriter
+	release chan struct{}
+	gate    <-chan struct{}
+
+	mu      sync.Mutex
+	batches int
+}
+
+func (s *slowQueue) WriteOutcomes(ctx context.Context, w []claim.OutcomeWrite) ([]error, error) {
+	s.mu.Lock()
+	s.batches++
+	n := s.batches
+	s.mu.Unlock()
+	switch n {
+	case 1:
+		<-s.release
+	case 2:
+		<-s.gate
+	}
+	return s.bw.WriteOutcomes(ctx, w)
+}
+
+// TestASpentWriterDoesNotFailItsBatch: a writer that waited in a slow
+// queue until its deadline is nearly spent is failed alone, unwritten, with
+// its own context's error, which is not store-wide; the fresh writers
+// queued with it are written, although their batch runs past its
+// deadline: nothing store-wide, nothing for a breaker to trip on.
+func TestASpentWriterDoesNotFailItsBatch(t *testing.T) {
+	inner := testdb.SQLite(t)
+	spentCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	slow := &slowQueue{Store: inner, bw: inner, release: make(chan struct{}), gate: spentCtx.Done()}
+	st, err := groupcommit.New(slow, groupcommit.Options{MaxInFlight: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := claimN(t, inner, 6)
+	first := make(chan error)
+	go func() {
+		first <- st.MarkProcessed(context.Background(), &claim.MarkProcessedParams{ID: cs[0].ID, Owner: cs[0].Owner})
+	}()
+	eventually(t, "the first batch to be held", func() bool { slow.mu.Lock(); defer slow.mu.Unlock(); return slow.batches == 1 })
+
+	queued := time.Now()
+	spent := make(chan error)
+	go func() {
+		spent <- st.MarkProcessed(spentCtx, &claim.MarkProcessedParams{ID: cs[1].ID, Owner: cs[1].Owner})
+	}()
+	errs := make([]error, len(cs))
+	var wg sync.WaitGroup
+	for i := 2; i < len(cs); i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			errs[i] = st.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: cs[i].ID, Owner: cs[i].Owner})
+		}()
+	}
+	eventually(t, "the writes to queue", func() bool { return st.Pending() == len(cs)-1 })
+	// The spent writer has now waited longer than it has left.
+	deadline, _ := spentCtx.Deadline()
+	eventually(t, "the spent writer to wait most of its time", func() bool { return time.Since(queued) > time.Until(deadline) })
+	close(slow.release)
+
+	err = <-spent
+	wg.Wait()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) || claim.StoreWide(err) || !claim.Transient(err) {
+		t.Errorf("spent writer: %v; want its own context's error, transient, not store-wide", err)
+	}
+	if c, gerr := inner.Get(context.Background(), cs[1].ID); gerr != nil || c.State != claim.StateClaimed {
+		t.Errorf("spent writer's claim: %v %v, want still claimed (not written)", c, gerr)
+	}
+	for i := 2; i < len(cs); i++ {
+		if errs[i] != nil || claim.StoreWide(errs[i]) {
+			t.Errorf("fresh writer %d: %v (store-wide %v), want written", i, errs[i], claim.StoreWide(errs[i]))
+			continue
+		}
+		if c, err := inner.Get(context.Background(), cs[i].ID); err != nil || c.State != claim.StateProcessed {
+			t.Errorf("fresh writer %d's claim: %v %v, want processed", i, c, err)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -506,4 +507,129 @@ func TestDeadLetterDescriptionIsValidAndBounded(t *testing.T) {
 	if len(desc) > 1024 || !utf8.ValidString(desc) || strings.ContainsRune(desc, 0) || !strings.HasPrefix(desc, "no key \uFFFD\uFFFD in é") || !strings.HasSuffix(desc, "é…") {
 		t.Errorf("description %d bytes, valid UTF-8 %v: %q…%q", len(desc), utf8.ValidString(desc), desc[:12], desc[len(desc)-6:])
 	}
+}
+
+// TestClaimFailedByAHolderWithoutAMessageWhileACopyWatches: the
+// reconciler's recovery (or an operator's redrive) holds a claim: it has
+// no message to dead-letter. A copy of the message watches the live holder
+// past its lock-renewal window; it must not complete (the holder may yet
+// reach a final answer that only a copy can dead-letter) but hand the
+// message back, so that when the holder fails the claim a copy takes the
+// dead letter: exactly one among the copies, with the claim's reason, the
+// other completed, the effect never called.
+func TestClaimFailedByAHolderWithoutAMessageWhileACopyWatches(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		ctx := context.Background()
+		res, err := b.store.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "host-dead", Claims: []claim.ClaimParams{{
+			MessageID: "m1", Consumer: "billing", Owner: uuid.New(), Route: "effect", Fingerprint: "fp-effect",
+			PayloadHash: claim.HashPayload([]byte(`{}`)), Payload: []byte(`{}`), DeliveryCount: 1,
+		}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The reconciler's recovery takes the dead holder's claim over and
+		// keeps it alive while its effect runs.
+		held, stopBeat := b.holdAsRecovery(res[0].Claim)
+		defer stopBeat()
+
+		opts := b.options()
+		// A take-over window far beyond the recovery's heartbeats (a late
+		// heartbeat on a loaded machine must not make the copies take the
+		// live recovery's claim over), and a watch just longer than it.
+		opts.HeartbeatInterval, opts.TakeoverAfter, opts.MaxLockRenewal = 100*time.Millisecond, 2*time.Second, 2500*time.Millisecond
+		b.start(opts)
+		b.start(opts) // two replicas, two copies: each watches
+		b.send("m1", "pay", `{}`, nil)
+		b.send("m1", "pay", `{}`, nil)
+		b.eventually("the copies' watch to end", func() bool { s := b.q.Stats(); return s.Completed+s.Abandoned > 1 })
+
+		// The recovery gets a final answer: the claim is failed, naming no
+		// delivery.
+		stopBeat()
+		if err := b.store.Fail(ctx, &claim.FailParams{ID: held.ID, Owner: held.Owner, Reason: claim.FailRejected,
+			Error: "recovery: HTTP 402: declined"}); err != nil {
+			t.Fatal(err)
+		}
+		b.waitIdle()
+
+		dl := b.deadLettersOf("m1")
+		if len(dl) != 1 || *dl[0].DeadLetterReason != claim.FailRejected || *dl[0].DeadLetterErrorDescription != "recovery: HTTP 402: declined" {
+			t.Fatalf("dead letters of m1: %d (%v), want one with the claim's reason and error (completed %d)",
+				len(dl), b.deadLetterReasons(), countCompleted(b.q, "m1"))
+		}
+		if c := b.claimOf("m1"); c.DeadLetterSeq == nil || *c.DeadLetterSeq != *dl[0].SequenceNumber {
+			t.Errorf("claim dead letter %v, want message %d", c.DeadLetterSeq, *dl[0].SequenceNumber)
+		}
+		if b.eff.Calls("m1") != 0 || countCompleted(b.q, "m1") != 1 {
+			t.Errorf("calls %d completed %d, want 0 and 1 (the other copy)", b.eff.Calls("m1"), countCompleted(b.q, "m1"))
+		}
+	})
+}
+
+// holdAsRecovery takes claim c over as the reconciler's recovery does (no
+// message) and keeps its heartbeat fresh until stop is called.
+func (b *bundle) holdAsRecovery(c *claim.Claim) (held *claim.Claim, stop func()) {
+	b.t.Helper()
+	ctx := context.Background()
+	b.eventually("the recovery to take the claim over", func() bool {
+		var err error
+		held, err = b.store.TakeOver(ctx, &claim.TakeOverParams{ID: c.ID, PreviousOwner: c.Owner, Owner: uuid.New(),
+			Path: claim.PathReconciler, SilentFor: time.Millisecond, By: "reconciler@r1", Reason: "stale", Route: "effect", Fingerprint: "fp-effect"})
+		return err == nil
+	})
+	beating, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for beating.Err() == nil {
+			_ = b.store.Heartbeat(beating, &claim.HeartbeatParams{ID: held.ID, Owner: held.Owner})
+			select {
+			case <-beating.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	var once sync.Once
+	return held, func() { once.Do(func() { cancel(); <-done }) }
+}
+
+// TestClaimTakenFromItsDeliveryByTheRecoveryIsDeadLetteredOnFailure: a
+// delivery whose claim the reconciler's recovery takes over while its
+// effect runs loses the claim; it must not complete its message (the
+// recovery has none), so that when the recovery fails the claim the
+// message's redelivery carries the dead letter.
+func TestClaimTakenFromItsDeliveryByTheRecoveryIsDeadLetteredOnFailure(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		b.eff.mu.Lock()
+		b.eff.hang = func(call int) bool { return call == 1 } // until the claim is lost
+		b.eff.mu.Unlock()
+		opts := b.options()
+		// The redelivery must not take the live recovery's claim over.
+		opts.HeartbeatInterval, opts.TakeoverAfter = 100*time.Millisecond, 2*time.Second
+		b.start(opts)
+		b.send("m1", "pay", `{}`, nil)
+		b.eventually("the effect to run", func() bool { return b.eff.Calls("m1") == 1 })
+
+		held, stopBeat := b.holdAsRecovery(b.claimOf("m1"))
+		defer stopBeat()
+		b.eventually("the first delivery to end", func() bool { s := b.q.Stats(); return s.Completed+s.Abandoned > 0 })
+
+		stopBeat()
+		if err := b.store.Fail(context.Background(), &claim.FailParams{ID: held.ID, Owner: held.Owner, Reason: claim.FailRejected,
+			Error: "recovery: HTTP 402: declined"}); err != nil {
+			t.Fatal(err)
+		}
+		b.waitIdle()
+
+		dl := b.deadLettersOf("m1")
+		if len(dl) != 1 || *dl[0].DeadLetterReason != claim.FailRejected {
+			t.Fatalf("dead letters of m1: %d (%v), want one with the claim's reason (completed %d)",
+				len(dl), b.deadLetterReasons(), countCompleted(b.q, "m1"))
+		}
+		if b.eff.Calls("m1") != 1 || countCompleted(b.q, "m1") != 0 {
+			t.Errorf("calls %d completed %d, want 1 (the lost one) and 0", b.eff.Calls("m1"), countCompleted(b.q, "m1"))
+		}
+	})
 }

@@ -304,7 +304,8 @@ func (p *Processor) afterClaim(ctx, work context.Context, d *delivery, res claim
 // and watches the claim until the holder finishes (complete), releases it
 // (take over) or goes silent for TakeoverAfter by the database clock (take
 // over, and run the effect with the same key) — bounded by the message's
-// lock-renewal window.
+// lock-renewal window, after which it completes, or, when the holder has
+// no message (messageless), abandons so a copy remains for a final answer.
 func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.Claim) verdict {
 	until := p.watchUntil(d)
 	poll := 25 * time.Millisecond
@@ -378,9 +379,19 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 				d.log.Debug("claim held by a live attempt; waiting for its outcome", "holder", c.ClaimedBy)
 			}
 			if time.Now().Add(poll).After(until) {
+				if messageless(c) {
+					// The holder is the reconciler's recovery or an
+					// operator's redrive: it has no message, so a final
+					// answer it reaches could only be dead-lettered by a
+					// copy. Hand this one back: its redelivery watches
+					// again, and carries the answer (failedCopy).
+					return abandoned(ResultAbandoned, "why", "holder without a message (recovery or redrive) still alive at the end of the lock-renewal window: the message is kept for its outcome",
+						"holder", c.ClaimedBy, "path", string(c.TakeOverPath))
+				}
 				// The lock-renewal window is spent and the holder still
 				// shows life. Completing is safe: the claim is the trace,
-				// and if its holder dies the reconciler recovers it.
+				// the holder settles its own message (dead-lettering a
+				// final answer), and if it dies the reconciler recovers it.
 				return completed(ResultDuplicate, "why", "holder still alive at the end of the lock-renewal window", "holder", c.ClaimedBy)
 			}
 			select {
@@ -396,6 +407,14 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 		}
 		c = now
 	}
+}
+
+// messageless reports whether c is held by a holder that has no message
+// of its own to settle: the reconciler's recovery or an operator's redrive.
+// A final answer such a holder reaches is dead-lettered by a copy of the
+// message (failedCopy), so copies are not completed while it holds c.
+func messageless(c *claim.Claim) bool {
+	return c.State == claim.StateClaimed && (c.TakeOverPath == claim.PathReconciler || c.TakeOverPath == claim.PathOperator)
 }
 
 // watchUntil is how long a duplicate delivery may hold its message while
@@ -649,6 +668,12 @@ func (p *Processor) lost(work context.Context, d *delivery, c *claim.Claim, eo s
 	}
 	if now.State == claim.StateReleased {
 		// Work remains and nobody holds it: keep the message.
+		return abandoned(ResultLost, attrs...)
+	}
+	if messageless(now) {
+		// Taken by the reconciler's recovery or an operator's redrive,
+		// which have no message: keep it, so that a final answer they
+		// reach is dead-lettered by its redelivery (failedCopy).
 		return abandoned(ResultLost, attrs...)
 	}
 	if now.State == claim.StateFailed {

@@ -37,8 +37,18 @@ type Options struct {
 	MaxConcurrentCalls int
 	// MaxLockRenewal bounds how long a message's lock is renewed after it
 	// was received (like the .NET processor's MaxAutoLockRenewalDuration).
-	// Zero or negative switches lock renewal off.
+	// Default DefaultMaxLockRenewal; negative switches lock renewal off.
+	// It is also how long a redelivery may watch a live holder's claim, so
+	// it must exceed TakeoverAfter + HeartbeatInterval: a shorter window
+	// would complete a dead holder's redelivered message instead of taking
+	// its claim over.
 	MaxLockRenewal time.Duration
+	// LockDuration is the entity's lock duration (Service Bus: 1m by
+	// default, at most 5m). Required when lock renewal is off: a
+	// redelivery then watches a live holder until its lock nearly expires
+	// (LockDuration - SettleTimeout), which must exceed TakeoverAfter +
+	// HeartbeatInterval, as MaxLockRenewal must with renewal on.
+	LockDuration time.Duration
 	// HeartbeatInterval is how often a held claim's heartbeat is written.
 	// Default 30s. (Message locks are renewed on their own schedule, at
 	// half of the lock's remaining time.)
@@ -170,7 +180,7 @@ func New(opts Options) (*Processor, error) {
 		return nil, errors.New("processor: Consumer is required")
 	}
 	for name, d := range map[string]time.Duration{
-		"MaxLockRenewal": opts.MaxLockRenewal, "HeartbeatInterval": opts.HeartbeatInterval,
+		"LockDuration": opts.LockDuration, "HeartbeatInterval": opts.HeartbeatInterval,
 		"SettleTimeout": opts.SettleTimeout, "StoreTimeout": opts.StoreTimeout, "ShutdownTimeout": opts.ShutdownTimeout,
 		"RecordRetryWindow": opts.RecordRetryWindow, "TakeoverAfter": opts.TakeoverAfter, "StaleAfter": opts.StaleAfter,
 		"TerminationGracePeriod": opts.TerminationGracePeriod, "BrokerProbeInterval": opts.BrokerProbeInterval,
@@ -186,6 +196,7 @@ func New(opts Options) (*Processor, error) {
 	if err := opts.Retry.Validate(); err != nil {
 		return nil, fmt.Errorf("processor: %w", err)
 	}
+	opts.MaxLockRenewal = cmp.Or(opts.MaxLockRenewal, DefaultMaxLockRenewal)
 	if opts.MaxLockRenewal > 0 && opts.Retry.Budget >= opts.MaxLockRenewal {
 		return nil, fmt.Errorf("processor: Retry.Budget (%s) must be below MaxLockRenewal (%s): retries must end while the message is still locked",
 			opts.Retry.Budget, opts.MaxLockRenewal)
@@ -206,6 +217,9 @@ func New(opts Options) (*Processor, error) {
 	}
 	opts.MaxPayloadBytes = cmp.Or(opts.MaxPayloadBytes, 256*1024)
 	opts.SettleTimeout = cmp.Or(opts.SettleTimeout, 5*time.Second)
+	if err := opts.checkWatch(); err != nil {
+		return nil, err
+	}
 	opts.StoreTimeout = cmp.Or(opts.StoreTimeout, DefaultStoreTimeout)
 	opts.RecordRetryWindow = cmp.Or(opts.RecordRetryWindow, 30*time.Second)
 	opts.ShutdownTimeout = cmp.Or(opts.ShutdownTimeout, DefaultShutdownTimeout)
@@ -248,6 +262,38 @@ const (
 	DefaultShutdownTimeout = 15 * time.Second
 	DefaultStoreTimeout    = 5 * time.Second
 )
+
+// DefaultMaxLockRenewal is MaxLockRenewal's default (as the command's
+// SBCLAIM_MAX_LOCK_RENEWAL).
+const DefaultMaxLockRenewal = 5 * time.Minute
+
+// checkWatch checks that a redelivery can watch a silent holder's claim
+// long enough to take it over: its window (MaxLockRenewal, or with
+// renewal off LockDuration - SettleTimeout: see watchUntil) must exceed
+// TakeoverAfter plus one poll of the claim (at most HeartbeatInterval).
+// Otherwise the redelivery of a dead holder's message would be completed
+// at the end of its window, the claim left to the reconciler.
+func (o *Options) checkWatch() error {
+	need := o.TakeoverAfter + o.HeartbeatInterval
+	if o.MaxLockRenewal > 0 {
+		if o.MaxLockRenewal <= need {
+			return fmt.Errorf("processor: MaxLockRenewal (%s) must exceed TakeoverAfter + HeartbeatInterval (%s + %s = %s): "+
+				"a redelivery watches a silent holder's claim only while it renews its message's lock, and would complete a dead holder's message instead of taking its claim over",
+				o.MaxLockRenewal, o.TakeoverAfter, o.HeartbeatInterval, need)
+		}
+		return nil
+	}
+	if o.LockDuration <= 0 {
+		return fmt.Errorf("processor: with lock renewal off (MaxLockRenewal %s), LockDuration (the entity's lock duration) is required: "+
+			"a redelivery watches a silent holder's claim until its lock nearly expires, which must outlast TakeoverAfter (%s)", o.MaxLockRenewal, o.TakeoverAfter)
+	}
+	if window := o.LockDuration - o.SettleTimeout; window <= need {
+		return fmt.Errorf("processor: with lock renewal off, LockDuration - SettleTimeout (%s - %s = %s) must exceed TakeoverAfter + HeartbeatInterval (%s + %s = %s): "+
+			"a redelivery watches a silent holder's claim only until its lock nearly expires, and would complete a dead holder's message instead of taking its claim over; turn lock renewal on or lengthen the lock",
+			o.LockDuration, o.SettleTimeout, window, o.TakeoverAfter, o.HeartbeatInterval, need)
+	}
+	return nil
+}
 
 // Ready reports whether the processor can work (for /readyz): a receiver
 // is open, Service Bus answered recently (a receive returned messages, or

@@ -487,12 +487,18 @@ func TestLockRenewal(t *testing.T) {
 	for _, renew := range []bool{true, false} {
 		t.Run(fmt.Sprintf("renew=%v", renew), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, "sqlite", membus.QueueOptions{LockDuration: 300 * time.Millisecond})
-			b.eff.delay = 1500 * time.Millisecond // five lock durations
+			// Renewal off needs a lock that outlasts the take-over window
+			// (LockDuration - SettleTimeout > TakeoverAfter + heartbeat).
+			lock := 700 * time.Millisecond
+			b := setup(t, "sqlite", membus.QueueOptions{LockDuration: lock})
+			b.eff.delay = 3 * lock
 			opts := b.options()
 			opts.Metrics = processor.NewMetrics(nil)
 			if !renew {
-				opts.MaxLockRenewal = 0
+				opts.MaxLockRenewal = -1
+				opts.LockDuration = lock
+				opts.HeartbeatInterval = 100 * time.Millisecond
+				opts.SettleTimeout = 200 * time.Millisecond
 			}
 			b.start(opts)
 			b.start(opts) // a second replica to take a redelivery
@@ -1040,5 +1046,55 @@ func TestTakeOverUnavailableAbandons(t *testing.T) {
 	}
 	if c := b.claimOf("rel"); c.State != claim.StateReleased || b.eff.Calls("rel") != 0 {
 		t.Errorf("claim %s, effect calls %d: want still released, no call", c.State, b.eff.Calls("rel"))
+	}
+}
+
+// TestNewRefusesAWatchShorterThanTheTakeOver: a redelivery of a dead
+// holder's message watches the claim only while it holds the message (its
+// lock-renewal window); a window that ends before the holder can have been
+// silent for TakeoverAfter (plus one poll, at most a heartbeat interval)
+// completes the message instead of taking the claim over. New refuses it,
+// naming both settings and their values.
+func TestNewRefusesAWatchShorterThanTheTakeOver(t *testing.T) {
+	b := setup(t, "sqlite", membus.QueueOptions{})
+	opts := b.options()
+	opts.HeartbeatInterval, opts.TakeoverAfter, opts.MaxLockRenewal = time.Second, 90*time.Second, time.Minute
+	_, err := processor.New(opts)
+	if err == nil {
+		t.Fatal("New accepted a lock-renewal window (1m) shorter than TakeoverAfter (1m30s)")
+	}
+	for _, want := range []string{"MaxLockRenewal", "1m0s", "TakeoverAfter", "1m30s"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %q", err, want)
+		}
+	}
+	// The window must also cover one poll after the take-over window.
+	opts.MaxLockRenewal = 90*time.Second + 500*time.Millisecond
+	if _, err := processor.New(opts); err == nil {
+		t.Error("New accepted a lock-renewal window that ends within a heartbeat interval of TakeoverAfter")
+	}
+	opts.MaxLockRenewal = 2 * time.Minute
+	if _, err := processor.New(opts); err != nil {
+		t.Errorf("New refused a lock-renewal window of 2m with TakeoverAfter 1m30s: %v", err)
+	}
+
+	// Renewal off: the window is the lock itself, which must be known.
+	opts.MaxLockRenewal = -1
+	if _, err := processor.New(opts); err == nil || !strings.Contains(err.Error(), "LockDuration") {
+		t.Errorf("renewal off without LockDuration: %v, want an error naming LockDuration", err)
+	}
+	opts.LockDuration = time.Minute // Service Bus's default; minus SettleTimeout (5s)
+	_, err = processor.New(opts)
+	if err == nil {
+		t.Fatal("New accepted renewal off with a 1m lock and TakeoverAfter 1m30s")
+	}
+	for _, want := range []string{"LockDuration", "1m0s", "SettleTimeout", "TakeoverAfter", "1m30s"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %q", err, want)
+		}
+	}
+	opts.LockDuration = 5 * time.Minute
+	if _, err := processor.New(opts); err != nil {
+		t.Errorf("New refused renewal off with a 5m lock and TakeoverAfter 1m30s: %v", err)
 	}
 }

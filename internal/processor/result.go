@@ -31,8 +31,10 @@ const (
 	// the message abandoned. Its redelivery takes the claim over once the
 	// claim is silent (auto routes), or the reconciler flags it (manual).
 	ResultUnknown Result = "unknown"
-	// ResultAbandoned: nothing was claimed (store unavailable, shutdown);
-	// the message was abandoned for redelivery.
+	// ResultAbandoned: nothing was claimed (store unavailable, shutdown),
+	// or a copy watched a claim held by the reconciler's recovery or a
+	// redrive (no message of its own) to the end of its window; the
+	// message was abandoned for redelivery.
 	ResultAbandoned Result = "abandoned"
 	// ResultLost: the claim was taken over, flagged or resolved by someone
 	// else while this delivery's effect ran; the effect was cancelled (a

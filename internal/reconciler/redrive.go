@@ -115,7 +115,11 @@ type RedriveParams struct {
 	NewKey bool
 	// Routes are the processors' routes; the claim's consumer's are used.
 	Routes Routes
-	Retry  sideeffects.RetryPolicy
+	// Retry is the policy the effect is re-run with. For a route with
+	// recovery: manual (a downstream that does not honour the key) Redrive
+	// sets StopOnUnknown whatever is passed: an attempt whose outcome is
+	// unknown is never repeated.
+	Retry sideeffects.RetryPolicy
 	// HeartbeatInterval is how often the redrive's hold on the claim is
 	// renewed while the effect runs; default 30s (the processors').
 	HeartbeatInterval time.Duration
@@ -215,8 +219,13 @@ func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (*claim.C
 	key := taken.Key()
 	log = log.With("idempotency_key", key)
 	log.Info("redriving claim", "new_key", p.NewKey)
+	// A manual route's downstream does not deduplicate: an attempt that may
+	// have been performed is never sent again, as on every other path
+	// (processor, recovery), whatever policy the caller passed.
+	retry := p.Retry
+	retry.StopOnUnknown = retry.StopOnUnknown || h.Manual()
 	res := held.Run(ctx, held.Params{
-		Store: store, Claim: taken, Effect: h.Effect, Message: msg, Key: key, Retry: p.Retry,
+		Store: store, Claim: taken, Effect: h.Effect, Message: msg, Key: key, Retry: retry,
 		HeartbeatInterval: cmp.Or(p.HeartbeatInterval, 30*time.Second), StoreTimeout: timeout, Logger: log,
 	})
 	if res.Lost != nil {

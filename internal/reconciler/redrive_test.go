@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -182,4 +183,44 @@ func TestMessageFromClaim(t *testing.T) {
 	if m := reconciler.MessageFromClaim(&claim.Claim{MessageID: "m-2"}); m.Subject != nil || m.ContentType != nil || m.ApplicationProperties != nil {
 		t.Fatalf("empty fields should stay nil: %+v", m)
 	}
+}
+
+// TestRedriveOfAManualRouteStopsAtAnUnknownOutcome: the downstream of a
+// `recovery: manual` route does not honour the idempotency key, so a
+// redrive whose request was performed but answered 500 must not send it
+// again, whatever retry policy its caller (the console: a zero policy; the
+// CLI: none) passes: exactly one request, the claim flagged again.
+func TestRedriveOfAManualRouteStopsAtAnUnknownOutcome(t *testing.T) {
+	eachDB(t, func(t *testing.T, tdb *testDB) {
+		ctx := context.Background()
+		fake, router := routesFile(t, `version: 1
+routes:
+  - {name: mail, match: {subject: payment}, recovery: manual, url: "%s/mail", timeout: 5s}
+`)
+		for _, retry := range []struct {
+			name   string
+			policy sideeffects.RetryPolicy
+		}{
+			{"caller's policy", sideeffects.RetryPolicy{MaxAttempts: 5, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond}},
+			{"zero policy", sideeffects.RetryPolicy{InitialInterval: time.Millisecond, MaxInterval: time.Millisecond}},
+		} {
+			t.Run(retry.name, func(t *testing.T) {
+				c := flaggedClaim(t, tdb, "manual-"+strings.ReplaceAll(retry.name, " ", "-"))
+				// Every request is performed, then answered 500: unknown.
+				fake.FailKey(c.MessageID, 0, fakedownstream.FaultErrorAfter)
+				_, err := reconciler.Redrive(ctx, tdb.store, &reconciler.RedriveParams{ID: c.ID, By: "alice",
+					Routes: reconciler.Routes{"": router}, Retry: retry.policy, Logger: testLogger(t)})
+				var ee *reconciler.EffectError
+				if !errors.As(err, &ee) || ee.Outcome != sideeffects.OutcomeUnknown {
+					t.Fatalf("err = %v, want an EffectError with outcome unknown", err)
+				}
+				if r := fake.Requests(c.MessageID); r != 1 || ee.Attempts != 1 {
+					t.Errorf("downstream got %d request(s) (%d attempt(s)) for key %s, want exactly 1: a manual route's unknown outcome is never repeated", r, ee.Attempts, c.MessageID)
+				}
+				if got := mustGet(t, tdb.store, c.ID); got.State != claim.StateFlagged || !ee.Reflagged {
+					t.Errorf("claim is %s (reflagged %v), want flagged again", got.State, ee.Reflagged)
+				}
+			})
+		}
+	})
 }
