@@ -439,7 +439,13 @@ func TestReplicasRace(t *testing.T) {
 		b := setup(t, be, membus.QueueOptions{})
 		b.eff.delay = 2 * time.Millisecond
 		for range 3 {
-			b.start(b.options())
+			// The race under test is the claim's: a holder must not be
+			// taken over because a loaded machine delayed its heartbeat
+			// past 3 × 200ms (a take-over repeats the effect, which this
+			// test's counter, unlike an idempotent downstream, counts).
+			opts := b.options()
+			opts.TakeoverAfter = 10 * time.Second
+			b.start(opts)
 		}
 		const n = 150
 		var wg sync.WaitGroup
