@@ -19,6 +19,9 @@ func init() {
 	bridge.StoreOf = func(s any) claim.Store { return s.(*Store).s }
 	bridge.NewStore = func(s claim.Store) any { return &Store{s: s} }
 	bridge.RouterOf = func(r any) sideeffects.Router { return r.(*Router).internal() }
+	bridge.NewRouter = func(r sideeffects.Router) any {
+		return &Router{entries: []sideeffects.Router{r}, names: map[string]bool{}}
+	}
 }
 
 // Store is the claims table: SQL Server, PostgreSQL or SQLite. It is safe

@@ -12,6 +12,7 @@
 //	go run ./cmd/chaos -seed 3 -flagged-histories   # why the reconciler had work
 //	go run ./cmd/chaos -recovery manual   # manual routes: crash-left claims go to operators
 //	go run ./cmd/chaos -answers mixed     # a payment API's declines, key conflicts and stored failures
+//	go run ./cmd/chaos -handler go        # the replicas run a Go sbclaim.HandlerFunc instead of the HTTP route
 //	go run ./cmd/chaos -scenario naive|unique-index|two-phase
 //	go run ./cmd/chaos -bench   # SQLite, plus PostgreSQL / SQL Server when their URLs are set
 package main
@@ -58,6 +59,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		verbose   = fs.Bool("v", false, "log the replicas' and reconciler's work to stderr")
 		samples   = fs.Bool("flagged-histories", false, "print the history of a few flagged claims of each kind (why the reconciler had work)")
 		answers   = fs.String("answers", "normal", "how the downstream answers: normal (every key performed) or mixed (like a payment API, a share of keys gets a final decline, a key conflict or a failure stored under the key)")
+		handler   = fs.String("handler", "http", "the replicas' effect: http (the routes file's HTTP route) or go (a Go sbclaim.HandlerFunc calling the same downstream); both through sbclaim.NewProcessor")
 		recovery  = fs.String("recovery", "auto", "the routes' recovery: auto (the downstream honours Idempotency-Key: crash-left claims are repeated with the same key) or manual (they are flagged for operators)")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -75,6 +77,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ans := chaos.Answers(*answers)
 	if ans != chaos.AnswersNormal && ans != chaos.AnswersMixed {
 		fmt.Fprintf(stderr, "chaos: -answers: %q is not normal or mixed\n", *answers)
+		return 2
+	}
+	hk := chaos.Handler(*handler)
+	if hk != chaos.HandlerHTTP && hk != chaos.HandlerGo {
+		fmt.Fprintf(stderr, "chaos: -handler: %q is not http or go\n", *handler)
 		return 2
 	}
 	fl, err := chaos.ParseFaults(*faults)
@@ -146,6 +153,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		DatabaseURL: *db,
 		Recovery:    rec,
 		Answers:     ans,
+		Handler:     hk,
 		Logger:      logger,
 	})
 	if err != nil {

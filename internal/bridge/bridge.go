@@ -18,4 +18,7 @@ var (
 	NewStore func(s claim.Store) any
 	// RouterOf returns the router behind an *sbclaim.Router.
 	RouterOf func(router any) sideeffects.Router
+	// NewRouter wraps a router (a fault-injecting wrapper of RouterOf's,
+	// say) in an *sbclaim.Router that routes every message through it.
+	NewRouter func(r sideeffects.Router) any
 )

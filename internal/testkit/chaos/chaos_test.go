@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
 	"github.com/sbclaim/sbclaim/internal/testkit"
@@ -414,5 +415,67 @@ func TestChaosDetectsAFinalAnswerNotRecorded(t *testing.T) {
 		if !slices.ContainsFunc(rep.Violations, func(v string) bool { return strings.Contains(v, w) }) {
 			t.Errorf("no violation mentions %q: %q", w, rep.Violations)
 		}
+	}
+}
+
+// The replicas run a Go sbclaim.HandlerFunc instead of the HTTP route,
+// every fault on: the same exactly-once checks pass on SQLite and
+// PostgreSQL, and with a payment API's answers (mapped by the handler to
+// Rejected and KeyConflict). The processor outcomes, gathered from every
+// replica's Registerer, are counted.
+func TestChaosGoHandler(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		db      string
+		answers Answers
+		seed    uint64
+	}{
+		{"sqlite", "sqlite", AnswersNormal, 21},
+		{"postgres", "postgres", AnswersNormal, 22},
+		{"sqlite-mixed", "sqlite", AnswersMixed, 23},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			url := ""
+			if tc.db == "postgres" {
+				url = testkit.PostgresURL(t)
+			}
+			rep, err := Run(context.Background(), Config{Messages: 150, Faults: AllFaults, Seed: tc.seed, DatabaseURL: url,
+				Handler: HandlerGo, Answers: tc.answers, Logger: testLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b strings.Builder
+			rep.Write(&b)
+			t.Log("\n" + b.String())
+			if !rep.Pass() {
+				t.Fatalf("violations:\n%s", strings.Join(rep.Violations, "\n"))
+			}
+			if !strings.Contains(rep.Verdict(), "running a Go handler") {
+				t.Errorf("verdict %q does not name the Go handler", rep.Verdict())
+			}
+			for _, f := range AllFaults {
+				if rep.Happened[f] == 0 {
+					t.Errorf("fault %s never happened (planned %d)", f, rep.Planned[f])
+				}
+			}
+			if rep.Kills == 0 || rep.ReplicasStarted != rep.Replicas+rep.Kills {
+				t.Errorf("replicas: %d killed, %d started (want every killed replica replaced)", rep.Kills, rep.ReplicasStarted)
+			}
+			if n := rep.Outcomes[processor.ResultProcessed]; n == 0 || n > rep.Distinct || rep.Outcomes[processor.ResultDuplicate] == 0 {
+				t.Errorf("processor outcomes %v: want some processed (at most %d) and some duplicates", rep.Outcomes, rep.Distinct)
+			}
+			if tc.answers == AnswersMixed && (rep.Rejected < 3 || rep.AnswerConflicts < 3 || rep.CachedFailures < 3) {
+				t.Errorf("rejected %d, conflicts %d, cached failures %d: want at least 3 each", rep.Rejected, rep.AnswerConflicts, rep.CachedFailures)
+			}
+		})
+	}
+}
+
+func TestConfigValidateHandler(t *testing.T) {
+	err := Config{Handler: "python"}.withDefaults().Validate()
+	if err == nil || !strings.Contains(err.Error(), `Handler must be http or go (got "python")`) {
+		t.Errorf("Validate: %v, want the Handler named", err)
 	}
 }

@@ -32,6 +32,19 @@
 //     the server is lost); half of these messages are refused 503 by the
 //     downstream first, so the write is a Release.
 //
+// Each replica is built as a user's program builds its processor, with
+// the public API: sbclaim.NewProcessor over an *sbclaim.Store (the
+// fault-injecting store chain, wrapped through internal/bridge) and an
+// *sbclaim.Router, its crash hooks on Run's context
+// (processor.WithHooks), its metrics on its Registerer (one registry for
+// the run, a label per replica; the report sums them). Config.Handler
+// (-handler) picks the effect: the routes file's HTTP route
+// (sbclaim.ParseRoutesFile with the replica's killable HTTP client) or a
+// Go sbclaim.HandlerFunc that calls the same downstream through that
+// client with the delivery's idempotency key and maps its answers to the
+// outcome wrappers. The reconciler's recovery and the operators' redrives
+// run the same kind of handler.
+//
 // The reconciler ticks during the run (every ReconcileEvery, StaleAfter
 // 2 s, recovery on with the replicas' routes), as the scheduled job does in
 // production. When the queue is idle the replicas stop, the reconciler

@@ -19,6 +19,8 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sbclaim/sbclaim"
+	"github.com/sbclaim/sbclaim/internal/bridge"
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
@@ -75,6 +77,11 @@ type Config struct {
 	// idempotency_error) and a failure stored under the key (500, replayed
 	// to every repeat); the routes carry the answer rules for it.
 	Answers Answers
+	// Handler is the effect the replicas run [HandlerHTTP]: the routes
+	// file's HTTP route, or a Go handler (HandlerGo) calling the same
+	// downstream. Either way each replica is built with
+	// sbclaim.NewProcessor.
+	Handler Handler
 	// ReconcileEvery is how often the reconciler ticks during the run, as
 	// it would in production [StaleAfter/2].
 	ReconcileEvery time.Duration
@@ -108,6 +115,7 @@ func (c Config) withDefaults() Config {
 	c.StaleAfter = cmp.Or(c.StaleAfter, 2*time.Second)
 	c.Recovery = cmp.Or(c.Recovery, sideeffects.RecoveryAuto)
 	c.Answers = cmp.Or(c.Answers, AnswersNormal)
+	c.Handler = cmp.Or(c.Handler, HandlerHTTP)
 	c.ReconcileEvery = cmp.Or(c.ReconcileEvery, c.StaleAfter/2)
 	c.EffectTimeout = cmp.Or(c.EffectTimeout, 300*time.Millisecond)
 	c.OutageWindows = cmp.Or(c.OutageWindows, 2)
@@ -137,6 +145,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("Recovery must be auto or manual (got %q)", c.Recovery)
 	case c.Answers != AnswersNormal && c.Answers != AnswersMixed:
 		return fmt.Errorf("Answers must be normal or mixed (got %q)", c.Answers)
+	case c.Handler != HandlerHTTP && c.Handler != HandlerGo:
+		return fmt.Errorf("Handler must be http or go (got %q)", c.Handler)
 	}
 	return nil
 }
@@ -154,7 +164,7 @@ type harness struct {
 	base    http.RoundTripper
 	book    *faultBook
 	out     outage
-	metrics *processor.Metrics
+	metrics *prometheus.Registry // every replica's processor metrics (its Registerer, labelled by host)
 	led     *ledger
 	// firstSend and effectAt are per key: when its first copy was sent,
 	// first delivered, and when its effect was performed.
@@ -224,7 +234,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		log:         cfg.Logger,
 		rng:         rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5bd1e995)),
 		book:        newFaultBook(),
-		metrics:     processor.NewMetrics(nil),
+		metrics:     prometheus.NewRegistry(),
 		seen:        map[string]uint32{},
 		performers:  map[string][]string{},
 		heldAtDeath: map[string]map[string]bool{},
@@ -614,10 +624,15 @@ func (h *harness) startReplica() {
 	r.cancel = cancel
 	log := h.log.With("replica", r.id)
 
+	// The replica is built as a user's program builds its processor, with
+	// the public API: an *sbclaim.Store (the fault-injecting store chain
+	// wrapped through the bridge), an *sbclaim.Router (a Go handler, or the
+	// routes file with the replica's HTTP client) and sbclaim.NewProcessor.
+	// The crash hooks ride on Run's context (processor.WithHooks).
 	client := &http.Client{Transport: &killTransport{base: h.base, rep: r}}
-	httpRouter, err := sideeffects.ParseRoutes(h.routes, func(string) string { return "" }, client, log)
+	router, err := h.replicaRouter(r, client, log)
 	if err != nil {
-		panic("chaos: routes: " + err.Error()) // the harness's own fixed routes file
+		panic("chaos: router: " + err.Error()) // the harness's own fixed routes
 	}
 	// The chain, outermost first: a test's wrapper, lost acknowledgements,
 	// the history and ledger (what the store really did), the dead-replica
@@ -627,11 +642,11 @@ func (h *harness) startReplica() {
 	if h.cfg.wrapStore != nil {
 		st = h.cfg.wrapStore(st)
 	}
-	p, err := processor.New(processor.Options{
+	p, err := sbclaim.NewProcessor(sbclaim.ProcessorConfig{
 		Consumer:    Consumer,
 		Entity:      QueueName,
-		Store:       st,
-		Router:      &faultRouter{inner: httpRouter, h: h, rep: r},
+		Store:       bridge.NewStore(st).(*sbclaim.Store),
+		Router:      router,
 		NewReceiver: r.newReceiver,
 
 		MaxConcurrentCalls: h.cfg.MaxConcurrentCalls,
@@ -639,30 +654,44 @@ func (h *harness) startReplica() {
 		HeartbeatInterval:  h.cfg.HeartbeatInterval,
 		TakeoverAfter:      h.cfg.TakeoverAfter,
 		StaleAfter:         h.cfg.StaleAfter,
-		Retry:              sideeffects.RetryPolicy{MaxAttempts: 4, InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond, Budget: 3 * time.Second},
-		StorePayload:       true,
+		Retry:              sbclaim.RetryPolicy{MaxAttempts: 4, InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond, Budget: 3 * time.Second},
 		SettleTimeout:      2 * time.Second,
 		StoreTimeout:       5 * time.Second,
 		ShutdownTimeout:    10 * time.Second,
 		Host:               r.host,
 		Logger:             log,
-		Metrics:            h.metrics,
-		Hooks: processor.Hooks{
-			AfterClaim:         h.crashHook(r, FaultDieAfterClaim),
-			AfterEffect:        h.crashHook(r, FaultDieAfterEffect),
-			AfterMarkProcessed: h.crashHook(r, FaultDieAfterProcessed),
-			AfterFail:          h.crashHook(r, FaultDieAfterProcessed),
-		},
+		Registerer:         prometheus.WrapRegistererWith(prometheus.Labels{"replica": r.host}, h.metrics),
 	})
 	if err != nil {
 		panic("chaos: processor: " + err.Error())
 	}
+	runCtx = processor.WithHooks(runCtx, processor.Hooks{
+		AfterClaim:         h.crashHook(r, FaultDieAfterClaim),
+		AfterEffect:        h.crashHook(r, FaultDieAfterEffect),
+		AfterMarkProcessed: h.crashHook(r, FaultDieAfterProcessed),
+		AfterFail:          h.crashHook(r, FaultDieAfterProcessed),
+	})
 	go func() {
 		defer h.wg.Done()
 		if err := p.Run(runCtx); err != nil {
 			log.Error("processor stopped", "error", err)
 		}
 	}()
+}
+
+// replicaRouter is a replica's router, with the fault injection around
+// its effect: the Go handler wrapped as a user would wrap a HandlerFunc
+// (faultHandler), the routes file's HTTP route through the bridge
+// (faultRouter: the public API cannot reach into a routes file's effect).
+func (h *harness) replicaRouter(r *replica, client *http.Client, log *slog.Logger) (*sbclaim.Router, error) {
+	if h.cfg.Handler == HandlerGo {
+		return h.newRouter(client, log, h.faultHandler(r))
+	}
+	pub, err := h.newRouter(client, log, nil)
+	if err != nil {
+		return nil, err
+	}
+	return bridge.NewRouter(&faultRouter{inner: bridge.RouterOf(pub), h: h, rep: r}).(*sbclaim.Router), nil
 }
 
 // gate refuses every store call once the replica is dead.
@@ -673,7 +702,7 @@ func (r *replica) gate(context.Context, string, int64) error {
 	return nil
 }
 
-func (r *replica) newReceiver(ctx context.Context) (processor.Receiver, error) {
+func (r *replica) newReceiver(ctx context.Context) (sbclaim.Receiver, error) {
 	if r.dead.Load() {
 		<-ctx.Done() // a dead process opens nothing
 		return nil, ctx.Err()
@@ -736,9 +765,8 @@ func (h *harness) crashHook(r *replica, f Fault) func(context.Context, *azservic
 	}
 }
 
-// faultRouter wraps the HTTP router: for a message planned for
-// lock-expiry, the effect first expires the message's lock and waits until
-// another delivery of it was received, then runs.
+// faultRouter wraps the HTTP route's router (reached through the bridge)
+// with beforeEffect.
 type faultRouter struct {
 	inner sideeffects.Router
 	h     *harness
@@ -751,25 +779,33 @@ func (fr *faultRouter) Route(msg *azservicebus.ReceivedMessage) (sideeffects.Han
 		return hd, err
 	}
 	inner := hd.Effect
-	h := fr.h
 	hd.Effect = sideeffects.EffectFunc(func(ctx context.Context, m *azservicebus.ReceivedMessage, key string) error {
-		ctx = withDelivery(ctx, fr.rep, m)
-		if h.enabled(FaultLockExpiry) && h.book.fire(m.MessageID, FaultLockExpiry) {
-			if n := h.queue.ExpireLock(m.MessageID); n > 0 {
-				h.book.count(FaultLockExpiry, 1)
-				h.book.markHit(m.MessageID, FaultLockExpiry)
-				// Hold the effect until the redelivery was received (or a
-				// bound passes), so the two overlap.
-				deadline := time.Now().Add(2 * h.cfg.LockDuration)
-				for h.highestDelivery(m.MessageID) <= m.DeliveryCount && time.Now().Before(deadline) && ctx.Err() == nil {
-					time.Sleep(5 * time.Millisecond)
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
-		}
-		return inner.Perform(ctx, m, key)
+		return inner.Perform(fr.h.beforeEffect(ctx, fr.rep, m), m, key)
 	})
 	return hd, nil
+}
+
+// beforeEffect runs before a replica's effect, whichever the handler: it
+// tags the context with the delivery (killTransport sends it as
+// DeliveryHeader) and, for a message planned for lock-expiry, expires the
+// message's lock and waits until another delivery of it was received, so
+// the two overlap.
+func (h *harness) beforeEffect(ctx context.Context, rep *replica, m *azservicebus.ReceivedMessage) context.Context {
+	ctx = withDelivery(ctx, rep, m)
+	if h.enabled(FaultLockExpiry) && h.book.fire(m.MessageID, FaultLockExpiry) {
+		if n := h.queue.ExpireLock(m.MessageID); n > 0 {
+			h.book.count(FaultLockExpiry, 1)
+			h.book.markHit(m.MessageID, FaultLockExpiry)
+			// Hold the effect until the redelivery was received (or a
+			// bound passes), so the two overlap.
+			deadline := time.Now().Add(2 * h.cfg.LockDuration)
+			for h.highestDelivery(m.MessageID) <= m.DeliveryCount && time.Now().Before(deadline) && ctx.Err() == nil {
+				time.Sleep(5 * time.Millisecond)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return ctx
 }
 
 // Holders of claims that are not replicas, as the ledger and the
@@ -784,7 +820,7 @@ const (
 // routes, its requests tagged RecoveryHeader), its store behind the
 // outage gate and its own trace, ticking during the run and after it.
 func (h *harness) newReconciler() (*reconciler.Reconciler, error) {
-	router, err := sideeffects.ParseRoutes(h.routes, func(string) string { return "" }, &http.Client{Transport: taggedTransport{h.base, RecoveryHeader}}, h.log)
+	router, err := h.internalRouter(&http.Client{Transport: taggedTransport{h.base, RecoveryHeader}})
 	if err != nil {
 		return nil, fmt.Errorf("chaos: reconciler routes: %w", err)
 	}
@@ -858,7 +894,7 @@ func (h *harness) noteFlagged(rep *Report, flagged []*claim.Claim) {
 // claim is left claimed or released, then redrives every flagged claim,
 // as an operator would: the stand-in for operators, counted apart.
 func (h *harness) reconcile(ctx context.Context, rec *reconciler.Reconciler, rep *Report) {
-	redriveRouter, err := sideeffects.ParseRoutes(h.routes, func(string) string { return "" }, &http.Client{Transport: taggedTransport{h.base, RedriveHeader}}, h.log)
+	redriveRouter, err := h.internalRouter(&http.Client{Transport: taggedTransport{h.base, RedriveHeader}})
 	if err != nil {
 		rep.violate("redrive routes: %v", err)
 		return
@@ -1004,7 +1040,7 @@ func (h *harness) verify(ctx context.Context, rep *Report) {
 	rep.Batches, rep.Batched = h.batches.Load(), h.batched.Load()
 	rep.OutageRefused = h.out.refused.Load()
 	rep.Planned, rep.Happened = h.book.snapshot()
-	rep.Outcomes = outcomeCounts(h.metrics)
+	rep.Outcomes = gatheredOutcomes(h.metrics, rep)
 
 	// Downstream effects per key.
 	rep.EffectsPerKey = map[int]int{}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
@@ -154,14 +155,23 @@ func (r *Report) Pass() bool { return len(r.Violations) == 0 }
 // Verdict is the report's one-line verdict.
 func (r *Report) Verdict() string {
 	if r.Pass() {
-		return fmt.Sprintf("VERDICT: PASS %d messages, %d sends, %d replicas (%d killed and replaced): every routed message's effect happened exactly once, %d faults injected; flagged for operators %d%s",
-			r.Distinct, r.Sent, r.Replicas, r.Kills, sum(r.Happened), r.FlaggedForOperators, r.answersLine())
+		return fmt.Sprintf("VERDICT: PASS %d messages, %d sends, %d replicas (%d killed and replaced)%s: every routed message's effect happened exactly once, %d faults injected; flagged for operators %d%s",
+			r.Distinct, r.Sent, r.Replicas, r.Kills, r.handlerNote(), sum(r.Happened), r.FlaggedForOperators, r.answersLine())
 	}
 	reasons := slices.Clone(r.Violations)
 	if r.moreViolations > 0 {
 		reasons = append(reasons, fmt.Sprintf("and %d more", r.moreViolations))
 	}
 	return "VERDICT: FAIL: " + strings.Join(reasons, "; ")
+}
+
+// handlerNote names a Go handler in the verdict (the HTTP route is the
+// default, and the verdict reads as it always did).
+func (r *Report) handlerNote() string {
+	if r.Config.Handler == HandlerGo {
+		return " running a Go handler"
+	}
+	return ""
 }
 
 func sum[K comparable](m map[K]int) int {
@@ -179,8 +189,8 @@ func (r *Report) Write(w io.Writer) {
 	for i, f := range c.Faults {
 		faults[i] = string(f)
 	}
-	fmt.Fprintf(w, "chaos run: seed %d, %s, %d replicas x %d concurrent calls, lock %s, heartbeat %s, stale after %s\n",
-		c.Seed, r.Database, r.Replicas, c.MaxConcurrentCalls, c.LockDuration, c.HeartbeatInterval, c.StaleAfter)
+	fmt.Fprintf(w, "chaos run: seed %d, %s, %d replicas x %d concurrent calls, lock %s, heartbeat %s, stale after %s, %s handler\n",
+		c.Seed, r.Database, r.Replicas, c.MaxConcurrentCalls, c.LockDuration, c.HeartbeatInterval, c.StaleAfter, c.Handler)
 	fmt.Fprintf(w, "  (the seed fixes which messages are duplicated and faulted; goroutine scheduling still varies between runs)\n")
 	fmt.Fprintf(w, "faults on: %s\n", cmpOr(strings.Join(faults, ","), "none"))
 	fmt.Fprintf(w, "sent: %d sends = %d routed messages (%d sent 2-3 times) + %d conflicting payloads + %d unroutable (poison)\n",
@@ -278,4 +288,30 @@ func cmpOr(s, def string) string {
 		return def
 	}
 	return s
+}
+
+// gatheredOutcomes sums sbclaim_messages_total by outcome over every
+// replica's metrics, registered on g by sbclaim.NewProcessor (each
+// replica's under its own host label). A gather that fails is a
+// violation: the report must not show counts it could not read.
+func gatheredOutcomes(g prometheus.Gatherer, rep *Report) map[processor.Result]int {
+	out := map[processor.Result]int{}
+	families, err := g.Gather()
+	if err != nil {
+		rep.violate("gather the replicas' metrics: %v", err)
+		return out
+	}
+	for _, mf := range families {
+		if mf.GetName() != "sbclaim_messages_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" {
+					out[processor.Result(l.GetValue())] += int(m.GetCounter().GetValue())
+				}
+			}
+		}
+	}
+	return out
 }
