@@ -427,6 +427,10 @@ routes:
 			opts := b.options()
 			opts.Router, opts.Host, opts.Metrics = router, host, metrics
 			opts.Retry = sideeffects.RetryPolicy{MaxAttempts: 3, InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond}
+			// No take-over of a live holder whose heartbeat a loaded
+			// machine delayed: its delivery would end "lost", which the
+			// outcome count below does not expect.
+			opts.TakeoverAfter = 10 * time.Second
 			b.start(opts)
 		}
 		b.q.DuplicateSends(true)

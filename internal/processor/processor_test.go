@@ -761,13 +761,15 @@ func TestRefusedBatchFallsBackToOneByOne(t *testing.T) {
 // message's lock-renewal window ends is cut off (unknown outcome), its
 // heartbeats stop, and the redelivery takes the silent claim over.
 func TestEffectCutOffAtMaxLockRenewal(t *testing.T) {
-	b := setup(t, "sqlite", membus.QueueOptions{LockDuration: 200 * time.Millisecond})
+	// Windows a loaded machine cannot miss: the take-over's delivery must
+	// get to its attempt within its own MaxLockRenewal.
+	b := setup(t, "sqlite", membus.QueueOptions{LockDuration: 600 * time.Millisecond})
 	b.eff.behave = func(_, _ string, call int) error { return nil }
 	var hung atomic.Bool
 	b.eff.hang = func(call int) bool { return call == 1 && hung.CompareAndSwap(false, true) }
 	opts := b.options()
-	opts.MaxLockRenewal = 300 * time.Millisecond
-	opts.HeartbeatInterval = 50 * time.Millisecond
+	opts.MaxLockRenewal = 2 * time.Second
+	opts.HeartbeatInterval = 150 * time.Millisecond
 	b.start(opts)
 	b.send("hang", "pay", `{}`, nil)
 	b.waitIdle()
