@@ -22,7 +22,12 @@ type Delivery struct {
 	attempt  int
 }
 
-// Message returns the Service Bus SDK's own message value.
+// Message returns the Service Bus SDK's own message value. When the
+// reconciler's recovery or an operator's redrive runs the handler, there
+// is no delivery: the message is rebuilt from what the claim stored —
+// MessageID, Body, Subject, ContentType and the application properties
+// as strings — and the broker's fields (lock token, sequence number,
+// delivery count, CorrelationID) are zero.
 func (d *Delivery) Message() *azservicebus.ReceivedMessage { return d.msg }
 
 // DedupKey returns the message's dedup key: the key its claim is unique
@@ -50,16 +55,22 @@ func (d *Delivery) Consumer() string { return d.consumer }
 // logs and for rows the handler links to its claim.
 func (d *Delivery) ClaimID() int64 { return d.claimID }
 
-// Attempt returns 1 for the first attempt of the claim's effect. It counts
-// the attempts recorded on the claim, so a redelivery, take-over or
-// recovery continues the count.
+// Attempt returns 1 + the failed attempts recorded on the claim so far:
+// 1 for the first attempt, and a redelivery, take-over or recovery
+// continues the count. An attempt whose holder died before recording it
+// (a crash) is not counted, so Attempt() == 1 does not prove nothing was
+// sent: only the idempotency key makes a repeat safe. A TxHandlerFunc
+// always sees 1 (its attempts roll back).
 func (d *Delivery) Attempt() int { return d.attempt }
 
 // ReportAnswer records the downstream's answer on the claim with the
 // attempt's outcome (operators see it in the console and in `reconciler
 // show`): its HTTP status (0 when there is none), and the few header and
-// field values worth keeping, such as a charge id. It is bounded and never
-// holds a payload; do not put secrets in it.
+// field values worth keeping, such as a charge id. Pass only those
+// headers, never a whole response's (it would keep Set-Cookie); it is
+// bounded and must hold no payload and no secret. ctx must be the
+// handler's; a TxHandlerFunc's answer is not recorded (its claim is
+// written with its transaction).
 func (d *Delivery) ReportAnswer(ctx context.Context, status int, headers http.Header, fields map[string]string) {
 	a := sideeffects.Answer{Status: status, Fields: fields}
 	if len(headers) > 0 {
@@ -72,7 +83,7 @@ func (d *Delivery) ReportAnswer(ctx context.Context, status int, headers http.He
 }
 
 func newDelivery(ctx context.Context, msg *azservicebus.ReceivedMessage, key string) *Delivery {
-	d := &Delivery{msg: msg, key: key, dedupKey: key, attempt: 1}
+	d := &Delivery{msg: msg, key: key, dedupKey: msg.MessageID, attempt: 1}
 	if c, ok := sideeffects.CallOf(ctx); ok {
 		d.dedupKey, d.consumer, d.claimID, d.attempt = c.DedupKey, c.Consumer, c.ClaimID, c.Attempt
 	}

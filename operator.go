@@ -3,6 +3,7 @@ package sbclaim
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
@@ -67,6 +68,9 @@ func (s *Store) Redrive(ctx context.Context, id int64, opts RedriveOptions) (*Cl
 	}
 	routes := make(reconciler.Routes, len(opts.Routers))
 	for consumer, r := range opts.Routers {
+		if r == nil {
+			return nil, fmt.Errorf("sbclaim: redrive: Routers[%q] is nil", consumer)
+		}
 		routes[consumer] = r.internal()
 	}
 	c, err := reconciler.Redrive(ctx, s.s, &reconciler.RedriveParams{ID: id, By: opts.By, Note: opts.Note, NewKey: opts.NewKey,

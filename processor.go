@@ -9,7 +9,6 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/groupcommit"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
@@ -73,9 +72,9 @@ type GroupCommit struct {
 
 // Group commit's bounds and defaults.
 const (
-	DefaultGroupCommitMaxBatch    = groupcommit.DefaultMaxBatch
-	DefaultGroupCommitMaxInFlight = groupcommit.DefaultMaxInFlight
-	MaxGroupCommitBatch           = claim.MaxOutcomeBatch
+	DefaultGroupCommitMaxBatch    = 128
+	DefaultGroupCommitMaxInFlight = 2
+	MaxGroupCommitBatch           = 250
 )
 
 // ProcessorConfig configures a Processor. Consumer, Store, Router and
@@ -102,10 +101,11 @@ type ProcessorConfig struct {
 	// It is also how long a duplicate may wait for a live holder, so it
 	// must exceed TakeoverAfter + HeartbeatInterval.
 	MaxLockRenewal time.Duration
-	// LockDuration is the entity's lock duration (default 1m): with lock
-	// renewal off, a duplicate waits for a live holder until shortly
-	// before its lock expires, which must exceed TakeoverAfter +
-	// HeartbeatInterval.
+	// LockDuration is the entity's lock duration, required when lock
+	// renewal is off: a duplicate then waits for a live holder only until
+	// shortly before its lock expires, and LockDuration - SettleTimeout
+	// must exceed TakeoverAfter + HeartbeatInterval. Give the entity's
+	// real value: the wait itself follows each message's lock.
 	LockDuration time.Duration
 	// HeartbeatInterval is how often a held claim's heartbeat is written
 	// (default 30s).
@@ -155,8 +155,8 @@ func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
 	if cfg.Store == nil {
 		return nil, errNilStore
 	}
-	if cfg.Router == nil {
-		return nil, errors.New("sbclaim: a Router is required")
+	if cfg.Router == nil || len(cfg.Router.entries) == 0 {
+		return nil, errors.New("sbclaim: a Router with at least one route is required")
 	}
 	if cfg.NewReceiver == nil {
 		return nil, errors.New("sbclaim: NewReceiver is required")

@@ -2,6 +2,7 @@ package sbclaim
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -65,16 +66,16 @@ type ReconcilerConfig struct {
 
 // The reconciler's defaults.
 const (
-	DefaultSchedule            = reconciler.DefaultSchedule
-	DefaultStaleAfter          = reconciler.DefaultStaleAfter
-	DefaultRetention           = reconciler.DefaultRetention
-	DefaultRecoveryMaxAttempts = reconciler.DefaultRecoveryMaxAttempts
-	DefaultRecoveryBackoff     = reconciler.DefaultRecoveryBackoff
-	DefaultRecoveryBackoffMax  = reconciler.DefaultRecoveryBackoffMax
-	DefaultRecoveryConcurrency = reconciler.DefaultRecoveryConcurrency
-	DefaultFlagBatchSize       = reconciler.DefaultFlagBatchSize
-	DefaultPurgeBatchSize      = reconciler.DefaultPurgeBatchSize
-	DefaultMaxPurgePerTick     = reconciler.DefaultMaxPurgePerTick
+	DefaultSchedule            = "@every 1m"
+	DefaultStaleAfter          = 5 * time.Minute
+	DefaultRetention           = 7 * 24 * time.Hour
+	DefaultRecoveryMaxAttempts = 5
+	DefaultRecoveryBackoff     = time.Minute
+	DefaultRecoveryBackoffMax  = time.Hour
+	DefaultRecoveryConcurrency = 8
+	DefaultFlagBatchSize       = 100
+	DefaultPurgeBatchSize      = 500
+	DefaultMaxPurgePerTick     = 100 * DefaultPurgeBatchSize
 )
 
 // CheckSchedule reports what is wrong with a cron spec for
@@ -103,6 +104,9 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 	if len(cfg.Routers) > 0 {
 		routes = make(reconciler.Routes, len(cfg.Routers))
 		for consumer, r := range cfg.Routers {
+			if r == nil {
+				return nil, fmt.Errorf("sbclaim: ReconcilerConfig.Routers[%q] is nil", consumer)
+			}
 			routes[consumer] = r.internal()
 		}
 	}

@@ -75,7 +75,12 @@ type Route struct {
 // Router picks a message's route: the first registered route whose Match
 // selects it, in registration order; a routes file (AddRoutesFile) is one
 // entry among them. A message no route selects is dead-lettered NoRoute.
-// Register every route before the processor starts.
+// Register every route before passing the router to NewProcessor or
+// NewReconciler: they take the routes it has then.
+//
+// A Match func also runs on messages the reconciler rebuilds from a claim
+// (see Delivery.Message): match on Subject and application properties,
+// not on the broker's fields.
 type Router struct {
 	entries []sideeffects.Router
 	names   map[string]bool
@@ -113,6 +118,9 @@ func (r *Router) Add(rt Route) error {
 // AddRoutesFile registers the HTTP routes of a routes file, as one entry
 // at this point of the order.
 func (r *Router) AddRoutesFile(f *RoutesFile) error {
+	if f == nil {
+		return errors.New("sbclaim: AddRoutesFile: no routes file")
+	}
 	r.init()
 	for _, n := range f.r.Names() {
 		if r.names[n] {

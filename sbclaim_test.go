@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sbclaim/sbclaim"
 	"github.com/sbclaim/sbclaim/internal/claimdb"
@@ -309,5 +310,36 @@ func TestHandOffRedrivesUserCodeWithTheSameKey(t *testing.T) {
 	cl = onlyClaim(t, st)
 	if cl.State != sbclaim.StateProcessed {
 		t.Errorf("claim %+v, want processed by the redrive", cl)
+	}
+}
+
+// A processor and a reconciler in one binary share its registry (both
+// count take-overs), as do two processors of two consumers.
+func TestOneRegistryServesEveryPart(t *testing.T) {
+	st := sbclaimtest.NewStore(t)
+	reg := prometheus.NewRegistry()
+	router, _ := sbclaim.NewRouter(sbclaim.Route{Name: "r", Handler: func(context.Context, *sbclaim.Delivery) error { return nil }})
+	q := sbclaimtest.NewQueue(nil)
+	for _, consumer := range []string{"billing", "notifications"} {
+		if _, err := sbclaim.NewProcessor(sbclaim.ProcessorConfig{Consumer: consumer, Store: st, Router: router,
+			NewReceiver: q.NewReceiver, Registerer: reg}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := sbclaim.NewReconciler(sbclaim.ReconcilerConfig{Store: st, Registerer: reg}); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, mf := range mfs {
+		names[mf.GetName()] = true
+	}
+	for _, want := range []string{"sbclaim_claims_in_flight", "sbclaim_reconciler_tick_errors_total"} {
+		if !names[want] {
+			t.Errorf("%s not gathered (have %v)", want, names)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sbclaim/sbclaim/internal/held"
+	"github.com/sbclaim/sbclaim/internal/metricreg"
 )
 
 // Metrics are the processor's Prometheus collectors.
@@ -94,9 +95,24 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Messages, m.DeadLetters, m.EffectSeconds, m.TakeOvers, m.LockRenewals, m.LockRenewalFailures,
-			m.LockLosses, m.Heartbeats, m.HeartbeatFailures, m.DuplicateWaits, m.LateEffects, m.ClaimsInFlight, m.Receivers,
-			m.StoreBreakerOpen, m.StoreBreakerTrips, m.BrokerReachable)
+		// Shared with other processors (and the reconciler's take-overs)
+		// registered on the same registry: see metricreg.
+		m.Messages = metricreg.Register(reg, m.Messages)
+		m.DeadLetters = metricreg.Register(reg, m.DeadLetters)
+		m.EffectSeconds = metricreg.Register(reg, m.EffectSeconds)
+		m.TakeOvers = metricreg.Register(reg, m.TakeOvers)
+		m.LockRenewals = metricreg.Register(reg, m.LockRenewals)
+		m.LockRenewalFailures = metricreg.Register(reg, m.LockRenewalFailures)
+		m.LockLosses = metricreg.Register(reg, m.LockLosses)
+		m.Heartbeats = metricreg.Register(reg, m.Heartbeats)
+		m.HeartbeatFailures = metricreg.Register(reg, m.HeartbeatFailures)
+		m.DuplicateWaits = metricreg.Register(reg, m.DuplicateWaits)
+		m.LateEffects = metricreg.Register(reg, m.LateEffects)
+		m.ClaimsInFlight = metricreg.Register(reg, m.ClaimsInFlight)
+		m.Receivers = metricreg.Register(reg, m.Receivers)
+		m.StoreBreakerOpen = metricreg.Register(reg, m.StoreBreakerOpen)
+		m.StoreBreakerTrips = metricreg.Register(reg, m.StoreBreakerTrips)
+		m.BrokerReachable = metricreg.Register(reg, m.BrokerReachable)
 	}
 	return m
 }

@@ -197,9 +197,9 @@ func New(opts Options) (*Processor, error) {
 		return nil, fmt.Errorf("processor: %w", err)
 	}
 	opts.MaxLockRenewal = cmp.Or(opts.MaxLockRenewal, DefaultMaxLockRenewal)
-	if opts.MaxLockRenewal > 0 && opts.Retry.Budget >= opts.MaxLockRenewal {
+	if budget := opts.Retry.EffectiveBudget(); opts.MaxLockRenewal > 0 && budget >= opts.MaxLockRenewal {
 		return nil, fmt.Errorf("processor: Retry.Budget (%s) must be below MaxLockRenewal (%s): retries must end while the message is still locked",
-			opts.Retry.Budget, opts.MaxLockRenewal)
+			budget, opts.MaxLockRenewal)
 	}
 	if opts.Key == nil {
 		opts.Key = messageIDKey

@@ -796,6 +796,10 @@ func TestNewRejectsNegativeOptions(t *testing.T) {
 		"take-over too soon":  func(o *processor.Options) { o.HeartbeatInterval, o.TakeoverAfter = time.Second, 2*time.Second },
 		"take-over too late":  func(o *processor.Options) { o.TakeoverAfter, o.StaleAfter = time.Hour, time.Minute },
 		"budget beyond locks": func(o *processor.Options) { o.MaxLockRenewal, o.Retry.Budget = time.Minute, 2*time.Minute },
+		// The default budget (30s) counts too.
+		"default budget beyond locks": func(o *processor.Options) {
+			o.MaxLockRenewal, o.Retry.Budget, o.HeartbeatInterval = 10*time.Second, 0, 100*time.Millisecond
+		},
 		"shutdown beyond SIGKILL": func(o *processor.Options) {
 			o.TerminationGracePeriod, o.ShutdownTimeout = 10*time.Second, 20*time.Second
 		},

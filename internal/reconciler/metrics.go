@@ -5,6 +5,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/held"
+	"github.com/sbclaim/sbclaim/internal/metricreg"
 )
 
 // Metrics are the reconciler's Prometheus metrics. A nil *Metrics is valid
@@ -75,8 +76,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Failed claims (a final answer: rejected, permanent, conflict) not yet purged, at the last tick.",
 		}),
 	}
-	reg.MustRegister(m.Flagged, m.Recovered, m.Failed, m.RecoveryAttempts, m.TakeOvers, m.Purged, m.TickDuration, m.TickErrors,
-		m.Unfinished, m.OldestUnfinished, m.FlaggedNow, m.FailedNow)
+	// The take-over counter is the processors' too when they share reg.
+	m.Flagged = metricreg.Register(reg, m.Flagged)
+	m.Recovered = metricreg.Register(reg, m.Recovered)
+	m.Failed = metricreg.Register(reg, m.Failed)
+	m.RecoveryAttempts = metricreg.Register(reg, m.RecoveryAttempts)
+	m.TakeOvers = metricreg.Register(reg, m.TakeOvers)
+	m.Purged = metricreg.Register(reg, m.Purged)
+	m.TickDuration = metricreg.Register(reg, m.TickDuration)
+	m.TickErrors = metricreg.Register(reg, m.TickErrors)
+	m.Unfinished = metricreg.Register(reg, m.Unfinished)
+	m.OldestUnfinished = metricreg.Register(reg, m.OldestUnfinished)
+	m.FlaggedNow = metricreg.Register(reg, m.FlaggedNow)
+	m.FailedNow = metricreg.Register(reg, m.FailedNow)
 	return m
 }
 

@@ -70,6 +70,9 @@ func (p RetryPolicy) Validate() error {
 	return nil
 }
 
+// EffectiveBudget is the Budget Do keeps to: the field, or its default.
+func (p RetryPolicy) EffectiveBudget() time.Duration { return p.withDefaults().Budget }
+
 func (p RetryPolicy) withDefaults() RetryPolicy {
 	p.MaxAttempts = cmp.Or(p.MaxAttempts, DefaultMaxAttempts)
 	p.InitialInterval = cmp.Or(p.InitialInterval, DefaultInitialInterval)
