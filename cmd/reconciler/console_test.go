@@ -141,7 +141,7 @@ func TestConsoleServes(t *testing.T) {
 func TestRunServesTheConsole(t *testing.T) {
 	url := "sqlite:" + filepath.Join(t.TempDir(), "claims.db")
 	c := newCLI(t, map[string]string{"SBCLAIM_DATABASE_URL": url, "SBCLAIM_CONSOLE_ADDR": "127.0.0.1:0", "SBCLAIM_RUN_CONSOLE": "true",
-		"SBCLAIM_HTTP_ADDR": "", "SBCLAIM_RECONCILE_SCHEDULE": "@every 1h"})
+		"SBCLAIM_HTTP_ADDR": "127.0.0.1:0", "SBCLAIM_RECONCILE_SCHEDULE": "@every 1h"})
 	c.mustRun("migrate")
 	addr, stop := startCommand(t, c, "run")
 	body, code := httpGet("http://" + addr + "/")

@@ -145,7 +145,7 @@ func TestCLIEndToEnd(t *testing.T) {
 		// A 1s stale window needs a 1s/3 heartbeat to pass validation.
 		c := newCLI(t, map[string]string{
 			"SBCLAIM_DATABASE_URL": url, "SBCLAIM_STALE_AFTER": "1s", "SBCLAIM_HEARTBEAT_INTERVAL": "300ms",
-			"SBCLAIM_ROUTES": routes, "SBCLAIM_HTTP_ADDR": "",
+			"SBCLAIM_ROUTES": routes, "SBCLAIM_HTTP_ADDR": "127.0.0.1:0",
 		})
 		if r := c.mustRun("migrate"); !strings.Contains(r.stdout, "up to date") {
 			t.Errorf("migrate said %q", r.stdout)
@@ -290,7 +290,7 @@ func TestOnceRecoversWithRoutes(t *testing.T) {
 		writeFile(t, routes, fmt.Sprintf("version: 1\nroutes:\n  - name: payments\n    match: {subject: payment}\n    url: %q\n    body: json\n", srv.URL+"/payments"))
 		c := newCLI(t, map[string]string{
 			"SBCLAIM_DATABASE_URL": url, "SBCLAIM_STALE_AFTER": "1s", "SBCLAIM_HEARTBEAT_INTERVAL": "300ms",
-			"SBCLAIM_ROUTES": "billing=" + routes, "SBCLAIM_HTTP_ADDR": "",
+			"SBCLAIM_ROUTES": "billing=" + routes, "SBCLAIM_HTTP_ADDR": "127.0.0.1:0",
 		})
 		c.mustRun("migrate")
 		st := openStore(t, url)
