@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claimdb"
@@ -526,8 +527,8 @@ func writeFile(t *testing.T, path, data string) {
 	}
 }
 
-// The daemon serves /healthz and /metrics, ticks on its schedule, and
-// exits 0 when its context ends (SIGTERM).
+// The daemon serves /healthz, /readyz and /metrics, ticks on its
+// schedule, and exits 0 when its context ends (SIGTERM).
 func TestRunDaemon(t *testing.T) {
 	url := "sqlite:" + filepath.Join(t.TempDir(), "claims.db")
 	addr := freeAddr(t)
@@ -566,6 +567,9 @@ func TestRunDaemon(t *testing.T) {
 	}
 	if body, code := httpGet("http://" + addr + "/healthz"); code != 200 || !strings.Contains(body, "ok") {
 		t.Errorf("/healthz = %d %q", code, body)
+	}
+	if body, code := httpGet("http://" + addr + "/readyz"); code != 200 || !strings.Contains(body, "ready") {
+		t.Errorf("/readyz = %d %q", code, body)
 	}
 
 	cancel()
@@ -662,5 +666,36 @@ func TestRunListenerFailureExitsBeforeScheduling(t *testing.T) {
 	}
 	if ctx.Err() != nil {
 		t.Error("run did not return before the context ended: it kept running")
+	}
+}
+
+// pingStore is a claims store whose Ping answers err.
+type pingStore struct {
+	claim.Store
+	err error
+}
+
+func (s pingStore) Ping(context.Context) error { return s.err }
+
+// TestDaemonHealthAndReadiness: /healthz says the process serves (a
+// liveness probe must not restart the reconciler for a database outage);
+// /readyz says whether the database answers (the compose file and the
+// README point the readiness check at it).
+func TestDaemonHealthAndReadiness(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		ping            error
+		healthz, readyz int
+	}{
+		{nil, 200, 200},
+		{claim.ErrUnavailable, 200, 503},
+	} {
+		srv := httptest.NewServer(httpHandler(pingStore{err: tc.ping}, prometheus.NewRegistry()))
+		for path, want := range map[string]int{"/healthz": tc.healthz, "/readyz": tc.readyz, "/metrics": 200} {
+			if body, code := httpGet(srv.URL + path); code != want {
+				t.Errorf("database ping %v: %s = %d %q, want %d", tc.ping, path, code, body, want)
+			}
+		}
+		srv.Close()
 	}
 }
