@@ -442,7 +442,7 @@ func (p *Processor) brokerFailed(err error) {
 // therefore starts at most BrokerProbeInterval after the broker's last
 // answer, and Ready turns false at most BrokerProbeInterval +
 // BrokerProbeTimeout after it. While the broker does not answer, it
-// probes every BrokerProbeInterval.
+// probes again BrokerProbeInterval after each failed probe.
 func (p *Processor) probeBroker(ctx context.Context, now <-chan struct{}) {
 	interval := p.opts.BrokerProbeInterval
 	t := time.NewTimer(interval)
