@@ -48,8 +48,9 @@
 //
 // Running the reconciler as a daemon instead: deploy the reconciler image
 // as a second container app with args ['run'], minReplicas = maxReplicas =
-// 1, no scale rule and no ingress, SBCLAIM_RECONCILE_SCHEDULE set, and a
-// liveness probe on port 8081 (GET /healthz pings the database). The job is
+// 1, no scale rule and no ingress, SBCLAIM_RECONCILE_SCHEDULE set, a
+// liveness probe on port 8081 (GET /healthz: the process serves) and a
+// readiness probe there (GET /readyz: the database answers). The job is
 // the default because it costs nothing between runs and Container Apps
 // records each execution's logs and exit status.
 

@@ -15,12 +15,12 @@ import (
 
 func TestParseConfig(t *testing.T) {
 	t.Parallel()
-	env := map[string]string{"SBCLAIM_DEMOAPI_ADDR": ":9999", "SBCLAIM_DEMOAPI_FAULT": "hang", "SBCLAIM_DEMOAPI_FAULT_RATE": "0.25"}
+	env := map[string]string{"SBCLAIM_DEMOAPI_ADDR": "127.0.0.1:0", "SBCLAIM_DEMOAPI_FAULT": "hang", "SBCLAIM_DEMOAPI_FAULT_RATE": "0.25"}
 	c, err := parseConfig([]string{"-latency", "20ms"}, func(k string) string { return env[k] }, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Addr != ":9999" || c.Latency != 20*time.Millisecond || c.Fault != fakedownstream.FaultHang || c.FaultRate != 0.25 || c.Seed != 1 {
+	if c.Addr != "127.0.0.1:0" || c.Latency != 20*time.Millisecond || c.Fault != fakedownstream.FaultHang || c.FaultRate != 0.25 || c.Seed != 1 {
 		t.Errorf("config = %+v", c)
 	}
 	c, err = parseConfig(nil, func(string) string { return "" }, io.Discard)

@@ -147,7 +147,7 @@ func configSettings(c *Config) []settings.Setting {
 			"operator name recorded on resolve/redrive (default: the OS user)",
 			&c.Operator),
 		settings.String("SBCLAIM_HTTP_ADDR", "http-addr", ":8081",
-			"listen address of /healthz and /metrics (empty: no HTTP server)",
+			"listen address of /healthz, /readyz and /metrics (empty: no HTTP server)",
 			&c.HTTPAddr),
 		{Env: "SBCLAIM_CONSOLE_ADDR", Flag: "console-addr", Default: ":8082",
 			Usage: "listen address of the operator console (reconciler console, or run with SBCLAIM_RUN_CONSOLE=true): host:port, e.g. :8082 or 127.0.0.1:8082",

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sbclaim/sbclaim/internal/console"
 	"github.com/sbclaim/sbclaim/internal/testkit/testissuer"
@@ -26,7 +27,7 @@ type watchWriter struct {
 
 var (
 	servingLine = regexp.MustCompile(`msg="serving the operator console" addr=(\S+)`)
-	healthLine  = regexp.MustCompile(`msg="serving /healthz and /metrics" addr=(\S+)`)
+	healthLine  = regexp.MustCompile(`msg="serving /healthz, /readyz and /metrics" addr=(\S+)`)
 )
 
 func (w *watchWriter) Write(p []byte) (int, error) {
@@ -54,6 +55,9 @@ func startCommand(t *testing.T, c *cli, args ...string) (addr, health string, st
 	case code := <-done:
 		cancel()
 		t.Fatalf("reconciler %s exited %d before serving:\n%s", strings.Join(args, " "), code, log.String())
+	case <-time.After(time.Minute):
+		cancel()
+		t.Fatalf("reconciler %s logged no serving lines in a minute:\n%s", strings.Join(args, " "), log.String())
 	}
 	return addr, health, func() result {
 		cancel()
@@ -244,7 +248,7 @@ func TestConsoleIdentitySettings(t *testing.T) {
 		{map[string]string{"SBCLAIM_CONSOLE_INSECURE_TRUST_IDENTITY_HEADERS": "yes please"},
 			`SBCLAIM_CONSOLE_INSECURE_TRUST_IDENTITY_HEADERS="yes please"`, "want true or false"},
 	} {
-		env := map[string]string{"SBCLAIM_DATABASE_URL": url, "SBCLAIM_CONSOLE_ADDR": "127.0.0.1:0", "SBCLAIM_HTTP_ADDR": ""}
+		env := map[string]string{"SBCLAIM_DATABASE_URL": url, "SBCLAIM_CONSOLE_ADDR": "127.0.0.1:0", "SBCLAIM_HTTP_ADDR": "127.0.0.1:0"}
 		for k, v := range tc.env {
 			env[k] = v
 		}

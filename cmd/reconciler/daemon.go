@@ -22,8 +22,8 @@ import (
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
 )
 
-// cmdRun is the daemon: the tick on the cron schedule, and /healthz and
-// /metrics, until the context ends (SIGTERM).
+// cmdRun is the daemon: the tick on the cron schedule, and /healthz,
+// /readyz and /metrics, until the context ends (SIGTERM).
 func cmdRun(ctx context.Context, e *env, _ []string) int {
 	st, err := e.openStore(ctx)
 	if err != nil {
@@ -60,9 +60,9 @@ func cmdRun(ctx context.Context, e *env, _ []string) int {
 	return exitOK
 }
 
-// serveHTTP serves /healthz and /metrics on SBCLAIM_HTTP_ADDR (nothing
-// when it is empty) until stop: the port the platform's probes use, apart
-// from the console's, which answers only signed-in operators.
+// serveHTTP serves /healthz, /readyz and /metrics on SBCLAIM_HTTP_ADDR
+// (nothing when it is empty) until stop: the port the platform's probes
+// use, apart from the console's, which answers only signed-in operators.
 func (e *env) serveHTTP(st claim.Store, reg *prometheus.Registry) (stop func(), err error) {
 	if e.cfg.HTTPAddr == "" {
 		return func() {}, nil
@@ -72,7 +72,7 @@ func (e *env) serveHTTP(st claim.Store, reg *prometheus.Registry) (stop func(), 
 		return nil, fmt.Errorf("listen on SBCLAIM_HTTP_ADDR %s: %w", e.cfg.HTTPAddr, err)
 	}
 	srv := &http.Server{Handler: httpHandler(st, reg), ReadHeaderTimeout: 5 * time.Second}
-	e.logger.Info("serving /healthz and /metrics", "addr", ln.Addr().String())
+	e.logger.Info("serving /healthz, /readyz and /metrics", "addr", ln.Addr().String())
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			e.logger.Error("http server", "err", err)
@@ -85,11 +85,15 @@ func (e *env) serveHTTP(st claim.Store, reg *prometheus.Registry) (stop func(), 
 	}, nil
 }
 
-// httpHandler serves /healthz (the database answers a ping) and /metrics
-// (the binary's own registry).
+// httpHandler serves /healthz (liveness: the process serves), /readyz
+// (the database answers a ping) and /metrics (the binary's own
+// registry), like the processor's.
 func httpHandler(st claim.Store, reg *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 		defer cancel()
 		if err := st.Ping(ctx); err != nil {
@@ -98,7 +102,7 @@ func httpHandler(st claim.Store, reg *prometheus.Registry) http.Handler {
 			http.Error(w, "database unreachable", http.StatusServiceUnavailable)
 			return
 		}
-		_, _ = w.Write([]byte("ok\n"))
+		_, _ = w.Write([]byte("ready\n"))
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	return mux

@@ -43,7 +43,7 @@ routes:
 `, srv.URL+"/payments", srv.URL+"/mail"))
 		c := newCLI(t, map[string]string{
 			"SBCLAIM_DATABASE_URL": url, "SBCLAIM_STALE_AFTER": "1s", "SBCLAIM_HEARTBEAT_INTERVAL": "300ms",
-			"SBCLAIM_ROUTES": routes, "SBCLAIM_HTTP_ADDR": "", "SBCLAIM_RECOVERY_MAX_ATTEMPTS": "1",
+			"SBCLAIM_ROUTES": routes, "SBCLAIM_HTTP_ADDR": "127.0.0.1:0", "SBCLAIM_RECOVERY_MAX_ATTEMPTS": "1",
 		})
 		c.mustRun("migrate")
 		st := openStore(t, url)

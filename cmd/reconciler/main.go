@@ -59,7 +59,7 @@ var (
 
 func commands() []command {
 	return []command{
-		{name: "run", summary: "run the reconciler daemon: a tick on the cron schedule, /healthz and /metrics",
+		{name: "run", summary: "run the reconciler daemon: a tick on the cron schedule, /healthz, /readyz and /metrics",
 			flags: func(*flag.FlagSet) func(context.Context, *env, []string) int { return cmdRun }},
 		{name: "once", summary: "run one tick and exit (non-zero on failure): for a scheduled job",
 			envs: []string{"SBCLAIM_DATABASE_URL", "SBCLAIM_STALE_AFTER", "SBCLAIM_HEARTBEAT_INTERVAL",

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claimdb"
@@ -145,7 +146,7 @@ func TestCLIEndToEnd(t *testing.T) {
 		// A 1s stale window needs a 1s/3 heartbeat to pass validation.
 		c := newCLI(t, map[string]string{
 			"SBCLAIM_DATABASE_URL": url, "SBCLAIM_STALE_AFTER": "1s", "SBCLAIM_HEARTBEAT_INTERVAL": "300ms",
-			"SBCLAIM_ROUTES": routes, "SBCLAIM_HTTP_ADDR": "",
+			"SBCLAIM_ROUTES": routes, "SBCLAIM_HTTP_ADDR": "127.0.0.1:0",
 		})
 		if r := c.mustRun("migrate"); !strings.Contains(r.stdout, "up to date") {
 			t.Errorf("migrate said %q", r.stdout)
@@ -290,7 +291,7 @@ func TestOnceRecoversWithRoutes(t *testing.T) {
 		writeFile(t, routes, fmt.Sprintf("version: 1\nroutes:\n  - name: payments\n    match: {subject: payment}\n    url: %q\n    body: json\n", srv.URL+"/payments"))
 		c := newCLI(t, map[string]string{
 			"SBCLAIM_DATABASE_URL": url, "SBCLAIM_STALE_AFTER": "1s", "SBCLAIM_HEARTBEAT_INTERVAL": "300ms",
-			"SBCLAIM_ROUTES": "billing=" + routes, "SBCLAIM_HTTP_ADDR": "",
+			"SBCLAIM_ROUTES": "billing=" + routes, "SBCLAIM_HTTP_ADDR": "127.0.0.1:0",
 		})
 		c.mustRun("migrate")
 		st := openStore(t, url)
@@ -526,8 +527,8 @@ func writeFile(t *testing.T, path, data string) {
 	}
 }
 
-// The daemon serves /healthz and /metrics, ticks on its schedule, and
-// exits 0 when its context ends (SIGTERM).
+// The daemon serves /healthz, /readyz and /metrics, ticks on its
+// schedule, and exits 0 when its context ends (SIGTERM).
 func TestRunDaemon(t *testing.T) {
 	url := "sqlite:" + filepath.Join(t.TempDir(), "claims.db")
 	addr := freeAddr(t)
@@ -566,6 +567,9 @@ func TestRunDaemon(t *testing.T) {
 	}
 	if body, code := httpGet("http://" + addr + "/healthz"); code != 200 || !strings.Contains(body, "ok") {
 		t.Errorf("/healthz = %d %q", code, body)
+	}
+	if body, code := httpGet("http://" + addr + "/readyz"); code != 200 || !strings.Contains(body, "ready") {
+		t.Errorf("/readyz = %d %q", code, body)
 	}
 
 	cancel()
@@ -662,5 +666,36 @@ func TestRunListenerFailureExitsBeforeScheduling(t *testing.T) {
 	}
 	if ctx.Err() != nil {
 		t.Error("run did not return before the context ended: it kept running")
+	}
+}
+
+// pingStore is a claims store whose Ping answers err.
+type pingStore struct {
+	claim.Store
+	err error
+}
+
+func (s pingStore) Ping(context.Context) error { return s.err }
+
+// TestDaemonHealthAndReadiness: /healthz says the process serves (a
+// liveness probe must not restart the reconciler for a database outage);
+// /readyz says whether the database answers (the compose file and the
+// README point the readiness check at it).
+func TestDaemonHealthAndReadiness(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		ping            error
+		healthz, readyz int
+	}{
+		{nil, 200, 200},
+		{claim.ErrUnavailable, 200, 503},
+	} {
+		srv := httptest.NewServer(httpHandler(pingStore{err: tc.ping}, prometheus.NewRegistry()))
+		for path, want := range map[string]int{"/healthz": tc.healthz, "/readyz": tc.readyz, "/metrics": 200} {
+			if body, code := httpGet(srv.URL + path); code != want {
+				t.Errorf("database ping %v: %s = %d %q, want %d", tc.ping, path, code, body, want)
+			}
+		}
+		srv.Close()
 	}
 }

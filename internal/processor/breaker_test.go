@@ -77,6 +77,7 @@ func TestBreakerStopsReceivingWhileTheStoreRefuses(t *testing.T) {
 			b.eventually("the first message processed", func() bool { return outcomes(opts.Metrics, processor.ResultProcessed) == 1 })
 			b.eventually("ready", p.Ready)
 
+			before := st.probes.Load() // the start-up probe
 			st.refuse.Store(true)
 			for i := range 6 {
 				b.send(fmt.Sprintf("during-%d", i), "pay", `{}`, nil)
@@ -88,7 +89,7 @@ func TestBreakerStopsReceivingWhileTheStoreRefuses(t *testing.T) {
 			// Receiving is paused: once the run loop probes (no receive is
 			// in flight then), the deliveries stay where they are while the
 			// breaker keeps probing (at least 3 more probes).
-			b.eventually("the breaker's first probe", func() bool { return st.probes.Load() >= 1 })
+			b.eventually("the breaker's first probe", func() bool { return st.probes.Load() > before })
 			delivered := b.q.Stats().Deliveries
 			probes := st.probes.Load()
 			b.eventually("the breaker to keep probing", func() bool { return st.probes.Load() >= probes+3 })

@@ -371,6 +371,9 @@ type flakyStore struct {
 	claim.Store
 	down  atomic.Bool
 	fails atomic.Int64
+	// probed counts the processor's store probes (heartbeats of no
+	// claim) that succeeded.
+	probed atomic.Int64
 }
 
 func (f *flakyStore) check() error {
@@ -413,7 +416,11 @@ func (f *flakyStore) Heartbeat(ctx context.Context, p *claim.HeartbeatParams) er
 	if err := f.check(); err != nil {
 		return err
 	}
-	return f.Store.Heartbeat(ctx, p)
+	err := f.Store.Heartbeat(ctx, p)
+	if p.ID < 0 && !claim.StoreWide(err) {
+		f.probed.Add(1)
+	}
+	return err
 }
 
 func testutilCounter(m *processor.Metrics) float64 { return testutil.ToFloat64(m.Receivers) }

@@ -91,11 +91,15 @@ type Options struct {
 	// (the last outcome write) must fit it, or New refuses the options: a
 	// SIGKILL must not land between an effect and its record.
 	TerminationGracePeriod time.Duration
-	// BrokerProbeInterval is how often, while no receive has returned
-	// messages for that long, the processor probes Service Bus (a peek)
-	// to keep Ready honest. Default 10s; BrokerProbeTimeout (default 5s)
-	// bounds each probe. Ready turns false within interval + timeout of
-	// Service Bus becoming unreachable.
+	// BrokerProbeInterval is how long Service Bus may go without
+	// answering (a receive that returned messages, or a probe) before the
+	// processor probes it (a peek) to keep Ready honest; default 10s.
+	// BrokerProbeTimeout (default 5s) bounds each probe. Ready turns false
+	// within BrokerProbeInterval + BrokerProbeTimeout of Service Bus's
+	// last answer, so of it becoming unreachable. It is also how often a
+	// processor that cannot reach Service Bus or its store repeats its
+	// warning, from the first failed probe on (at start: within
+	// BrokerProbeTimeout or StoreTimeout), until it can.
 	BrokerProbeInterval, BrokerProbeTimeout time.Duration
 
 	// GroupCommit tunes the group commit of outcome writes: the heartbeats,
@@ -157,9 +161,12 @@ type Processor struct {
 
 	receiverOpen atomic.Bool  // a receiver is open
 	brokerOK     atomic.Bool  // the broker answered recently (a receive or a probe)
-	lastReceive  atomic.Int64 // unix nanos of the last receive that returned messages
+	lastAnswer   atomic.Int64 // unix nanos of the broker's last answer (a receive with messages, a probe's start)
 
 	breaker breaker // the store-wide failure breaker
+
+	// Repeated warnings, at most one per BrokerProbeInterval each.
+	brokerWarn, storeWarn, openWarn warning
 
 	mu  sync.Mutex
 	cur Receiver // the open receiver, for the broker probe
@@ -348,6 +355,7 @@ func (p *Processor) Run(ctx context.Context) error {
 		}
 	}()
 
+	storeChecked := false
 	for ctx.Err() == nil {
 		if cur == nil {
 			r, err := p.openReceiver(ctx)
@@ -360,6 +368,13 @@ func (p *Processor) Run(ctx context.Context) error {
 			case probeNow <- struct{}{}:
 			default:
 			}
+		}
+		if !storeChecked {
+			// Before the first receive, while the broker probe runs: a
+			// store that refuses writes at start is said so at once, and
+			// no message is taken only to be abandoned.
+			storeChecked = true
+			p.checkStore(ctx)
 		}
 
 		// While the store refuses work (unreachable, read-only, full, no
@@ -390,8 +405,7 @@ func (p *Processor) Run(ctx context.Context) error {
 
 		msgs, err := cur.r.ReceiveMessages(ctx, free, nil)
 		if len(msgs) > 0 {
-			p.lastReceive.Store(time.Now().UnixNano())
-			p.setBrokerOK(true, nil)
+			p.brokerAnswered(time.Now())
 		}
 		if len(msgs) < free {
 			for range free - len(msgs) {
@@ -408,7 +422,7 @@ func (p *Processor) Run(ctx context.Context) error {
 			if needsNewReceiver(err) {
 				p.log.Warn("receiver lost, recreating", "error", err)
 				p.setReceiver(nil)
-				p.setBrokerOK(false, err)
+				p.brokerFailed(err)
 				cur.retire(p.opts.SettleTimeout)
 				cur = nil
 				continue
@@ -454,50 +468,110 @@ func (p *Processor) receiver() Receiver {
 	return p.cur
 }
 
-// setBrokerOK records whether Service Bus answered, logging each change.
-func (p *Processor) setBrokerOK(ok bool, err error) {
-	if p.brokerOK.Swap(ok) == ok {
-		return
+// brokerAnswered records that Service Bus answered at the time given (a
+// receive that returned messages, a probe that succeeded, at its start).
+func (p *Processor) brokerAnswered(at time.Time) {
+	for {
+		last := p.lastAnswer.Load()
+		if last >= at.UnixNano() || p.lastAnswer.CompareAndSwap(last, at.UnixNano()) {
+			break
+		}
 	}
-	if ok {
+	p.brokerWarn.reset()
+	if !p.brokerOK.Swap(true) {
 		p.log.Info("Service Bus answers: ready")
 		p.metrics.BrokerReachable.Set(1)
-		return
 	}
-	p.log.Warn("Service Bus does not answer: not ready", "error", err)
-	p.metrics.BrokerReachable.Set(0)
 }
 
-// probeBroker keeps brokerOK honest while no receive brings messages (an
-// idle receiver and an unreachable broker look alike from ReceiveMessages,
-// which blocks while the SDK retries its connection): every
-// BrokerProbeInterval without traffic, or when asked on now, it peeks one
-// message (no lock, nothing changes) within BrokerProbeTimeout.
+// brokerFailed records that Service Bus did not answer: not ready. It
+// warns at once when the broker answered before (or never did: at
+// start), then at most once per BrokerProbeInterval while it still does
+// not answer.
+func (p *Processor) brokerFailed(err error) {
+	p.brokerOK.Store(false)
+	p.metrics.BrokerReachable.Set(0)
+	if since, ok := p.brokerWarn.due(p.opts.BrokerProbeInterval); ok {
+		p.log.Warn("Service Bus does not answer: not ready", "for", since.Round(time.Millisecond).String(), "error", err)
+	}
+}
+
+// probeBroker keeps brokerOK honest (an idle receiver and an unreachable
+// broker look alike from ReceiveMessages, which blocks while the SDK
+// retries its connection): it peeks one message (no lock, nothing
+// changes) within BrokerProbeTimeout whenever Service Bus has not
+// answered for BrokerProbeInterval, and when asked on now. A probe
+// therefore starts at most BrokerProbeInterval after the broker's last
+// answer, and Ready turns false at most BrokerProbeInterval +
+// BrokerProbeTimeout after it. While the broker does not answer, it
+// probes again BrokerProbeInterval after each failed probe.
 func (p *Processor) probeBroker(ctx context.Context, now <-chan struct{}) {
-	t := time.NewTicker(p.opts.BrokerProbeInterval)
+	interval := p.opts.BrokerProbeInterval
+	t := time.NewTimer(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if time.Since(time.Unix(0, p.lastReceive.Load())) < p.opts.BrokerProbeInterval {
-				continue // messages arrived just now: the broker answers
+			// Due one interval after the last answer: later if the broker
+			// answered since the timer was set.
+			if due := time.Until(time.Unix(0, p.lastAnswer.Load()).Add(interval)); due > 0 && p.brokerOK.Load() {
+				t.Reset(due)
+				continue
 			}
 		case <-now:
 		}
 		r := p.receiver()
 		if r == nil {
+			t.Reset(interval)
 			continue
 		}
+		start := time.Now()
 		pctx, cancel := context.WithTimeout(ctx, p.opts.BrokerProbeTimeout)
 		_, err := r.PeekMessages(pctx, 1, nil)
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
-		p.setBrokerOK(err == nil, err)
+		if err != nil {
+			p.brokerFailed(err)
+			t.Reset(interval)
+			continue
+		}
+		p.brokerAnswered(start)
+		t.Reset(time.Until(start.Add(interval)))
 	}
+}
+
+// warning limits a repeated warning to one per interval.
+type warning struct {
+	mu          sync.Mutex
+	first, last time.Time // of the current run of failures; zero: none
+}
+
+// due reports whether to warn now (the first failure of a run, or an
+// interval after the last warning) and how long the run has lasted.
+func (w *warning) due(interval time.Duration) (time.Duration, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := time.Now()
+	if w.first.IsZero() {
+		w.first, w.last = now, now
+		return 0, true
+	}
+	if now.Sub(w.last) < interval {
+		return now.Sub(w.first), false
+	}
+	w.last = now
+	return now.Sub(w.first), true
+}
+
+// reset ends a run of failures: the next one warns at once.
+func (w *warning) reset() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.first, w.last = time.Time{}, time.Time{}
 }
 
 // storeErr trips the breaker when err says the whole store refuses work
@@ -511,33 +585,57 @@ func (p *Processor) storeErr(err error) bool {
 		class := claim.ClassOf(err)
 		p.metrics.StoreBreakerTrips.WithLabelValues(class.String()).Inc()
 		p.metrics.StoreBreakerOpen.Set(1)
+		p.storeWarn.reset()
+		p.storeWarn.due(p.opts.BrokerProbeInterval)
 		p.log.Warn("claim store refuses work: pausing receives until it accepts writes again",
 			"class", class.String(), "error", err)
 	}
 	return true
 }
 
-// waitForStore probes the store with backoff until it accepts a write or
-// ctx ends, then closes the breaker. The probe is a heartbeat of a claim
-// that does not exist: a store that accepts writes answers
-// ErrStateChanged (the guarded UPDATE ran and matched nothing); a
-// read-only, full or unreachable one answers a store-wide error. A ping
-// would not do: a read-only database after a failover answers reads.
+// checkStore probes the store once, as waitForStore does, and trips the
+// breaker when it refuses writes store-wide.
+func (p *Processor) checkStore(ctx context.Context) {
+	if err := p.probeStore(ctx); err != nil {
+		p.storeErr(err)
+	}
+}
+
+// probeStore writes a heartbeat of a claim that does not exist: a store
+// that accepts writes answers ErrStateChanged (the guarded UPDATE ran and
+// matched nothing); a read-only, full or unreachable one answers a
+// store-wide error, which probeStore returns. A ping would not do: a
+// read-only database after a failover answers reads.
+func (p *Processor) probeStore(ctx context.Context) error {
+	pctx, cancel := context.WithTimeout(ctx, p.opts.StoreTimeout)
+	defer cancel()
+	err := p.opts.Store.Heartbeat(pctx, &claim.HeartbeatParams{ID: -1, Owner: uuid.New()})
+	if claim.StoreWide(err) {
+		return err
+	}
+	return nil
+}
+
+// waitForStore probes the store (probeStore) with backoff until it
+// accepts a write or ctx ends, then closes the breaker. Meanwhile it
+// repeats the breaker's warning at most once per BrokerProbeInterval.
 func (p *Processor) waitForStore(ctx context.Context) {
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval = 100 * time.Millisecond
 	b.MaxInterval = 10 * time.Second
 	_, err := backoff.Retry(ctx, func() (struct{}, error) {
-		pctx, cancel := context.WithTimeout(ctx, p.opts.StoreTimeout)
-		defer cancel()
-		err := p.opts.Store.Heartbeat(pctx, &claim.HeartbeatParams{ID: -1, Owner: uuid.New()})
-		if claim.StoreWide(err) {
-			return struct{}{}, err
+		err := p.probeStore(ctx)
+		if err != nil && ctx.Err() == nil {
+			if since, ok := p.storeWarn.due(p.opts.BrokerProbeInterval); ok {
+				p.log.Warn("claim store still refuses work: not receiving",
+					"class", claim.ClassOf(err).String(), "for", since.Round(time.Millisecond).String(), "error", err)
+			}
 		}
-		return struct{}{}, nil
+		return struct{}{}, err
 	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(0))
 	if err == nil {
 		p.breaker.reset()
+		p.storeWarn.reset()
 		p.metrics.StoreBreakerOpen.Set(0)
 		p.log.Info("claim store accepts writes again: receiving")
 	}
@@ -584,13 +682,16 @@ func (p *Processor) openReceiver(ctx context.Context) (*liveReceiver, error) {
 	r, err := backoff.Retry(ctx, func() (Receiver, error) {
 		r, err := p.opts.NewReceiver(ctx)
 		if err != nil {
-			p.log.Warn("open receiver failed, retrying", "error", err)
+			if since, ok := p.openWarn.due(p.opts.BrokerProbeInterval); ok {
+				p.log.Warn("cannot open a Service Bus receiver: retrying", "for", since.Round(time.Millisecond).String(), "error", err)
+			}
 		}
 		return r, err
 	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(0))
 	if err != nil {
 		return nil, fmt.Errorf("open receiver: %w", err)
 	}
+	p.openWarn.reset()
 	p.metrics.Receivers.Inc()
 	return &liveReceiver{r: r}, nil
 }

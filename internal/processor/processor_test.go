@@ -321,15 +321,21 @@ func TestBadInputIsDeadLetteredWithReason(t *testing.T) {
 	})
 }
 
+// TestStoreOutageAbandonsThenRecovers: the store goes down while the
+// processor runs; the batch received meanwhile is abandoned once, and
+// the processor stops receiving until the store is back. (A store down
+// at start is never received for: TestStartUpSaysTheStoreDoesNotAnswer.)
 func TestStoreOutageAbandonsThenRecovers(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, be string) {
 		b := setup(t, be, membus.QueueOptions{})
 		fs := &flakyStore{Store: b.store}
-		fs.down.Store(true)
 		opts := b.options()
 		opts.Store = fs
 		opts.Metrics = processor.NewMetrics(nil)
 		b.start(opts)
+		// Once the start-up store probe has passed, the processor receives.
+		b.eventually("the start-up store probe", func() bool { return fs.probed.Load() >= 1 })
+		fs.down.Store(true)
 		for i := range 5 {
 			b.send(fmt.Sprintf("m%d", i), "pay", `{}`, nil)
 		}

@@ -23,7 +23,7 @@ import (
 // Variables of the gated Service Bus suite. With the compose stack up
 // (docker compose up -d sqlserver servicebus), see the README.
 const (
-	serviceBusEnv      = "SBCLAIM_TEST_SERVICEBUS_CONNECTION_STRING"
+	serviceBusEnv      = testkit.ServiceBusEnv
 	serviceBusQueueEnv = "SBCLAIM_TEST_SERVICEBUS_QUEUE" // default "integration"
 )
 
@@ -40,6 +40,11 @@ func TestServiceBus(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	// A broker that is not there fails here, at once, naming the variable
+	// and the cause.
+	if err := testkit.CheckServiceBus(ctx, cs, queue); err != nil {
+		t.Fatal(err)
+	}
 
 	newClient := func() *azservicebus.Client {
 		c, err := azservicebus.NewClientFromConnectionString(cs, nil)

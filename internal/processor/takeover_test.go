@@ -332,11 +332,15 @@ func TestPanickingEffectIsAnUnknownOutcome(t *testing.T) {
 	}
 }
 
-// slowHeartbeatStore blocks every heartbeat until its context ends: a
-// store that hangs.
+// slowHeartbeatStore blocks every heartbeat of a claim until its context
+// ends: a store whose heartbeats hang. (The processor's store probe, a
+// heartbeat of no claim, goes through.)
 type slowHeartbeatStore struct{ claim.Store }
 
-func (slowHeartbeatStore) Heartbeat(ctx context.Context, _ *claim.HeartbeatParams) error {
+func (s slowHeartbeatStore) Heartbeat(ctx context.Context, p *claim.HeartbeatParams) error {
+	if p.ID < 0 {
+		return s.Store.Heartbeat(ctx, p)
+	}
 	<-ctx.Done()
 	return fmt.Errorf("heartbeat: %w: %w", claim.ErrUnavailable, ctx.Err())
 }

@@ -23,7 +23,7 @@ import (
 // sqlserver://sa:Passw0rd!@localhost:1433 (docker compose up sqlserver).
 // The login needs CREATE DATABASE: each store gets a fresh database,
 // dropped when its test ends.
-const URLEnv = "SBCLAIM_TEST_SQLSERVER_URL"
+const URLEnv = testkit.SQLServerEnv
 
 // rcsiEnv set to "off" runs the suite with READ_COMMITTED_SNAPSHOT off
 // (SQL Server's default); by default the test databases turn it on, like
@@ -132,7 +132,7 @@ func newTestStore(t *testing.T, base string) *Store {
 
 	admin, err := Open(ctx, base)
 	if err != nil {
-		t.Fatalf("open admin connection: %v", err)
+		t.Fatalf("%s: open admin connection: %v", URLEnv, err)
 	}
 	t.Cleanup(func() { admin.Close() })
 

@@ -56,7 +56,7 @@ func runChaosWith(t *testing.T, dbURL string, seed uint64, recovery sideeffects.
 		Logger:      testLogger(t),
 	})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s: %v", dbSource(dbURL), err)
 	}
 	var b strings.Builder
 	rep.Write(&b)
@@ -112,7 +112,18 @@ func TestChaosPostgres(t *testing.T) {
 }
 
 // sqlServerURLEnv is the SQL Server URL of the tests (see internal/testkit/testdb).
-const sqlServerURLEnv = "SBCLAIM_TEST_SQLSERVER_URL"
+const sqlServerURLEnv = testkit.SQLServerEnv
+
+// dbSource says where a run's database URL came from, for its errors:
+// the variable that holds it, or a scratch SQLite file.
+func dbSource(url string) string {
+	for _, env := range []string{sqlServerURLEnv, testkit.PostgresURLEnv} {
+		if url != "" && url == os.Getenv(env) {
+			return env
+		}
+	}
+	return "a scratch SQLite database"
+}
 
 func TestChaosSQLServer(t *testing.T) {
 	t.Parallel()
@@ -289,7 +300,7 @@ func TestScenarios(t *testing.T) {
 				url := backends[backend](t)
 				res, err := RunScenario(context.Background(), s, ScenarioConfig{DatabaseURL: url, Logger: testLogger(t)})
 				if err != nil {
-					t.Fatal(err)
+					t.Fatalf("%s: %v", dbSource(url), err)
 				}
 				var b strings.Builder
 				res.Write(&b)

@@ -29,7 +29,7 @@ var Backends = []string{"sqlite", "postgres", "sqlserver"}
 // SQLServerURLEnv holds the SQL Server URL of the integration tests, e.g.
 // sqlserver://sa:<password>@localhost:1433 (docker compose up sqlserver).
 // The login needs CREATE DATABASE: each store gets a fresh database.
-const SQLServerURLEnv = "SBCLAIM_TEST_SQLSERVER_URL"
+const SQLServerURLEnv = testkit.SQLServerEnv
 
 // Store is a claim store that also exposes its *sql.DB.
 type Store interface {
@@ -58,11 +58,11 @@ func URL(t testing.TB, backend string) string {
 	t.Helper()
 	switch backend {
 	case "sqlite":
-		return scratch(t, "", claimdb.ScratchOptions{})
+		return scratch(t, "", "", claimdb.ScratchOptions{})
 	case "postgres":
-		return scratch(t, testkit.PostgresURL(t), claimdb.ScratchOptions{})
+		return scratch(t, testkit.PostgresURLEnv, testkit.PostgresURL(t), claimdb.ScratchOptions{})
 	case "sqlserver":
-		return scratch(t, testkit.RequireOrSkip(t, "sqlserver", SQLServerURLEnv), claimdb.ScratchOptions{
+		return scratch(t, SQLServerURLEnv, testkit.RequireOrSkip(t, "sqlserver", SQLServerURLEnv), claimdb.ScratchOptions{
 			// READ_COMMITTED_SNAPSHOT is on, as on Azure SQL Database,
 			// unless SBCLAIM_TEST_SQLSERVER_RCSI=off.
 			LockingReads: strings.EqualFold(os.Getenv("SBCLAIM_TEST_SQLSERVER_RCSI"), "off"),
@@ -72,14 +72,18 @@ func URL(t testing.TB, backend string) string {
 	return ""
 }
 
-// scratch creates a claimdb.Scratch next to base, removed when the test
-// ends, and returns its URL.
-func scratch(t testing.TB, base string, opts claimdb.ScratchOptions) string {
+// scratch creates a claimdb.Scratch next to base (the value of the
+// variable env, "" for a SQLite file), removed when the test ends, and
+// returns its URL. A failure names the variable.
+func scratch(t testing.TB, env, base string, opts claimdb.ScratchOptions) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	opts.Prefix = "testdb"
 	sc, err := claimdb.NewScratch(ctx, base, opts)
+	if err != nil && env != "" {
+		t.Fatalf("%s: %v", env, err)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +125,7 @@ func Postgres(t testing.TB) *postgres.Store {
 // SBCLAIM_TEST_POSTGRES_URL.
 func EmptyPostgresURL(t testing.TB) string {
 	t.Helper()
-	return scratch(t, testkit.PostgresURL(t), claimdb.ScratchOptions{Empty: true})
+	return scratch(t, testkit.PostgresURLEnv, testkit.PostgresURL(t), claimdb.ScratchOptions{Empty: true})
 }
 
 // SQLServer opens a migrated SQL Server store on a fresh database.

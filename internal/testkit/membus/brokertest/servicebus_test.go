@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,10 +25,22 @@ import (
 // duration of at most 30s lets the lock-expiry cases run, and a small
 // MaxDeliveryCount keeps the dead-letter case short).
 const (
-	connectionEnv = "SBCLAIM_TEST_SERVICEBUS_CONNECTION_STRING"
+	connectionEnv = testkit.ServiceBusEnv
 	queueEnv      = "SBCLAIM_TEST_SERVICEBUS_CONTRACT_QUEUE" // default brokertest
 	topicEnv      = "SBCLAIM_TEST_SERVICEBUS_CONTRACT_TOPIC" // default brokertest-topic, subscriptions copy-a and copy-b
 )
+
+// emulatorConfig is the emulator's entities (the compose file mounts
+// it), which the gated run reads against the emulator. Every file the
+// gated run opens is in fixtures: TestServiceBusContractFindsItsFixtures
+// checks them on every test run, with or without Service Bus.
+var (
+	emulatorConfig = filepath.Join("..", "..", "..", "..", "emulator", "Config.json")
+	fixtures       = []string{emulatorConfig}
+)
+
+// lockProbeTimeout bounds the wait for the lock-duration probe message.
+const lockProbeTimeout = time.Minute
 
 var subscriptions = []string{"copy-a", "copy-b"}
 
@@ -43,13 +56,18 @@ func TestServiceBusContract(t *testing.T) {
 	queue, topic := envOr(queueEnv, "brokertest"), envOr(topicEnv, "brokertest-topic")
 	emulator := strings.Contains(strings.ToLower(strings.ReplaceAll(cs, " ", "")), "usedevelopmentemulator=true")
 
-	client, err := azservicebus.NewClientFromConnectionString(cs, nil)
-	if err != nil {
-		t.Fatalf("%s: the client rejected it: %v", connectionEnv, err)
-	}
-	t.Cleanup(func() { client.Close(context.Background()) })
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Minute)
 	defer cancel()
+	// A broker that is not there fails here, at once, naming the variable
+	// and the cause, not in the middle of a case after the SDK's retries.
+	if err := testkit.CheckServiceBus(ctx, cs, queue); err != nil {
+		t.Fatal(err)
+	}
+	client, err := azservicebus.NewClientFromConnectionString(cs, nil)
+	if err != nil {
+		t.Fatalf("%s: the client rejected it", connectionEnv)
+	}
+	t.Cleanup(func() { client.Close(context.Background()) })
 
 	queueDeliveries, subDeliveries := maxDeliveries(ctx, t, cs, emulator, queue, topic)
 	sender := newSender(t, client, queue)
@@ -131,9 +149,9 @@ func maxDeliveries(ctx context.Context, t *testing.T, cs string, emulator bool, 
 
 func emulatorDeliveries(t *testing.T, queue, topic string) (q, sub int) {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "..", "emulator", "Config.json"))
+	b, err := os.ReadFile(emulatorConfig)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("the emulator's entities: %v", err)
 	}
 	var c struct {
 		UserConfig struct {
@@ -228,34 +246,62 @@ func (e realEntity) drain(ctx context.Context, t *testing.T) {
 	}
 }
 
-// lockDuration measures the entity's lock duration from a probe message:
-// LockedUntil - EnqueuedTime, both on the broker's clock, rounded down to
-// the second (the probe waits in the queue for milliseconds).
+// lockDuration measures the entity's lock duration from a probe message
+// (see probeLockDuration).
 func (e realEntity) lockDuration(ctx context.Context, t *testing.T, s *azservicebus.Sender) time.Duration {
 	t.Helper()
-	var d time.Duration
-	{
-		e.drain(ctx, t)
-		id := "bt-probe-" + time.Now().UTC().Format("20060102T150405.000000000")
-		if err := s.SendMessage(ctx, &azservicebus.Message{MessageID: &id}, nil); err != nil {
-			t.Fatalf("probe: %v", err)
-		}
-		r := e.receiver(t, mainQueue)
-		for d == 0 {
-			msgs, err := r.ReceiveMessages(ctx, 1, nil)
-			if err != nil {
-				t.Fatalf("probe: %v", err)
-			}
-			for _, m := range msgs {
-				if m.MessageID == id && m.LockedUntil != nil && m.EnqueuedTime != nil {
-					d = m.LockedUntil.Sub(*m.EnqueuedTime).Truncate(time.Second)
-				}
-				_ = r.CompleteMessage(ctx, m, nil)
-			}
-		}
-		t.Logf("%s: lock duration %v", e.name(), d)
+	e.drain(ctx, t)
+	id := "bt-probe-" + time.Now().UTC().Format("20060102T150405.000000000")
+	if err := s.SendMessage(ctx, &azservicebus.Message{MessageID: &id}, nil); err != nil {
+		t.Fatalf("%s: sending the lock-duration probe: %v", e.name(), err)
 	}
+	d, err := probeLockDuration(ctx, e.receiver(t, mainQueue), id, lockProbeTimeout)
+	if err != nil {
+		t.Fatalf("%s: %v", e.name(), err)
+	}
+	t.Logf("%s: lock duration %v", e.name(), d)
 	return d
+}
+
+// probeLockDuration receives until the probe message id comes back, for
+// at most timeout, completing whatever it receives, and measures the lock
+// duration from it (lockDurationOf). A probe that does not come back, or
+// comes back without the properties the measure needs, is an error that
+// says which: never a wait until the suite's own deadline.
+func probeLockDuration(ctx context.Context, r brokertest.Receiver, id string, timeout time.Duration) (time.Duration, error) {
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		msgs, err := r.ReceiveMessages(pctx, 1, nil)
+		if err != nil {
+			return 0, fmt.Errorf("the lock-duration probe %s did not come back within %s: %w", id, timeout, err)
+		}
+		for _, m := range msgs {
+			_ = r.CompleteMessage(ctx, m, nil)
+			if m.MessageID == id {
+				return lockDurationOf(m)
+			}
+		}
+	}
+}
+
+// lockDurationOf is a peek-locked message's LockedUntil - EnqueuedTime,
+// both on the broker's clock, rounded down to the second (the probe
+// waits in the queue for milliseconds). It names the property the broker
+// left unset.
+func lockDurationOf(m *azservicebus.ReceivedMessage) (time.Duration, error) {
+	switch {
+	case m.LockedUntil == nil:
+		return 0, fmt.Errorf("the lock-duration probe %s came without LockedUntil: a peek-lock delivery must say until when it is locked", m.MessageID)
+	case m.EnqueuedTime == nil:
+		return 0, fmt.Errorf("the lock-duration probe %s came without EnqueuedTime", m.MessageID)
+	}
+	d := m.LockedUntil.Sub(*m.EnqueuedTime).Truncate(time.Second)
+	if d <= 0 {
+		return 0, fmt.Errorf("the lock-duration probe %s: LockedUntil %s is not a second after EnqueuedTime %s",
+			m.MessageID, m.LockedUntil.Format(time.RFC3339Nano), m.EnqueuedTime.Format(time.RFC3339Nano))
+	}
+	return d, nil
 }
 
 func (e realEntity) entity(lock time.Duration, deliveries int) brokertest.Entity {
