@@ -214,7 +214,7 @@ func (b *bundle) options() processor.Options {
 		MaxConcurrentCalls: 8,
 		MaxLockRenewal:     time.Minute,
 		HeartbeatInterval:  200 * time.Millisecond,
-		Retry:              sideeffects.RetryPolicy{MaxAttempts: 1},
+		Retry:              sideeffects.RetryPolicy{MaxAttempts: 1, Budget: time.Second},
 		StorePayload:       true,
 		MaxPayloadBytes:    1024,
 		ShutdownTimeout:    10 * time.Second,
