@@ -193,8 +193,10 @@ func (s *traceStore) TakeDeadLetter(ctx context.Context, p *claim.TakeDeadLetter
 }
 
 // WriteOutcomes records each write of a group-committed batch as the
-// single write would be.
+// single write would be: a heartbeat written is a sign of life (the
+// replicas' heartbeats come this way), a release a release.
 func (s *traceStore) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) ([]error, error) {
+	start := time.Now()
 	errs, err := writeOutcomes(ctx, s.Store, writes)
 	for i, w := range writes {
 		id, owner := w.Target()
@@ -202,7 +204,11 @@ func (s *traceStore) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWr
 		if err == nil {
 			werr = errs[i]
 		}
-		if werr == nil && w.Kind() == claim.WriteRelease {
+		switch {
+		case werr != nil:
+		case w.Kind() == claim.WriteHeartbeat:
+			s.led.alive(owner, start)
+		case w.Kind() == claim.WriteRelease:
 			s.led.released(owner)
 		}
 		if w.Kind() != claim.WriteHeartbeat {

@@ -102,3 +102,50 @@ func TestLedgerFilesATakeOverOfAClaimWhoseBatchTimedOut(t *testing.T) {
 		t.Errorf("%d violations, want 2 (the replicas'):\n%s", len(problems), strings.Join(problems, "\n"))
 	}
 }
+
+// The replicas write heartbeats through group commit: a heartbeat written
+// in a WriteOutcomes batch is a sign of life to the ledger as a single
+// Heartbeat is (else a holder working longer than TakeoverAfter looks
+// silent, and a delivery it completes is reported), and one whose guard
+// did not hold is not.
+func TestLedgerCountsAGroupCommittedHeartbeat(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	st, err := claimdb.Open(ctx, "sqlite::memory:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	hist, led := newHistory(), newLedger(time.Second, 2*time.Second)
+	replica := &traceStore{Store: st, host: "replica-1", hist: hist, led: led}
+	var claims []*claim.Claim
+	for _, key := range []string{"m-000001", "m-000002"} {
+		body := []byte(key)
+		res, err := replica.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: replica.host, Claims: []claim.ClaimParams{{
+			MessageID: key, Consumer: Consumer, Owner: uuid.New(), Route: "chaos", PayloadHash: claim.HashPayload(body), DeliveryCount: 1}}})
+		if err != nil || res[0].Outcome != claim.OutcomeWon {
+			t.Fatalf("claim %s: %v %v", key, res, err)
+		}
+		claims = append(claims, res[0].Claim)
+	}
+	live, done := claims[0], claims[1]
+	if err := st.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: done.ID, Owner: done.Owner}); err != nil {
+		t.Fatal(err)
+	}
+
+	before := time.Now()
+	errs, err := replica.WriteOutcomes(ctx, []claim.OutcomeWrite{
+		{Heartbeat: &claim.HeartbeatParams{ID: live.ID, Owner: live.Owner}},
+		{Heartbeat: &claim.HeartbeatParams{ID: done.ID, Owner: done.Owner}},
+	})
+	if err != nil || errs[0] != nil || !errors.Is(errs[1], claim.ErrStateChanged) {
+		t.Fatalf("WriteOutcomes: %v %v", errs, err)
+	}
+	later := before.Add(time.Hour)
+	if host, silent := led.holder(live.MessageID, later); host != "replica-1" || silent > time.Hour {
+		t.Errorf("after a batched heartbeat: holder %q silent %s at a time one hour after it, want replica-1 silent at most 1h", host, silent)
+	}
+	if _, silent := led.holder(done.MessageID, later); silent <= time.Hour {
+		t.Errorf("a refused batched heartbeat counted as a sign of life (silent %s)", silent)
+	}
+}
