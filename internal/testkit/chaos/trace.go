@@ -149,7 +149,7 @@ func (s *traceStore) Heartbeat(ctx context.Context, p *claim.HeartbeatParams) er
 		s.hist.add(s.hist.keyOf(p.ID), "%s Heartbeat claim %d (owner %.8s): %s", s.host, p.ID, p.Owner, errText(err))
 		return err
 	}
-	s.led.alive(p.Owner, start)
+	s.led.alive(p.Owner, start, time.Now())
 	return nil
 }
 
@@ -198,6 +198,7 @@ func (s *traceStore) TakeDeadLetter(ctx context.Context, p *claim.TakeDeadLetter
 func (s *traceStore) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) ([]error, error) {
 	start := time.Now()
 	errs, err := writeOutcomes(ctx, s.Store, writes)
+	end := time.Now()
 	for i, w := range writes {
 		id, owner := w.Target()
 		werr := err
@@ -207,7 +208,7 @@ func (s *traceStore) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWr
 		switch {
 		case werr != nil:
 		case w.Kind() == claim.WriteHeartbeat:
-			s.led.alive(owner, start)
+			s.led.alive(owner, start, end)
 		case w.Kind() == claim.WriteRelease:
 			s.led.released(owner)
 		}

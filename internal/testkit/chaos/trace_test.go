@@ -149,3 +149,41 @@ func TestLedgerCountsAGroupCommittedHeartbeat(t *testing.T) {
 		t.Errorf("a refused batched heartbeat counted as a sign of life (silent %s)", silent)
 	}
 }
+
+// On a slow database a call that proves its owner alive can take longer
+// than the windows. Each check must read that call on its own safe side:
+// a take-over is judged from the call's start (the database wrote the sign
+// of life no earlier: a taker is not blamed for a write it could not have
+// seen), a holder's silence from the call's end (no later: a holder is not
+// reported silent for the time its own write took).
+func TestLedgerReadsASlowCallOnTheSafeSideOfEachCheck(t *testing.T) {
+	const key = "m-000001"
+	led := newLedger(time.Second, 2*time.Second)
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	o := uuid.New()
+	led.won(key, "replica-1", o, t0, t0.Add(2*time.Second)) // a ClaimBatch that took 2s
+	if _, silent := led.holder(key, t0.Add(2100*time.Millisecond)); silent != 100*time.Millisecond {
+		t.Errorf("silent %s 100ms after a slow claim returned, want 100ms", silent)
+	}
+	led.alive(o, t0.Add(3*time.Second), t0.Add(4500*time.Millisecond)) // a heartbeat that took 1.5s
+	if _, silent := led.holder(key, t0.Add(4600*time.Millisecond)); silent != 100*time.Millisecond {
+		t.Errorf("silent %s 100ms after a slow heartbeat returned, want 100ms", silent)
+	}
+	// A take-over that returned 1.2s after the heartbeat's call started:
+	// the heartbeat may have been written then, 1.2s before, outside the
+	// 1s window. Not a violation.
+	led.tookOver(key, "replica-2", &claim.TakeOverParams{ID: 1, PreviousOwner: o, Owner: uuid.New(), Path: claim.PathRedelivery},
+		t0.Add(4000*time.Millisecond), t0.Add(4200*time.Millisecond))
+	if problems, _ := led.check(); len(problems) != 0 {
+		t.Errorf("violations: %q", problems)
+	}
+	// Within the window of the start of a heartbeat: a live holder taken over.
+	o2 := uuid.New()
+	led.won("m-000002", "replica-1", o2, t0, t0)
+	led.alive(o2, t0.Add(3*time.Second), t0.Add(3100*time.Millisecond))
+	led.tookOver("m-000002", "replica-2", &claim.TakeOverParams{ID: 2, PreviousOwner: o2, Owner: uuid.New(), Path: claim.PathRedelivery},
+		t0.Add(3500*time.Millisecond), t0.Add(3600*time.Millisecond))
+	if problems, _ := led.check(); len(problems) != 1 || !strings.Contains(problems[0], "a live holder was taken over") {
+		t.Errorf("violations: %q, want the live holder's take-over", problems)
+	}
+}
