@@ -27,8 +27,12 @@ type Store interface {
 	// the same order, whether this call won it, found a duplicate, or found
 	// a conflict (same key, other payload hash). The claims unique index on
 	// (MessageID, Consumer) is the only arbiter. Each message carries the
-	// owner token its row gets: an existing row with that token is this
-	// attempt's own (a retried or partly committed batch) and is Won.
+	// owner token its row gets: an existing row with that token that is
+	// still claimed with the same payload hash is this attempt's own (a
+	// retried or partly committed batch) and is Won. In any other state
+	// (released, processed, failed, flagged, resolved) the row has moved on
+	// and is a Duplicate, as anyone else's row would be; another payload
+	// hash is a Conflict whatever the token.
 	ClaimBatch(ctx context.Context, params *ClaimBatchParams) ([]ClaimResult, error)
 
 	// ClaimTx is the one-phase path for a database-only effect: in one

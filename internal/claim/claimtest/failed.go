@@ -145,7 +145,9 @@ func (s *suite) failedIsDuplicate(t *testing.T) {
 		t.Fatalf("a later claim of a failed key: %s %+v, want a duplicate of the failed claim", res.Outcome, res.Claim)
 	}
 	// The same attempt's own token (a retried batch after the claim
-	// failed) is a duplicate too: only a claimed row is its own.
+	// failed) is a duplicate too: only a claimed row is its own. (mustWin
+	// claimed with a token of its own: send the row's.)
+	p.Owner = c.Owner
 	own, err := st.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "h", Claims: []claim.ClaimParams{p}})
 	if err != nil {
 		t.Fatal(err)

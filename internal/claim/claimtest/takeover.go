@@ -39,6 +39,7 @@ func (s *suite) takeOverTests() []struct {
 		{"FindStaleListsRecoveryCandidates", s.findStale},
 		{"RecordLateSuccess", s.lateSuccess},
 		{"RetriedBatchRecognisesItsOwnRows", s.ownRows},
+		{"RetriedBatchWinsItsOwnRowOnlyWhileClaimed", s.ownRowStates},
 	}
 }
 
@@ -561,6 +562,109 @@ func (s *suite) ownRows(t *testing.T) {
 	}
 	if _, err := st.ClaimBatch(ctx, &claim.ClaimBatchParams{Claims: []claim.ClaimParams{{MessageID: "x", Consumer: "c", PayloadHash: a.PayloadHash}}}); err == nil {
 		t.Fatal("ClaimBatch without an owner token succeeded")
+	}
+}
+
+// ownRowStates holds every store to one rule for a row that carries the
+// caller's own owner token (a batch retried with the same tokens after its
+// first try committed, or after the claim moved on): it is won again only
+// while it is still claimed with the same payload hash. Released,
+// processed, failed, flagged and resolved rows are duplicates (a released
+// claim is taken over with a new token, the others are settled or an
+// operator's), a row taken over since is a duplicate (another token holds
+// it), and another payload hash is a conflict in every state. The retry
+// changes no row.
+func (s *suite) ownRowStates(t *testing.T) {
+	st := s.h.NewStore(t)
+	ctx := ctxT(t)
+	for _, tc := range []struct {
+		name string
+		// move brings c, just won by the attempt, to the state under test.
+		move func(t *testing.T, c *claim.Claim)
+		want claim.Outcome
+	}{
+		{"claimed", func(*testing.T, *claim.Claim) {}, claim.OutcomeWon},
+		{"released", func(t *testing.T, c *claim.Claim) {
+			if err := st.Release(ctx, &claim.ReleaseParams{ID: c.ID, Owner: c.Owner, Error: "refused"}); err != nil {
+				t.Fatal(err)
+			}
+		}, claim.OutcomeDuplicate},
+		{"processed", func(t *testing.T, c *claim.Claim) {
+			if err := st.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: c.ID, Owner: c.Owner}); err != nil {
+				t.Fatal(err)
+			}
+		}, claim.OutcomeDuplicate},
+		{"failed", func(t *testing.T, c *claim.Claim) {
+			if err := st.Fail(ctx, &claim.FailParams{ID: c.ID, Owner: c.Owner, Reason: claim.FailRejected, Error: "declined"}); err != nil {
+				t.Fatal(err)
+			}
+		}, claim.OutcomeDuplicate},
+		{"flagged", func(t *testing.T, c *claim.Claim) {
+			if _, err := st.Flag(ctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: claim.StateClaimed, Reason: "test"}); err != nil {
+				t.Fatal(err)
+			}
+		}, claim.OutcomeDuplicate},
+		{"resolved", func(t *testing.T, c *claim.Claim) {
+			if _, err := st.Flag(ctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: claim.StateClaimed, Reason: "test"}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := st.Resolve(ctx, &claim.ResolveParams{ID: c.ID, Resolution: claim.ResolutionDone, By: "op"}); err != nil {
+				t.Fatal(err)
+			}
+		}, claim.OutcomeDuplicate},
+		{"taken over", func(t *testing.T, c *claim.Claim) {
+			if err := st.Release(ctx, &claim.ReleaseParams{ID: c.ID, Owner: c.Owner, Error: "refused"}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := st.TakeOver(ctx, redelivery(c, "host-b", 2)); err != nil {
+				t.Fatal(err)
+			}
+		}, claim.OutcomeDuplicate},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := msg("", "billing", "b")
+			first, err := st.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "h", Claims: []claim.ClaimParams{p}})
+			if err != nil || first[0].Outcome != claim.OutcomeWon {
+				t.Fatalf("first try: %v %v", first, err)
+			}
+			c := first[0].Claim
+			tc.move(t, c)
+			before := mustGet(t, st, c.ID)
+			if own := before.Owner == p.Owner; own != (tc.name != "taken over") {
+				t.Fatalf("the %s row's owner is %s, the attempt's token %s", tc.name, before.Owner, p.Owner)
+			}
+
+			// The retry of the same attempt, in a batch with a new key.
+			fresh := msg("", "billing", "fresh")
+			res, err := st.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "h", Claims: []claim.ClaimParams{p, fresh}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res[0].Outcome != tc.want || res[1].Outcome != claim.OutcomeWon {
+				t.Fatalf("own token, %s row: %s (new key %s), want %s (new key won)", tc.name, res[0].Outcome, res[1].Outcome, tc.want)
+			}
+			if got := res[0].Claim; got.ID != c.ID || got.State != before.State || got.Owner != before.Owner {
+				t.Fatalf("own token, %s row: claim %d %s owner %s, want the row as it is (claim %d %s owner %s)",
+					tc.name, got.ID, got.State, got.Owner, c.ID, before.State, before.Owner)
+			}
+
+			// The same token with another payload: a conflict, whatever
+			// the state.
+			other := p
+			other.PayloadHash = claim.HashPayload([]byte("another body"))
+			res, err = st.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "h", Claims: []claim.ClaimParams{other}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res[0].Outcome != claim.OutcomeConflict || res[0].Claim.ID != c.ID {
+				t.Fatalf("own token, another payload, %s row: %s claim %d, want conflict with claim %d", tc.name, res[0].Outcome, res[0].Claim.ID, c.ID)
+			}
+
+			after := mustGet(t, st, c.ID)
+			if after.State != before.State || after.Owner != before.Owner || after.TakeOvers != before.TakeOvers || !after.HeartbeatAt.Equal(before.HeartbeatAt) {
+				t.Fatalf("the retries changed the %s row: %+v, was %+v", tc.name, after, before)
+			}
+		})
 	}
 }
 

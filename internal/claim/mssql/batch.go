@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -36,9 +37,13 @@ type newClaim struct {
 //	SELECT ... FROM (VALUES (...), (...)) AS k (MessageId, Consumer)
 //	JOIN dbo.Claims AS c ON c.MessageId = k.MessageId AND c.Consumer = k.Consumer;
 //
-// Every row gets a fresh owner token; a key's row carries this call's
-// token exactly when this call inserted it (won), otherwise it is an
-// existing claim, a duplicate or a conflict by payload hash.
+// The SELECT cannot tell a row this call inserted from one an earlier try
+// of the same attempt inserted (a retried batch whose first answer was
+// lost): both carry the attempt's owner token. So every row read is
+// handed to sqlstore.Plan.Results as existing, which applies the one rule
+// all stores share: a row with the message's own token is won only while
+// it is still claimed with the same payload hash; any other row is a
+// duplicate, or a conflict when its payload hash differs.
 //
 // NOT EXISTS is only an optimisation that keeps known duplicates out of
 // the INSERT; the unique index UX_Claims_MessageId_Consumer is the
@@ -71,8 +76,7 @@ func (s *Store) ClaimBatch(ctx context.Context, params *claim.ClaimBatchParams) 
 		return nil, err
 	}
 	host := truncate(params.Host, maxClaimedBy)
-	won := make(map[sqlstore.Key]*claim.Claim, len(rows))
-	existing := make(map[sqlstore.Key]*claim.Claim)
+	existing := make(map[sqlstore.Key]*claim.Claim, len(rows))
 	for chunk := range slices.Chunk(rows, maxRowsPerStatement) {
 		got, err := s.insertSet(ctx, host, chunk)
 		if err != nil && (isClaimsDuplicate(err) || isDeadlock(err)) {
@@ -84,22 +88,12 @@ func (s *Store) ClaimBatch(ctx context.Context, params *claim.ClaimBatchParams) 
 		if err != nil {
 			return nil, fmt.Errorf("claim batch: %w", interpretError(err))
 		}
-		for _, r := range chunk {
-			k := sqlstore.Key{MessageID: r.p.MessageID, Consumer: r.p.Consumer}
-			c := got[k]
-			switch {
-			case c == nil:
-				// Neither inserted nor found: the row was deleted
-				// between the INSERT and the SELECT. plan.Results
-				// reports it.
-			case c.Owner == r.owner:
-				won[k] = c
-			default:
-				existing[k] = c
-			}
-		}
+		// A key missing from got was neither inserted nor found (its row
+		// was deleted between the INSERT and the SELECT): plan.Results
+		// reports it.
+		maps.Copy(existing, got)
 	}
-	return plan.Results(won, existing)
+	return plan.Results(nil, existing)
 }
 
 // prepare turns the plan's distinct keys into rows to insert, sorted by

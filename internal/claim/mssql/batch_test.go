@@ -202,6 +202,58 @@ func TestClaimBatchHappyPathIsOneRoundTrip(t *testing.T) {
 	}
 }
 
+// A row that carries the caller's own owner token is won again only while
+// it is still claimed with the same payload hash (a retried batch whose
+// first try committed); in any other state it is a duplicate, and with
+// another hash a conflict, as for anybody else's row (sqlstore.Plan.Results).
+// The conformance suite holds every store to this rule
+// (RetriedBatchWinsItsOwnRowOnlyWhileClaimed); this runs it without a
+// server, through both the set-based path and the fallback after a race.
+func TestClaimBatchOwnTokenWinsOnlyAClaimedRow(t *testing.T) {
+	for _, path := range []string{"set-based", "fallback"} {
+		t.Run(path, func(t *testing.T) {
+			ft := newFakeTable()
+			db, _ := newFakeDB(t, ft.handle)
+			states := []string{"claimed", "released", "processed", "failed", "flagged", "resolved"}
+			var batch []claim.ClaimParams
+			var want []string
+			for _, state := range states {
+				p := params("own-"+state, "c", "body")
+				ft.put(p.MessageID, p.Consumer, mssqldb.UniqueIdentifier(p.Owner), p.PayloadHash, state)
+				other := p
+				other.MessageID += "-other-hash"
+				other.PayloadHash = claim.HashPayload([]byte("another body"))
+				ft.put(other.MessageID, other.Consumer, mssqldb.UniqueIdentifier(other.Owner), p.PayloadHash, state)
+				batch = append(batch, p, other)
+				if state == "claimed" {
+					want = append(want, "won", "conflict")
+				} else {
+					want = append(want, "duplicate", "conflict")
+				}
+			}
+			batch = append(batch, params("new", "c", "new"))
+			want = append(want, "won")
+			if path == "fallback" {
+				ft.race[[2]string{"raced", "c"}] = claim.HashPayload([]byte("raced"))
+				batch = append(batch, params("raced", "c", "raced"))
+				want = append(want, "duplicate")
+			}
+			res, err := New(db).ClaimBatch(context.Background(), &claim.ClaimBatchParams{Host: "h", Claims: batch})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := outcomes(res); got != strings.Join(want, " ") {
+				t.Fatalf("outcomes\n %s\nwant\n %s\n(per pair: own token same hash, own token other hash; states %v)", got, strings.Join(want, " "), states)
+			}
+			for i, r := range res[:2*len(states)] {
+				if r.Claim.Owner != batch[i].Owner || string(r.Claim.State) != states[i/2] {
+					t.Errorf("message %d: claim owner %s state %s, want the existing row (owner %s, %s)", i, r.Claim.Owner, r.Claim.State, batch[i].Owner, states[i/2])
+				}
+			}
+		})
+	}
+}
+
 func TestClaimBatchNilPayloadIsATypedNull(t *testing.T) {
 	ft := newFakeTable()
 	db, rec := newFakeDB(t, ft.handle)

@@ -175,12 +175,20 @@ func isClaimsDuplicate(err error) bool {
 
 // namesClaimsIndex reports whether a 2601/2627 message names the claims
 // index. The message ends with the duplicate key's value ("The duplicate
-// key value is (...)."), which is message data and could contain any text,
-// so only the part before it is searched, for the quoted index name.
-// (A server in another language has other wording; then the whole message
-// is searched, still for the name in quotes.)
+// key value is (...)."), which is message data and could contain any text
+// (the index's name in quotes, the message's own wording), so only the
+// part before it is searched, for the quoted index name. The key value is
+// cut at the wording when it is English, and in any language at its
+// opening parenthesis, which the engine writes itself: the names before
+// it (dbo.Claims, the index) have none. A session in another language
+// whose wording put a parenthesis before the names would make a real
+// duplicate an error (the message goes back to the broker, loudly),
+// never another index's violation a duplicate (completed silently).
 func namesClaimsIndex(msg string) bool {
 	if i := strings.Index(msg, "The duplicate key value is"); i >= 0 {
+		msg = msg[:i]
+	}
+	if i := strings.IndexByte(msg, '('); i >= 0 {
 		msg = msg[:i]
 	}
 	return strings.Contains(msg, "'"+claimsIndex+"'")

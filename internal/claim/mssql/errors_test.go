@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -172,5 +173,102 @@ func TestIsDeadlock(t *testing.T) {
 	}
 	if isDeadlock(mssqldb.Error{Number: 2601, Message: dupClaims2601}) || isDeadlock(errors.New("deadlock")) {
 		t.Error("only error 1205 is a deadlock")
+	}
+}
+
+// The texts of errors 2601 and 2627 as SQL Server documents them (the
+// English sys.messages entries), with their placeholders: %.*ls is a name
+// the engine fills in, %ls the constraint kind or the duplicate key value,
+// which the engine writes in parentheses ("(m-1, billing)").
+const (
+	text2601 = "Cannot insert duplicate key row in object '%.*ls' with unique index '%.*ls'. The duplicate key value is %ls."
+	text2627 = "Violation of %ls constraint '%.*ls'. Cannot insert duplicate key in object '%.*ls'. The duplicate key value is %ls."
+)
+
+// sqlMessage fills a message text's placeholders in order, as the engine
+// does (no quoting or escaping of what it fills in).
+func sqlMessage(text string, args ...string) string {
+	var b strings.Builder
+	for i := 0; ; i++ {
+		j := strings.Index(text, "%")
+		if j < 0 {
+			b.WriteString(text)
+			break
+		}
+		b.WriteString(text[:j])
+		text = text[j:]
+		for _, ph := range []string{"%.*ls", "%ls"} {
+			if strings.HasPrefix(text, ph) {
+				b.WriteString(args[i])
+				text = text[len(ph):]
+				break
+			}
+		}
+	}
+	return b.String()
+}
+
+// Only the index name in its own place counts: the duplicate key value at
+// the end is message data, and a key that quotes the claims index's name,
+// or repeats the message's own wording, must not make another index's
+// violation a duplicate, nor hide the claims index's own.
+func TestNamesClaimsIndex(t *testing.T) {
+	if got, want := sqlMessage(text2601, "dbo.Claims", claimsIndex, "(m-1, billing)"), dupClaims2601; got != want {
+		t.Fatalf("sqlMessage:\n %s\nwant\n %s", got, want)
+	}
+	const (
+		other = "UX_Claims_SubjectKey"
+		// tail is a key value that repeats a 2601 message's wording,
+		// naming the claims index in quotes.
+		tail = "(x'. with unique index '" + claimsIndex + "'. The duplicate key value is (m-1, billing), billing)"
+	)
+	for _, tc := range []struct {
+		name   string
+		number int32
+		msg    string
+		want   bool
+	}{
+		{"2601, claims index", 2601, sqlMessage(text2601, "dbo.Claims", claimsIndex, "(m-1, billing)"), true},
+		{"2627, claims index as a UNIQUE KEY constraint", 2627, sqlMessage(text2627, "UNIQUE KEY", claimsIndex, "dbo.Claims", "(m-1, billing)"), true},
+		{"2601, claims index, key names another index in quotes and repeats the wording", 2601,
+			sqlMessage(text2601, "dbo.Claims", claimsIndex, "(The duplicate key value is '"+other+"', billing)"), true},
+		{"2601, claims index, key with quotes and parentheses", 2601, sqlMessage(text2601, "dbo.Claims", claimsIndex, "(it's (a) ')', billing)"), true},
+		{"2627, claims index, key repeats a whole message", 2627, sqlMessage(text2627, "UNIQUE KEY", claimsIndex, "dbo.Claims", tail), true},
+
+		{"2601, another index", 2601, sqlMessage(text2601, "dbo.Claims", other, "(same subject)"), false},
+		{"2601, another index, key is the claims index's name in quotes", 2601, sqlMessage(text2601, "dbo.Claims", other, "('"+claimsIndex+"')"), false},
+		{"2601, another index, key repeats the wording naming the claims index", 2601, sqlMessage(text2601, "dbo.Claims", other, tail), false},
+		{"2601, an index whose name starts with the claims index's", 2601, sqlMessage(text2601, "dbo.Claims", claimsIndex+"_Old", "(m-1, billing)"), false},
+		{"2627, another UNIQUE KEY constraint, key names the claims index", 2627, sqlMessage(text2627, "UNIQUE KEY", "UQ_Claims_Subject", "dbo.Claims", "(it's '"+claimsIndex+"')"), false},
+		{"2627, primary key", 2627, sqlMessage(text2627, "PRIMARY KEY", "PK_Claims", "dbo.Claims", "(7)"), false},
+		{"2627, primary key, key repeats the wording naming the claims index", 2627, sqlMessage(text2627, "PRIMARY KEY", "PK_Claims", "dbo.Claims", tail), false},
+
+		// A session in another language has other wording, unknown here
+		// (these stand-ins are not real translations); the names are
+		// still quoted and the engine still writes the key value last,
+		// in parentheses.
+		{"other language, claims index", 2601, "[xx] 'dbo.Claims' '" + claimsIndex + "' [xx] (m-1, billing).", true},
+		{"other language, another index, key names the claims index", 2601, "[xx] 'dbo.Claims' '" + other + "' [xx] ('" + claimsIndex + "', billing).", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := namesClaimsIndex(tc.msg); got != tc.want {
+				t.Errorf("namesClaimsIndex = %v, want %v for\n %s", got, tc.want, tc.msg)
+			}
+			err := interpretError(fmt.Errorf("claim batch: %w", mssqldb.Error{Number: tc.number, Class: 14, State: 1, Message: tc.msg}))
+			if errors.Is(err, claim.ErrDuplicate) != tc.want {
+				t.Errorf("interpretError: ErrDuplicate %v, want %v (%v)", errors.Is(err, claim.ErrDuplicate), tc.want, err)
+			}
+			if !tc.want && claim.ClassOf(err) != claim.ClassNone {
+				t.Errorf("another index's violation classified %s, want a plain error", claim.ClassOf(err))
+			}
+			var e mssqldb.Error
+			if !errors.As(err, &e) || e.Message != tc.msg {
+				t.Errorf("the driver's error is lost: %v", err)
+			}
+			// The same text under any other number is not a duplicate.
+			if errors.Is(interpretError(mssqldb.Error{Number: 2628, Message: tc.msg}), claim.ErrDuplicate) {
+				t.Error("error 2628 with this text is a duplicate")
+			}
+		})
 	}
 }

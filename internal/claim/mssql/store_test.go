@@ -220,7 +220,12 @@ func TestMigrateIsIdempotent(t *testing.T) {
 }
 
 // TestLargeBatchIsChunked claims more distinct keys than one statement
-// takes, with a third of them already claimed, and checks every outcome.
+// takes and checks every outcome, across the chunks: a third of the keys
+// were already claimed by other deliveries (duplicates); some were
+// claimed by an earlier try of this same batch, with its owner tokens
+// (won again, the same claim: a retried batch), and some of those are
+// processed since (duplicates: a row with the caller's own token is won
+// only while it is still claimed).
 func TestLargeBatchIsChunked(t *testing.T) {
 	base := testkit.RequireOrSkip(t, "sqlserver", URLEnv)
 	st := newTestStore(t, base)
@@ -236,12 +241,47 @@ func TestLargeBatchIsChunked(t *testing.T) {
 			PayloadHash: claim.HashPayload(body), Payload: body,
 		}
 	}
-	var pre []claim.ClaimParams
-	for i := 0; i < n; i += 3 {
-		pre = append(pre, batch[i])
+	const (
+		otherDelivery = iota + 1
+		ownClaimed
+		ownProcessed
+	)
+	pre := map[int]int{} // message index → how its key was claimed before
+	var others, own []claim.ClaimParams
+	for i := range batch {
+		switch {
+		case i%3 == 0:
+			pre[i] = otherDelivery
+			p := batch[i]
+			p.Owner = uuid.New()
+			others = append(others, p)
+		case i%5 == 0:
+			pre[i] = ownClaimed
+			if i%10 == 0 {
+				pre[i] = ownProcessed
+			}
+			own = append(own, batch[i])
+		}
 	}
-	if _, err := st.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "h", Claims: pre}); err != nil {
-		t.Fatal(err)
+	first := map[string]int64{} // message ID → claim ID of the earlier try
+	for _, b := range [][]claim.ClaimParams{others, own} {
+		res, err := st.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "h", Claims: b})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range res {
+			if r.Outcome != claim.OutcomeWon {
+				t.Fatalf("pre-claim of %s: %s", r.Claim.MessageID, r.Outcome)
+			}
+			first[r.Claim.MessageID] = r.Claim.ID
+		}
+	}
+	for i, how := range pre {
+		if how == ownProcessed {
+			if err := st.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: first[batch[i].MessageID], Owner: batch[i].Owner}); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	res, err := st.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "h", Claims: batch})
 	if err != nil {
@@ -249,11 +289,14 @@ func TestLargeBatchIsChunked(t *testing.T) {
 	}
 	for i, r := range res {
 		want := claim.OutcomeWon
-		if i%3 == 0 {
+		if how := pre[i]; how == otherDelivery || how == ownProcessed {
 			want = claim.OutcomeDuplicate
 		}
 		if r.Outcome != want || r.Claim.MessageID != batch[i].MessageID {
 			t.Fatalf("message %d: %s for %s, want %s", i, r.Outcome, r.Claim.MessageID, want)
+		}
+		if id, ok := first[batch[i].MessageID]; ok && r.Claim.ID != id {
+			t.Fatalf("message %d: claim %d, want the existing claim %d", i, r.Claim.ID, id)
 		}
 	}
 }

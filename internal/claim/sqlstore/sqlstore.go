@@ -120,8 +120,11 @@ func NewPlan(claims []claim.ClaimParams) (*Plan, error) {
 // every distinct key must be in one of them. An existing row that carries
 // the message's own owner token and payload hash and is still claimed was
 // inserted by an earlier try of this same attempt (a retried or partly
-// committed batch): it is Won too. (A processed one — a ClaimTx that
-// committed — is a duplicate: its effect is done.)
+// committed batch): it is Won too. In any other state it is classified as
+// anyone's row: a released one is taken over with a new token, never won
+// back by the old one; processed, failed, flagged and resolved ones are
+// settled or an operator's. (A store that cannot tell the rows it inserted
+// from an earlier try's may pass them all in existing: SQL Server does.)
 func (p *Plan) Results(won, existing map[Key]*claim.Claim) ([]claim.ClaimResult, error) {
 	out := make([]claim.ClaimResult, len(p.Claims))
 	first := make(map[Key]bool, len(p.First))

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
@@ -269,10 +270,11 @@ func (k *killReceiver) CompleteMessage(ctx context.Context, m *azservicebus.Rece
 	if k.rep.dead.Load() {
 		return k.lost("complete")
 	}
+	sent := time.Now()
 	err := k.r.CompleteMessage(ctx, m, o)
 	k.rep.settled(m, "complete", err)
 	if err == nil {
-		k.rep.h.checkCompletion(m, k.rep.host)
+		k.rep.h.checkCompletion(m, k.rep.host, sent)
 	}
 	return err
 }

@@ -515,8 +515,11 @@ func (h *harness) sawDelivery(m *azservicebus.ReceivedMessage) {
 // checkCompletion checks a completed delivery against its claim: with
 // auto routes a delivery must never complete its copy while the claim is
 // still claimed by a holder that went silent (it had to take the claim
-// over and run the effect), nor while it is released.
-func (h *harness) checkCompletion(m *azservicebus.ReceivedMessage, host string) {
+// over and run the effect), nor while it is released. sent is when the
+// completion was sent: the processor decided no later, so the holder's
+// silence and death are measured up to then, not up to the claim read
+// that follows (which a slow database can make seconds later).
+func (h *harness) checkCompletion(m *azservicebus.ReceivedMessage, host string, sent time.Time) {
 	if h.cfg.Recovery == sideeffects.RecoveryManual {
 		return // completing while a manual route's holder is silent is the design
 	}
@@ -533,13 +536,14 @@ func (h *harness) checkCompletion(m *azservicebus.ReceivedMessage, host string) 
 	if c.State != claim.StateClaimed {
 		return
 	}
-	now := time.Now()
+	now := sent
 	holder, silent := h.led.holder(m.MessageID, now)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	died, dead := h.diedAt[holder]
-	// Slack for the claim read after the completion: a holder that died,
-	// or went silent, just now could not have been known to.
+	// Slack for the decision, made before the completion was sent: a
+	// holder that died, or went silent, just before could not have been
+	// known to.
 	const slack = 250 * time.Millisecond
 	switch {
 	case dead && now.Sub(died) > slack:

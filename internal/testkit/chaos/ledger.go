@@ -26,11 +26,13 @@ import (
 //     holder of the key's claim (a replica, the reconciler or an operator
 //     that had been granted it before it sent).
 //
-// Times are the harness's own clock, taken around the store calls: a sign
-// of life counts from the moment its call started (the database wrote it
-// no earlier), a grant from the moment its call returned (nothing could be
-// sent before), so clock skew inside one process cannot cause a false
-// violation.
+// Times are the harness's own clock, taken around the store calls, and
+// each check reads a call on its own safe side, so neither clock skew
+// inside one process nor a slow database can cause a false violation: a
+// grant counts from the moment its call returned (nothing could be sent
+// before); a sign of life counts, for the take-over check, from the moment
+// its call started (the database wrote it no earlier), and for a holder's
+// silence (holder) from the moment it returned (no later).
 type ledger struct {
 	takeoverAfter, staleAfter time.Duration
 
@@ -46,6 +48,7 @@ type owner struct {
 	host      string
 	key       string
 	lastAlive time.Time // start of the latest write that proved it alive
+	provenAt  time.Time // end of the latest write that proved it alive
 	released  bool
 }
 
@@ -81,7 +84,7 @@ func (l *ledger) won(key, host string, o uuid.UUID, start, end time.Time) {
 	if l.wins[key] == 2 {
 		l.problem("%s: a second ClaimBatch won the key (the claims index did not stop it)", key)
 	}
-	l.owners[o] = &owner{host: host, key: key, lastAlive: start}
+	l.owners[o] = &owner{host: host, key: key, lastAlive: start, provenAt: end}
 	l.grants[key] = append(l.grants[key], grant{host: host, path: "won", owner: o, at: end})
 }
 
@@ -99,16 +102,24 @@ func (l *ledger) tookOver(key, host string, p *claim.TakeOverParams, start, end 
 				key, host, p.Path, prev.host, silent.Round(time.Millisecond), window)
 		}
 	}
-	l.owners[p.Owner] = &owner{host: host, key: key, lastAlive: start}
+	l.owners[p.Owner] = &owner{host: host, key: key, lastAlive: start, provenAt: end}
 	l.grants[key] = append(l.grants[key], grant{host: host, path: string(p.Path), owner: p.Owner, at: end})
 }
 
-// alive records a write that proved o alive (a heartbeat written).
-func (l *ledger) alive(o uuid.UUID, start time.Time) {
+// alive records a write that proved o alive (a heartbeat written), made
+// by a call that ran from start to end.
+func (l *ledger) alive(o uuid.UUID, start, end time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if w, ok := l.owners[o]; ok && start.After(w.lastAlive) {
+	w, ok := l.owners[o]
+	if !ok {
+		return
+	}
+	if start.After(w.lastAlive) {
 		w.lastAlive = start
+	}
+	if end.After(w.provenAt) {
+		w.provenAt = end
 	}
 }
 
@@ -130,7 +141,9 @@ func (l *ledger) requested(key, sender string, at time.Time) {
 }
 
 // holder returns the host currently holding key's claim by the ledger
-// and how long ago it last showed life ("" when nobody was granted it).
+// and how long ago it last showed life ("" when nobody was granted it),
+// counted from the end of the call that proved it: the shortest silence
+// the record allows, for checks that report a silent holder.
 func (l *ledger) holder(key string, now time.Time) (host string, silent time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -140,7 +153,7 @@ func (l *ledger) holder(key string, now time.Time) (host string, silent time.Dur
 	}
 	g := gs[len(gs)-1]
 	if o := l.owners[g.owner]; o != nil {
-		return o.host, now.Sub(o.lastAlive)
+		return o.host, now.Sub(o.provenAt)
 	}
 	return g.host, 0
 }

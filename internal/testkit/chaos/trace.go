@@ -58,12 +58,26 @@ func (t *history) idOf(key string) int64 {
 	return t.ids[key]
 }
 
-// keyOf returns the dedup key of claim id ("" when no store call of a
-// replica has returned that claim yet).
+// keyOf returns the dedup key of claim id ("" when no store call has
+// returned that claim yet).
 func (t *history) keyOf(id int64) string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.keys[id]
+}
+
+// keyFor returns the dedup key of claim id for a store call that returned
+// c (nil: none): c's own MessageID when it is that claim, which also
+// files the claim's later calls under it, else the key recorded before.
+// A claim can reach a holder without any ClaimBatch having returned it:
+// the batch that inserted it committed on the server and then timed out
+// on the client, and the reconciler found the claim stale.
+func (t *history) keyFor(id int64, c *claim.Claim) string {
+	if c != nil && c.ID == id && c.MessageID != "" {
+		t.setKey(id, c.MessageID)
+		return c.MessageID
+	}
+	return t.keyOf(id)
 }
 
 // of returns key's history, one event a line.
@@ -118,7 +132,7 @@ func (s *traceStore) TakeOver(ctx context.Context, p *claim.TakeOverParams) (*cl
 	start := time.Now()
 	c, err := s.Store.TakeOver(ctx, p)
 	end := time.Now()
-	key := s.hist.keyOf(p.ID)
+	key := s.hist.keyFor(p.ID, c)
 	if err == nil {
 		s.led.tookOver(key, s.host, p, start, end)
 		s.hist.add(key, "%s TakeOver claim %d (path %s, delivery %d, from %.8s): ok, new owner %.8s", s.host, p.ID, p.Path, p.DeliveryCount, p.PreviousOwner, p.Owner)
@@ -135,19 +149,19 @@ func (s *traceStore) Heartbeat(ctx context.Context, p *claim.HeartbeatParams) er
 		s.hist.add(s.hist.keyOf(p.ID), "%s Heartbeat claim %d (owner %.8s): %s", s.host, p.ID, p.Owner, errText(err))
 		return err
 	}
-	s.led.alive(p.Owner, start)
+	s.led.alive(p.Owner, start, time.Now())
 	return nil
 }
 
 func (s *traceStore) Flag(ctx context.Context, p *claim.FlagParams) (*claim.Claim, error) {
 	c, err := s.Store.Flag(ctx, p)
-	s.hist.add(s.hist.keyOf(p.ID), "%s Flag claim %d (owner %.8s, %s): %s: %s", s.host, p.ID, p.Owner, p.State, p.Reason, errText(err))
+	s.hist.add(s.hist.keyFor(p.ID, c), "%s Flag claim %d (owner %.8s, %s): %s: %s", s.host, p.ID, p.Owner, p.State, p.Reason, errText(err))
 	return c, err
 }
 
 func (s *traceStore) Resolve(ctx context.Context, p *claim.ResolveParams) (*claim.Claim, error) {
 	c, err := s.Store.Resolve(ctx, p)
-	s.hist.add(s.hist.keyOf(p.ID), "%s Resolve claim %d as %s: %s", s.host, p.ID, p.Resolution, errText(err))
+	s.hist.add(s.hist.keyFor(p.ID, c), "%s Resolve claim %d as %s: %s", s.host, p.ID, p.Resolution, errText(err))
 	return c, err
 }
 
@@ -179,16 +193,23 @@ func (s *traceStore) TakeDeadLetter(ctx context.Context, p *claim.TakeDeadLetter
 }
 
 // WriteOutcomes records each write of a group-committed batch as the
-// single write would be.
+// single write would be: a heartbeat written is a sign of life (the
+// replicas' heartbeats come this way), a release a release.
 func (s *traceStore) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) ([]error, error) {
+	start := time.Now()
 	errs, err := writeOutcomes(ctx, s.Store, writes)
+	end := time.Now()
 	for i, w := range writes {
 		id, owner := w.Target()
 		werr := err
 		if err == nil {
 			werr = errs[i]
 		}
-		if werr == nil && w.Kind() == claim.WriteRelease {
+		switch {
+		case werr != nil:
+		case w.Kind() == claim.WriteHeartbeat:
+			s.led.alive(owner, start, end)
+		case w.Kind() == claim.WriteRelease:
 			s.led.released(owner)
 		}
 		if w.Kind() != claim.WriteHeartbeat {
