@@ -11,6 +11,7 @@ import (
 // ended when it did not succeed.
 type ActionKind int
 
+// The ways an action ends short of success.
 const (
 	// ActionRefused: the claim cannot take the action now (it is not
 	// flagged, its payload was not stored, its route is not the one it was

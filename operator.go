@@ -42,7 +42,8 @@ const (
 )
 
 // Resolve closes a flagged claim by hand, recording by (the operator) and
-// note (why; both required).
+// note (why; both required). A claim that is not flagged (any more) is
+// refused with an *ActionError of Kind ActionRefused.
 func (s *Store) Resolve(ctx context.Context, id int64, as Resolution, by, note string) (*Claim, error) {
 	c, err := reconciler.Resolve(ctx, s.s, &reconciler.ResolveParams{ID: id, Resolution: claim.Resolution(as), By: by, Note: note})
 	return publicOrNil(c), actionError(err)
@@ -96,7 +97,9 @@ func (s *Store) Redrive(ctx context.Context, id int64, opts RedriveOptions) (*Cl
 // takes the claim over and releases it, audited with by and note (both
 // required), for the reconciler passes running with the handler
 // (NewReconciler with Routers) to re-run with the claim's idempotency key
-// once it has been released for their StaleAfter.
+// once it has been released for their StaleAfter. A claim that is not
+// flagged, or has no stored payload, is refused with an *ActionError of
+// Kind ActionRefused.
 func (s *Store) HandOff(ctx context.Context, id int64, by, note string) (*Claim, error) {
 	c, err := reconciler.HandOff(ctx, s.s, &reconciler.HandOffParams{ID: id, By: by, Note: note})
 	return publicOrNil(c), actionError(err)
