@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
@@ -23,6 +24,9 @@ var (
 	ErrStateChanged = claim.ErrStateChanged          // someone acted first
 	ErrRouteChanged = claim.ErrRouteChanged          // the claim was taken for another route or fingerprint
 	ErrNewKey       = reconciler.ErrNewKeyNotAllowed // the route does not allow a new idempotency key
+	// ErrNotRedrivable: the claim's route is a TxHandlerFunc, which runs
+	// in the claim's own transaction and cannot be re-run alone.
+	ErrNotRedrivable = reconciler.ErrNotRedrivable
 )
 
 // Resolution is how an operator closes a flagged claim by hand.
@@ -33,13 +37,17 @@ const (
 	ResolutionDone Resolution = "done"
 	// ResolutionDiscarded: the operator decided it must not happen.
 	ResolutionDiscarded Resolution = "discarded"
+	// ResolutionRedriven: a redrive re-ran the effect and it succeeded;
+	// only a redrive resolves so (Resolve refuses it).
+	ResolutionRedriven Resolution = "redriven"
 )
 
 // Resolve closes a flagged claim by hand, recording by (the operator) and
-// note (why; both required).
+// note (why; both required). A claim that is not flagged (any more) is
+// refused with an *ActionError of Kind ActionRefused.
 func (s *Store) Resolve(ctx context.Context, id int64, as Resolution, by, note string) (*Claim, error) {
 	c, err := reconciler.Resolve(ctx, s.s, &reconciler.ResolveParams{ID: id, Resolution: claim.Resolution(as), By: by, Note: note})
-	return publicOrNil(c), err
+	return publicOrNil(c), actionError(err)
 }
 
 // RedriveOptions tune Store.Redrive.
@@ -54,14 +62,24 @@ type RedriveOptions struct {
 	// NewKey redrives under a new idempotency key, on a route that allows
 	// it, after checking the downstream did nothing under the old one.
 	NewKey bool
-	Logger *slog.Logger
+	// HeartbeatInterval is how often the redrive's hold on the claim is
+	// renewed while the effect runs (default 30s, the processors').
+	HeartbeatInterval time.Duration
+	// QueryTimeout bounds each store call (default 30s).
+	QueryTimeout time.Duration
+	Logger       *slog.Logger
 }
 
 // Redrive re-runs the effect of a flagged claim, here and now, with the
 // claim's idempotency key (the downstream deduplicates an effect the first
 // attempt performed), holding the claim while it runs. A route with
 // RecoveryManual makes one attempt and stops at an unknown outcome. When
-// the effect is code this program does not have, use HandOff.
+// the effect is code this program does not have (Router.RouteOf does not
+// name the claim's route), use HandOff.
+//
+// When it does not succeed the error is an *ActionError: refused (nothing
+// changed), the effect failed (the claim failed or flagged again), or the
+// effect was performed but not recorded.
 func (s *Store) Redrive(ctx context.Context, id int64, opts RedriveOptions) (*Claim, error) {
 	if len(opts.Routers) == 0 {
 		return nil, errors.New("sbclaim: redrive: Routers are required (use HandOff for a claim whose handler runs elsewhere)")
@@ -74,8 +92,8 @@ func (s *Store) Redrive(ctx context.Context, id int64, opts RedriveOptions) (*Cl
 		routes[consumer] = r.internal()
 	}
 	c, err := reconciler.Redrive(ctx, s.s, &reconciler.RedriveParams{ID: id, By: opts.By, Note: opts.Note, NewKey: opts.NewKey,
-		Routes: routes, Logger: opts.Logger})
-	return publicOrNil(c), err
+		Routes: routes, Logger: opts.Logger, HeartbeatInterval: opts.HeartbeatInterval, StoreTimeout: opts.QueryTimeout})
+	return publicOrNil(c), actionError(err)
 }
 
 // HandOff is the redrive of a flagged claim whose handler runs in another
@@ -83,15 +101,10 @@ func (s *Store) Redrive(ctx context.Context, id int64, opts RedriveOptions) (*Cl
 // takes the claim over and releases it, audited with by and note (both
 // required), for the reconciler passes running with the handler
 // (NewReconciler with Routers) to re-run with the claim's idempotency key
-// once it has been released for their StaleAfter.
+// once it has been released for their StaleAfter. A claim that is not
+// flagged, or has no stored payload, is refused with an *ActionError of
+// Kind ActionRefused.
 func (s *Store) HandOff(ctx context.Context, id int64, by, note string) (*Claim, error) {
 	c, err := reconciler.HandOff(ctx, s.s, &reconciler.HandOffParams{ID: id, By: by, Note: note})
-	return publicOrNil(c), err
-}
-
-func publicOrNil(c *claim.Claim) *Claim {
-	if c == nil {
-		return nil
-	}
-	return publicClaim(c)
+	return publicOrNil(c), actionError(err)
 }

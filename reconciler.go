@@ -78,6 +78,10 @@ const (
 	DefaultMaxPurgePerTick     = 100 * DefaultPurgeBatchSize
 )
 
+// ReconcilerLockName names the database lock a reconciler tick holds, so
+// that one replica works per tick and the others skip quietly.
+const ReconcilerLockName = reconciler.LockName
+
 // CheckSchedule reports what is wrong with a cron spec for
 // ReconcilerConfig.Schedule.
 func CheckSchedule(spec string) error {
@@ -152,6 +156,21 @@ type TickResult struct {
 	// finished claims were deleted.
 	Recovered, Postponed, Failed, Flagged int
 	Purged                                int64
+	// Stats summarises the claims table at the end of the tick (nil when
+	// it could not be read).
+	Stats *ClaimStats
+	// Duration is the tick's wall time.
+	Duration time.Duration
+}
+
+// ClaimStats summarises the claims table: the claims waiting for an
+// outcome (claimed, released), for an operator (flagged) and failed ones
+// not yet purged, and when the oldest unfinished claim was claimed (nil:
+// none), by the database clock (Now).
+type ClaimStats struct {
+	Now                                time.Time
+	Claimed, Released, Flagged, Failed int64
+	OldestUnfinished                   *time.Time
 }
 
 // RunOnce runs one tick now (for a scheduled job, or a test).
@@ -160,6 +179,11 @@ func (r *Reconciler) RunOnce(ctx context.Context) (TickResult, error) {
 	if res == nil {
 		return TickResult{}, err
 	}
-	return TickResult{Locked: res.Locked, Recovered: res.Recovered, Postponed: res.Postponed, Failed: res.Failed,
-		Flagged: len(res.Flagged), Purged: res.Purged}, err
+	out := TickResult{Locked: res.Locked, Recovered: res.Recovered, Postponed: res.Postponed, Failed: res.Failed,
+		Flagged: len(res.Flagged), Purged: res.Purged, Duration: res.Duration}
+	if s := res.Stats; s != nil {
+		out.Stats = &ClaimStats{Now: s.Now, Claimed: s.Claimed, Released: s.Released, Flagged: s.Flagged, Failed: s.Failed,
+			OldestUnfinished: s.OldestUnfinished}
+	}
+	return out, err
 }

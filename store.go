@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"time"
 
 	"github.com/sbclaim/sbclaim/internal/bridge"
 	"github.com/sbclaim/sbclaim/internal/claim"
@@ -102,101 +101,3 @@ func (s *Store) Close() error { return s.s.Close() }
 
 // errNilStore is returned by constructors given no store.
 var errNilStore = errors.New("sbclaim: a Store is required (OpenStore)")
-
-// ClaimState is where a claim is in its life: claimed, processed,
-// released, failed, flagged or resolved (see docs/design.md, States).
-type ClaimState string
-
-// The claim states.
-const (
-	StateClaimed   ClaimState = "claimed"
-	StateProcessed ClaimState = "processed"
-	StateReleased  ClaimState = "released"
-	StateFailed    ClaimState = "failed"
-	StateFlagged   ClaimState = "flagged"
-	StateResolved  ClaimState = "resolved"
-)
-
-// Claim is a read-only view of one row of the claims table. Times are the
-// database clock's.
-type Claim struct {
-	ID       int64
-	DedupKey string
-	Consumer string
-	State    ClaimState
-	Route    string
-	// IdempotencyKey is the key the claim's effect is sent with.
-	IdempotencyKey string
-	// Attempts counts the failed attempts recorded; TakeOvers the times
-	// another holder took the claim over.
-	Attempts, TakeOvers int
-	ClaimedBy           string
-	LastError           string
-	FlagReason          string
-	FailReason          string
-	ClaimedAt           time.Time
-	ProcessedAt         *time.Time
-	// LateSuccess is set when an attempt that had lost the claim saw its
-	// effect succeed anyway.
-	LateSuccess bool
-	// Answer is the downstream's last answer recorded with an outcome
-	// (Delivery.ReportAnswer, or the HTTP effect's), nil when none was.
-	Answer *Answer
-}
-
-// Answer is a downstream's answer as a claim keeps it: the status and the
-// few header and field values worth keeping.
-type Answer struct {
-	Status  int
-	Headers map[string]string
-	Fields  map[string]string
-}
-
-func publicClaim(c *claim.Claim) *Claim {
-	pc := &Claim{ID: c.ID, DedupKey: c.MessageID, Consumer: c.Consumer, State: ClaimState(c.State), Route: c.Route,
-		IdempotencyKey: c.Key(), Attempts: c.Attempts, TakeOvers: c.TakeOvers, ClaimedBy: c.ClaimedBy,
-		LastError: c.LastError, FlagReason: c.FlagReason, FailReason: c.FailReason, ClaimedAt: c.ClaimedAt,
-		ProcessedAt: c.ProcessedAt, LateSuccess: c.LateSuccessAt != nil}
-	if a := c.Answer; a != nil {
-		pc.Answer = &Answer{Status: a.Status, Headers: a.Headers, Fields: a.Fields}
-	}
-	return pc
-}
-
-// Claim returns one claim by id; the error wraps ErrNotFound when there
-// is none.
-func (s *Store) Claim(ctx context.Context, id int64) (*Claim, error) {
-	c, err := s.s.Get(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	return publicClaim(c), nil
-}
-
-// ClaimFilter selects claims for Store.Claims. Zero fields mean "any".
-type ClaimFilter struct {
-	Consumer string
-	States   []ClaimState
-	AfterID  int64 // keyset paging: only ids greater than this
-	Limit    int   // default 100
-}
-
-// Claims returns claims, oldest id first.
-func (s *Store) Claims(ctx context.Context, f ClaimFilter) ([]*Claim, error) {
-	p := &claim.ListParams{Consumer: f.Consumer, AfterID: f.AfterID, Limit: f.Limit}
-	for _, st := range f.States {
-		p.States = append(p.States, claim.State(st))
-	}
-	cs, err := s.s.List(ctx, p)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]*Claim, len(cs))
-	for i, c := range cs {
-		out[i] = publicClaim(c)
-	}
-	return out, nil
-}
-
-// ErrNotFound is wrapped by Store.Claim's error when no claim has the id.
-var ErrNotFound = claim.ErrNotFound

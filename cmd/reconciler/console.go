@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim"
 	"github.com/sbclaim/sbclaim/internal/console"
 )
 
@@ -76,13 +76,13 @@ func consoleFlags(*flag.FlagSet) func(context.Context, *env, []string) int {
 // an error here, before anything is served) and serves the operator
 // console until stop, which waits for actions in flight (a redrive) for up
 // to SBCLAIM_SHUTDOWN_TIMEOUT.
-func (e *env) startConsole(ctx context.Context, st claim.Store) (stop func(), err error) {
+func (e *env) startConsole(ctx context.Context, st *sbclaim.Store) (stop func(), err error) {
 	routes, err := e.routes()
 	if err != nil {
 		return nil, err
 	}
 	opts := console.Options{
-		Store: st, Routes: routes, Logger: e.logger,
+		Logger:        e.logger,
 		LocalOperator: e.cfg.ConsoleLocalOperator, TrustIdentityHeaders: e.cfg.ConsoleTrustIdentityHeaders,
 		HeartbeatInterval: e.cfg.HeartbeatInterval, StoreTimeout: e.cfg.QueryTimeout,
 	}
@@ -90,7 +90,7 @@ func (e *env) startConsole(ctx context.Context, st claim.Store) (stop func(), er
 		opts.OIDC = &console.OIDC{Issuer: e.cfg.ConsoleOIDCIssuer, Audience: e.cfg.ConsoleOIDCAudience,
 			AllowedGroups: e.cfg.ConsoleAllowedGroups, AllowedPrincipals: e.cfg.ConsoleAllowedPrincipals}
 	}
-	srv, err := console.New(opts)
+	srv, err := console.NewPublic(st, routes, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -99,7 +99,7 @@ func (e *env) startConsole(ctx context.Context, st claim.Store) (stop func(), er
 		return nil, fmt.Errorf("listen on SBCLAIM_CONSOLE_ADDR %s: %w", e.cfg.ConsoleAddr, err)
 	}
 	if len(routes) == 0 {
-		e.logger.Warn("console: SBCLAIM_ROUTES is not set: redrive is off (resolve still works)")
+		e.logger.Warn("console: SBCLAIM_ROUTES is not set: redrive is off (resolve and the hand-off to your own binary still work)")
 	}
 	addr := ln.Addr().String()
 	switch {

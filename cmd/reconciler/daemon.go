@@ -15,11 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/claimdb"
-	"github.com/sbclaim/sbclaim/internal/reconciler"
+	"github.com/sbclaim/sbclaim"
 	"github.com/sbclaim/sbclaim/internal/redact"
-	"github.com/sbclaim/sbclaim/internal/sideeffects"
 )
 
 // cmdRun is the daemon: the tick on the cron schedule, and /healthz,
@@ -33,7 +30,7 @@ func cmdRun(ctx context.Context, e *env, _ []string) int {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	rec, err := e.newReconciler(st, reconciler.NewMetrics(reg))
+	rec, err := e.newReconciler(st, reg)
 	if err != nil {
 		return e.fail("run", err)
 	}
@@ -63,7 +60,7 @@ func cmdRun(ctx context.Context, e *env, _ []string) int {
 // serveHTTP serves /healthz, /readyz and /metrics on SBCLAIM_HTTP_ADDR
 // (nothing when it is empty) until stop: the port the platform's probes
 // use, apart from the console's, which answers only signed-in operators.
-func (e *env) serveHTTP(st claim.Store, reg *prometheus.Registry) (stop func(), err error) {
+func (e *env) serveHTTP(st *sbclaim.Store, reg *prometheus.Registry) (stop func(), err error) {
 	if e.cfg.HTTPAddr == "" {
 		return func() {}, nil
 	}
@@ -85,10 +82,13 @@ func (e *env) serveHTTP(st claim.Store, reg *prometheus.Registry) (stop func(), 
 	}, nil
 }
 
+// pinger is what /readyz asks: the store.
+type pinger interface{ Ping(context.Context) error }
+
 // httpHandler serves /healthz (liveness: the process serves), /readyz
 // (the database answers a ping) and /metrics (the binary's own
 // registry), like the processor's.
-func httpHandler(st claim.Store, reg *prometheus.Registry) http.Handler {
+func httpHandler(st pinger, reg *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
@@ -124,53 +124,71 @@ func cmdOnce(ctx context.Context, e *env, _ []string) int {
 		return e.fail("once", err)
 	}
 	if !res.Locked {
-		e.logger.Info("another reconciler holds the lock; nothing to do", "lock", reconciler.LockName)
+		e.logger.Info("another reconciler holds the lock; nothing to do", "lock", sbclaim.ReconcilerLockName)
 	}
 	return exitOK
 }
 
 // newReconciler builds the tick from the configuration: with routes,
 // recovery is on; without, it says so (every stale claim goes to
-// operators).
-func (e *env) newReconciler(st claim.Store, m *reconciler.Metrics) (*reconciler.Reconciler, error) {
-	routes, err := e.routes()
+// operators). reg, when set, gets the tick's metrics.
+func (e *env) newReconciler(st *sbclaim.Store, reg prometheus.Registerer) (*sbclaim.Reconciler, error) {
+	routers, err := e.routes()
 	if err != nil {
 		return nil, err
 	}
-	cfg := e.cfg.reconcilerConfig(routes)
-	if !cfg.Recovering() {
+	cfg := e.cfg.reconcilerConfig(st, routers)
+	cfg.Logger, cfg.Registerer = e.logger, reg
+	if len(routers) == 0 {
 		e.logger.Warn("SBCLAIM_ROUTES is not set: recovery is off, every stale claim is flagged for an operator")
 	} else {
 		var consumers []string
-		for _, c := range slices.Sorted(maps.Keys(routes)) {
+		for _, c := range slices.Sorted(maps.Keys(routers)) {
 			consumers = append(consumers, cmp.Or(c, "(every other consumer)"))
 		}
 		e.logger.Info("recovery on: stale claims are re-run with the same idempotency key",
-			"consumers", consumers, "max_attempts", cfg.RecoveryMaxAttempts)
+			"consumers", consumers, "max_attempts", cmp.Or(cfg.RecoveryMaxAttempts, sbclaim.DefaultRecoveryMaxAttempts))
 	}
-	return reconciler.New(st, cfg, e.logger, m)
+	return sbclaim.NewReconciler(cfg)
 }
 
-// routes loads SBCLAIM_ROUTES (nil when it is not set).
-func (e *env) routes() (reconciler.Routes, error) {
+// routes loads SBCLAIM_ROUTES: a router by consumer, each with its
+// routes file (nil when it is not set).
+func (e *env) routes() (map[string]*sbclaim.Router, error) {
 	paths, err := parseRoutesSpec(e.cfg.RoutesPath)
 	if err != nil || len(paths) == 0 {
 		return nil, err
 	}
-	routes := reconciler.Routes{}
+	routers := map[string]*sbclaim.Router{}
 	for consumer, path := range paths {
-		r, err := sideeffects.LoadRoutes(path, e.getenv, e.logger)
+		f, err := sbclaim.LoadRoutesFile(path, &sbclaim.RoutesFileOptions{Getenv: e.getenv, Logger: e.logger})
 		if err != nil {
 			return nil, fmt.Errorf("load routes from SBCLAIM_ROUTES (%s): %w", path, err)
 		}
-		routes[consumer] = r
+		r, err := sbclaim.NewRouter()
+		if err == nil {
+			err = r.AddRoutesFile(f)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("load routes from SBCLAIM_ROUTES (%s): %w", path, err)
+		}
+		routers[consumer] = r
 	}
-	return routes, nil
+	return routers, nil
+}
+
+// routerFor is the router of a consumer's claims: its own, else the one
+// for every consumer (nil: none).
+func routerFor(routers map[string]*sbclaim.Router, consumer string) *sbclaim.Router {
+	if r, ok := routers[consumer]; ok {
+		return r
+	}
+	return routers[""]
 }
 
 // cmdMigrate applies the claims schema.
 func cmdMigrate(ctx context.Context, e *env, _ []string) int {
-	if err := claimdb.Migrate(ctx, e.cfg.DatabaseURL); err != nil {
+	if err := sbclaim.Migrate(ctx, e.cfg.DatabaseURL); err != nil {
 		return e.fail("migrate", fmt.Errorf("migrate %s: %w", redact.URL(e.cfg.DatabaseURL), err))
 	}
 	fmt.Fprintf(e.stdout, "claims schema is up to date on %s\n", redact.URL(e.cfg.DatabaseURL))

@@ -1,8 +1,9 @@
 // Command reconciler recovers stale claims (repeating their effect with the
 // same idempotency key), flags for operators what a person must decide,
 // purges old finished claims, and gives operators the commands and the web
-// console to review, redrive and resolve claims. See internal/reconciler
-// for the tick itself.
+// console to review, redrive and resolve claims. It is built on the public
+// API (package sbclaim: the store, the reconciler's passes, the operator
+// actions), plus its settings, redaction and the console.
 package main
 
 import (
@@ -18,8 +19,7 @@ import (
 	"syscall"
 	"text/tabwriter"
 
-	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/claimdb"
+	"github.com/sbclaim/sbclaim"
 	"github.com/sbclaim/sbclaim/internal/redact"
 )
 
@@ -205,8 +205,8 @@ func newLogger(w io.Writer, cfg *Config) *slog.Logger {
 
 // openStore opens the claims store, with errors that never show the
 // database password.
-func (e *env) openStore(ctx context.Context) (claim.Store, error) {
-	st, err := claimdb.Open(ctx, e.cfg.DatabaseURL)
+func (e *env) openStore(ctx context.Context) (*sbclaim.Store, error) {
+	st, err := sbclaim.OpenStore(ctx, e.cfg.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("open claims database %s: %w", redact.URL(e.cfg.DatabaseURL), err)
 	}

@@ -670,10 +670,7 @@ func TestRunListenerFailureExitsBeforeScheduling(t *testing.T) {
 }
 
 // pingStore is a claims store whose Ping answers err.
-type pingStore struct {
-	claim.Store
-	err error
-}
+type pingStore struct{ err error }
 
 func (s pingStore) Ping(context.Context) error { return s.err }
 
@@ -688,7 +685,7 @@ func TestDaemonHealthAndReadiness(t *testing.T) {
 		healthz, readyz int
 	}{
 		{nil, 200, 200},
-		{claim.ErrUnavailable, 200, 503},
+		{errors.New("database unreachable"), 200, 503},
 	} {
 		srv := httptest.NewServer(httpHandler(pingStore{err: tc.ping}, prometheus.NewRegistry()))
 		for path, want := range map[string]int{"/healthz": tc.healthz, "/readyz": tc.readyz, "/metrics": 200} {

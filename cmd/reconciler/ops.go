@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"encoding/json"
@@ -16,11 +17,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/google/uuid"
-
-	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/reconciler"
-	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim"
 )
 
 // previewBytes is how much of a stored payload show prints.
@@ -52,19 +49,19 @@ func listFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 		}
 		defer st.Close()
 
-		var claims []*claim.Claim
-		params := &claim.ListParams{States: states, Consumer: *consumer, OlderThan: *olderThan}
+		var claims []*sbclaim.Claim
+		filter := sbclaim.ClaimFilter{States: states, Consumer: *consumer, OlderThan: *olderThan}
 		for len(claims) < *limit {
-			params.Limit = min(*limit-len(claims), 500)
-			page, err := st.List(ctx, params)
+			filter.Limit = min(*limit-len(claims), 500)
+			page, err := st.Claims(ctx, filter)
 			if err != nil {
 				return e.fail("list", err)
 			}
 			claims = append(claims, page...)
-			if len(page) < params.Limit {
+			if len(page) < filter.Limit {
 				break
 			}
-			params.AfterID = page[len(page)-1].ID
+			filter.AfterID = page[len(page)-1].ID
 		}
 		if *asJSON {
 			return e.writeJSON("list", toJSON(claims...))
@@ -82,19 +79,19 @@ func listFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 	}
 }
 
-func writeTable(w io.Writer, claims []*claim.Claim, now time.Time) {
+func writeTable(w io.Writer, claims []*sbclaim.Claim, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSTATE\tCONSUMER\tMESSAGE ID\tCLAIMED\tHEARTBEAT\tATTEMPTS\tREASON / LAST ERROR")
 	for _, c := range claims {
 		why := c.FlagReason
 		switch {
-		case c.State == claim.StateFailed:
+		case c.State == sbclaim.StateFailed:
 			why = c.FailReason + ": " + c.LastError
 		case why == "":
 			why = c.LastError
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s ago\t%s ago\t%d\t%s\n",
-			c.ID, c.State, printable(c.Consumer, 40), printable(c.MessageID, 40),
+			c.ID, c.State, printable(c.Consumer, 40), printable(c.DedupKey, 40),
 			age(now, c.ClaimedAt), age(now, c.HeartbeatAt), c.Attempts, printable(why, 60))
 	}
 	tw.Flush()
@@ -112,7 +109,7 @@ func showFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 			return e.fail("show", err)
 		}
 		defer st.Close()
-		c, err := st.Get(ctx, id)
+		c, err := st.Claim(ctx, id)
 		if err != nil {
 			return e.fail("show", fmt.Errorf("claim %d: %w", id, err))
 		}
@@ -130,24 +127,27 @@ func showFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 
 // writeClaim prints one claim for an operator: identity, state and times
 // (ages by the database clock), the payload (hash and a safe preview) and
-// the audit trail.
-func writeClaim(w io.Writer, c *claim.Claim, now time.Time) {
+// the audit trail. Each block writes to one tabwriter, so the columns of
+// every block line up; a new block is one more function called here.
+func writeClaim(w io.Writer, c *sbclaim.Claim, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	writeClaimFields(tw, c, now)
+	writeAuditTrail(tw, c)
+	tw.Flush()
+}
+
+// writeClaimFields prints the claim's row, one "name: value" line each.
+func writeClaimFields(tw io.Writer, c *sbclaim.Claim, now time.Time) {
 	row := func(k, v string) { fmt.Fprintf(tw, "  %s\t%s\n", k, v) }
 	fmt.Fprintf(tw, "Claim %d\n", c.ID)
-	row("message id:", printable(c.MessageID, 0))
+	row("message id:", printable(c.DedupKey, 0))
 	row("consumer:", printable(c.Consumer, 0))
 	row("state:", string(c.State))
 	row("entity:", dash(printable(c.Entity, 0)))
 	row("subject:", dash(printable(c.Subject, 0)))
 	row("content type:", dash(printable(c.ContentType, 0)))
 	if len(c.Properties) > 0 {
-		keys := make([]string, 0, len(c.Properties))
-		for k := range c.Properties {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		for i, k := range keys {
+		for i, k := range slices.Sorted(maps.Keys(c.Properties)) {
 			label := ""
 			if i == 0 {
 				label = "properties:"
@@ -158,8 +158,8 @@ func writeClaim(w io.Writer, c *claim.Claim, now time.Time) {
 		row("properties:", "-")
 	}
 	row("route:", dash(printable(c.Route, 0))+fingerprintNote(c))
-	row("idempotency key:", printable(c.Key(), 0)+keyNote(c))
-	row("owner:", c.Owner.String())
+	row("idempotency key:", printable(c.IdempotencyKey, 0)+keyNote(c))
+	row("owner:", c.Owner)
 	row("claimed by:", dash(printable(c.ClaimedBy, 0)))
 	row("take-overs:", strconv.Itoa(c.TakeOvers))
 	row("recoveries:", strconv.Itoa(c.Recoveries))
@@ -169,7 +169,7 @@ func writeClaim(w io.Writer, c *claim.Claim, now time.Time) {
 	row("heartbeat at:", stamp(now, &c.HeartbeatAt)+heartbeatNote(c))
 	row("processed at:", stamp(now, c.ProcessedAt))
 	row("released at:", stamp(now, c.ReleasedAt))
-	if c.State == claim.StateFailed || c.FailedAt != nil {
+	if c.State == sbclaim.StateFailed || c.FailedAt != nil {
 		row("failed at:", stamp(now, c.FailedAt))
 		row("fail reason:", dash(printable(c.FailReason, 0))+"  (the message's dead-letter reason)")
 		row("dead letter:", deadLetterNote(c))
@@ -182,6 +182,12 @@ func writeClaim(w io.Writer, c *claim.Claim, now time.Time) {
 	}
 	row("payload hash:", "sha256:"+hex.EncodeToString(c.PayloadHash))
 	row("payload:", payloadPreview(c))
+}
+
+// writeAuditTrail prints what the claim's row keeps of its story, oldest
+// first: the claim, the last take-over, flag, key revision and
+// resolution.
+func writeAuditTrail(tw io.Writer, c *sbclaim.Claim) {
 	fmt.Fprintln(tw, "Audit trail")
 	first := printable(c.ClaimedBy, 0)
 	switch {
@@ -200,13 +206,13 @@ func writeClaim(w io.Writer, c *claim.Claim, now time.Time) {
 			more = fmt.Sprintf(" (the last of %d take-overs)", c.TakeOvers)
 		}
 		fmt.Fprintf(tw, "  %s\ttaken over\tby %s via %s from %s (owner %s)%s: %s\n", ts(*c.TakenOverAt), printable(c.ClaimedBy, 0),
-			c.TakeOverPath, dash(printable(c.PreviousHolder, 0)), c.PreviousOwner, more, printable(c.TakeOverReason, 0))
+			c.TakeOverPath, dash(printable(c.PreviousHolder, 0)), cmp.Or(c.PreviousOwner, nilOwner), more, printable(c.TakeOverReason, 0))
 	}
 	if c.FlaggedAt != nil {
 		fmt.Fprintf(tw, "  %s\tflagged\t%s\n", ts(*c.FlaggedAt), dash(printable(c.FlagReason, 0)))
 	}
 	if c.KeyRevisedAt != nil {
-		fmt.Fprintf(tw, "  %s\tnew key\t%s (revision %d) chosen by %s: %s\n", ts(*c.KeyRevisedAt), printable(c.Key(), 0), c.KeyRevision,
+		fmt.Fprintf(tw, "  %s\tnew key\t%s (revision %d) chosen by %s: %s\n", ts(*c.KeyRevisedAt), printable(c.IdempotencyKey, 0), c.KeyRevision,
 			dash(printable(c.KeyRevisedBy, 0)), printable(c.KeyRevisionNote, 0))
 	}
 	if c.FailedAt != nil {
@@ -216,37 +222,39 @@ func writeClaim(w io.Writer, c *claim.Claim, now time.Time) {
 		fmt.Fprintf(tw, "  %s\tlate success\tthe effect of %s succeeded after it had lost the claim: the effect DID happen\n",
 			ts(*c.LateSuccessAt), printable(c.LateSuccessBy, 0))
 	}
-	if c.ProcessedAt != nil && (c.ResolvedAt == nil || c.Resolution != claim.ResolutionRedriven) {
+	if c.ProcessedAt != nil && (c.ResolvedAt == nil || c.Resolution != sbclaim.ResolutionRedriven) {
 		fmt.Fprintf(tw, "  %s\tprocessed\t\n", ts(*c.ProcessedAt))
 	}
 	if c.ResolvedAt != nil {
 		fmt.Fprintf(tw, "  %s\tresolved\tas %s by %s: %s\n", ts(*c.ResolvedAt), c.Resolution,
 			printable(c.ResolvedBy, 0), printable(c.ResolutionNote, 0))
 	}
-	tw.Flush()
 }
 
-func fingerprintNote(c *claim.Claim) string {
+// nilOwner is how an owner token that was never set prints.
+const nilOwner = "00000000-0000-0000-0000-000000000000"
+
+func fingerprintNote(c *sbclaim.Claim) string {
 	if c.Fingerprint == "" {
 		return ""
 	}
 	return "  (effect fingerprint " + c.Fingerprint + ")"
 }
 
-func heartbeatNote(c *claim.Claim) string {
+func heartbeatNote(c *sbclaim.Claim) string {
 	switch c.State {
-	case claim.StateClaimed:
+	case sbclaim.StateClaimed:
 		return "  (time since the owning processor last showed life)"
-	case claim.StateReleased:
+	case sbclaim.StateReleased:
 		return "  (released: waiting for a redelivery to take it over)"
-	case claim.StateFailed:
+	case sbclaim.StateFailed:
 		return "  (failed: a final answer; never taken over)"
 	}
 	return ""
 }
 
 // keyNote says where a claim's idempotency key comes from.
-func keyNote(c *claim.Claim) string {
+func keyNote(c *sbclaim.Claim) string {
 	if c.KeyRevision == 0 {
 		return "  (the message id)"
 	}
@@ -255,7 +263,7 @@ func keyNote(c *claim.Claim) string {
 
 // deadLetterNote says which delivery dead-letters a failed claim's
 // message.
-func deadLetterNote(c *claim.Claim) string {
+func deadLetterNote(c *sbclaim.Claim) string {
 	if c.DeadLetterSeq == nil {
 		return "none yet: the next delivery of its message, if one comes, is dead-lettered with the fail reason"
 	}
@@ -264,7 +272,7 @@ func deadLetterNote(c *claim.Claim) string {
 
 // answerText renders the downstream's last answer on one line: the
 // status, the step, the recorded headers and fields (each value escaped).
-func answerText(a *claim.Answer) string {
+func answerText(a *sbclaim.Answer) string {
 	if a == nil {
 		return "-"
 	}
@@ -290,7 +298,7 @@ func answerText(a *claim.Answer) string {
 
 // payloadPreview renders a stored payload safely for a terminal: at most
 // previewBytes, every non-printable byte escaped, truncation said plainly.
-func payloadPreview(c *claim.Claim) string {
+func payloadPreview(c *sbclaim.Claim) string {
 	p := c.Payload
 	if p == nil {
 		switch {
@@ -317,8 +325,8 @@ func resolveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 		if !ok {
 			return exitUsage
 		}
-		res := claim.Resolution(*as)
-		if res != claim.ResolutionDone && res != claim.ResolutionDiscarded {
+		res := sbclaim.Resolution(*as)
+		if res != sbclaim.ResolutionDone && res != sbclaim.ResolutionDiscarded {
 			fmt.Fprintf(e.stderr, "reconciler resolve: --as must be done or discarded (got %q); use 'reconciler redrive' to re-run the effect\n", *as)
 			return exitUsage
 		}
@@ -336,11 +344,11 @@ func resolveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 			return e.fail("resolve", err)
 		}
 		defer st.Close()
-		c, err := reconciler.Resolve(ctx, st, &reconciler.ResolveParams{ID: id, Resolution: res, By: operator, Note: *note})
+		c, err := st.Resolve(ctx, id, res, operator, *note)
 		if err != nil {
 			return e.refuse("resolve", id, err)
 		}
-		e.logger.Info("claim resolved", "claim_id", c.ID, "message_id", c.MessageID, "consumer", c.Consumer,
+		e.logger.Info("claim resolved", "claim_id", c.ID, "message_id", c.DedupKey, "consumer", c.Consumer,
 			"resolution", c.Resolution, "by", c.ResolvedBy)
 		fmt.Fprintf(e.stdout, "claim %d resolved as %s by %s\n", c.ID, c.Resolution, printable(c.ResolvedBy, 0))
 		return exitOK
@@ -349,9 +357,11 @@ func resolveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 
 func redriveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 	by := fs.String("by", "", "operator name (default: $SBCLAIM_OPERATOR, else the OS user)")
-	note := fs.String("note", "redriven", "note kept on the claim (required with --new-key)")
+	note := fs.String("note", "redriven", "note kept on the claim (required with --new-key and --handoff)")
 	newKey := fs.Bool("new-key", false, "redrive under a new idempotency key <key>:r<N>, recorded on the claim: only for a route with allowNewKey, "+
 		"and only after checking the downstream did nothing under the old key (see the README)")
+	handOff := fs.Bool("handoff", false, "for a claim whose route is not in the routes file (a Go handler in your own binary): hand it off, "+
+		"released for the reconciler passes running in that binary, which re-run it with the same idempotency key")
 	return func(ctx context.Context, e *env, args []string) int {
 		id, ok := e.claimID("redrive", args)
 		if !ok {
@@ -359,13 +369,20 @@ func redriveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 		}
 		noteGiven := false
 		fs.Visit(func(f *flag.Flag) { noteGiven = noteGiven || f.Name == "note" })
-		if *newKey && (!noteGiven || strings.TrimSpace(*note) == "") {
+		switch {
+		case *newKey && *handOff:
+			fmt.Fprintln(e.stderr, "reconciler redrive: --new-key and --handoff go separately: a hand-off re-runs the claim with its key")
+			return exitUsage
+		case *newKey && (!noteGiven || strings.TrimSpace(*note) == ""):
 			fmt.Fprintln(e.stderr, "reconciler redrive: --new-key needs --note: say what you checked on the downstream "+
 				"(that it did nothing under the old key), for whoever reads this claim next")
 			return exitUsage
-		}
-		if e.cfg.RoutesPath == "" {
-			fmt.Fprintln(e.stderr, "reconciler redrive: SBCLAIM_ROUTES (--routes) is required: the processors' routes file (or consumer=path pairs)")
+		case *handOff && (!noteGiven || strings.TrimSpace(*note) == ""):
+			fmt.Fprintln(e.stderr, "reconciler redrive: --handoff needs --note: say why it should run again, for whoever reads this claim next")
+			return exitUsage
+		case !*handOff && e.cfg.RoutesPath == "":
+			fmt.Fprintln(e.stderr, "reconciler redrive: SBCLAIM_ROUTES (--routes) is required: the processors' routes file (or consumer=path pairs); "+
+				"for a claim whose route is a Go handler in your own binary, use --handoff")
 			return exitUsage
 		}
 		operator, err := e.operator(*by)
@@ -373,9 +390,11 @@ func redriveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 			fmt.Fprintf(e.stderr, "reconciler redrive: %v\n", err)
 			return exitUsage
 		}
-		routes, err := e.routes()
-		if err != nil {
-			return e.fail("redrive", err)
+		var routers map[string]*sbclaim.Router
+		if !*handOff {
+			if routers, err = e.routes(); err != nil {
+				return e.fail("redrive", err)
+			}
 		}
 		st, err := e.openStore(ctx)
 		if err != nil {
@@ -383,19 +402,18 @@ func redriveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 		}
 		defer st.Close()
 
-		c, err := reconciler.Redrive(ctx, st, &reconciler.RedriveParams{
-			ID: id, By: operator, Note: *note, NewKey: *newKey, Routes: routes, Logger: e.logger,
-			HeartbeatInterval: e.cfg.HeartbeatInterval, StoreTimeout: e.cfg.QueryTimeout,
+		if *handOff {
+			return e.handOff(ctx, st, id, operator, *note)
+		}
+		c, err := st.Redrive(ctx, id, sbclaim.RedriveOptions{
+			By: operator, Note: *note, NewKey: *newKey, Routers: routers, Logger: e.logger,
+			HeartbeatInterval: e.cfg.HeartbeatInterval, QueryTimeout: e.cfg.QueryTimeout,
 		})
-		var (
-			effErr *reconciler.EffectError
-			recErr *reconciler.RecordError
-		)
-		switch {
-		case err == nil:
-			key := "idempotency key " + printable(c.Key(), 0)
+		var act *sbclaim.ActionError
+		if err == nil {
+			key := "idempotency key " + printable(c.IdempotencyKey, 0)
 			if *newKey {
-				key = fmt.Sprintf("the new idempotency key %s (revision %d, recorded on the claim)", printable(c.Key(), 0), c.KeyRevision)
+				key = fmt.Sprintf("the new idempotency key %s (revision %d, recorded on the claim)", printable(c.IdempotencyKey, 0), c.KeyRevision)
 			}
 			fmt.Fprintf(e.stdout, "claim %d redriven: the effect succeeded with %s; resolved as %s by %s\n",
 				c.ID, key, c.Resolution, printable(c.ResolvedBy, 0))
@@ -403,53 +421,91 @@ func redriveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 				fmt.Fprintf(e.stdout, "answer: %s\n", answerText(c.Answer))
 			}
 			return exitOK
-		case errors.As(err, &effErr) && effErr.Outcome.Final():
+		}
+		if !errors.As(err, &act) {
+			return e.refuse("redrive", id, err)
+		}
+		switch {
+		case act.Kind == sbclaim.ActionEffectFailed && act.Outcome.Final():
 			status := ""
-			if effErr.Answer != nil && effErr.Answer.Status != 0 {
-				status = fmt.Sprintf(" (HTTP %d)", effErr.Answer.Status)
+			if act.Answer != nil && act.Answer.Status != 0 {
+				status = fmt.Sprintf(" (HTTP %d)", act.Answer.Status)
 			}
 			back := "The claim is failed: a final answer; it is never redriven or flagged again, and the next delivery of its message, if one comes, is dead-lettered."
-			if !effErr.Failed {
+			if !act.Failed {
 				back = "Failing the claim could not be written: the redrive's hold lapses within SBCLAIM_STALE_AFTER, and the reconciler's next run gets the same answer."
 			}
 			fmt.Fprintf(e.stderr, "reconciler redrive: claim %d: the downstream gave a final answer with idempotency key %s: outcome %s%s: %v\n%s\n",
-				id, printable(effErr.Key, 0), effErr.Outcome, status, effErr.Err, back)
+				id, printable(act.IdempotencyKey, 0), act.Outcome, status, act.Err, back)
 			return exitFailure
-		case errors.As(err, &effErr):
+		case act.Kind == sbclaim.ActionEffectFailed:
 			back := "The claim is flagged again with this failure as its reason."
-			if !effErr.Reflagged {
+			if !act.Reflagged {
 				back = "Flagging it again failed too: the reconciler flags it again within SBCLAIM_STALE_AFTER."
 			}
 			maybe := ""
-			if effErr.Outcome == sideeffects.OutcomeUnknown {
+			if act.Outcome == sbclaim.OutcomeUnknown {
 				maybe = " The outcome is unknown: the effect MAY have been performed; check the downstream before you resolve it."
 			}
 			fmt.Fprintf(e.stderr, "reconciler redrive: claim %d: the effect failed with idempotency key %s (outcome %s after %d attempt(s)): %v\n%s%s\n"+
 				"Redrive it again later, or resolve it by hand: reconciler resolve %d --as done|discarded --note '...'\n",
-				id, printable(effErr.Key, 0), effErr.Outcome, effErr.Attempts, effErr.Err, back, maybe, id)
+				id, printable(act.IdempotencyKey, 0), act.Outcome, act.Attempts, act.Err, back, maybe, id)
 			return exitFailure
-		case errors.As(err, &recErr):
+		case act.Kind == sbclaim.ActionNotRecorded:
 			fmt.Fprintf(e.stderr, "reconciler redrive: claim %d: the effect WAS performed (idempotency key %s), but recording it failed: %v\n"+
 				"Do NOT redrive it again to be sure: it happened. The claim stays held by this redrive until its hold lapses;\n"+
 				"within SBCLAIM_STALE_AFTER the reconciler flags it again (\"redrive ... stopped\"), then record it:\n"+
 				"  reconciler resolve %d --as done --note 'redrive performed the effect; recording failed'\n",
-				id, printable(recErr.Key, 0), recErr.Err, id)
+				id, printable(act.IdempotencyKey, 0), act.Err, id)
 			return exitFailure
 		}
+		code := e.refuse("redrive", id, err)
+		if c := act.Claim; c != nil && c.State == sbclaim.StateFlagged && c.Payload != nil && !routesHere(routers, c) {
+			// Its effect is code the routes file does not have: a Go
+			// handler in the user's own binary can run it.
+			fmt.Fprintf(e.stderr, "Its route %s is not in the routes file: if it is a Go handler in your own binary, hand it off to that binary's reconciler:\n"+
+				"  reconciler redrive %d --handoff --note '...'\n", dash(strconv.Quote(c.Route)), id)
+		}
+		return code
+	}
+}
+
+// routesHere reports whether the routers route a claim to the route it
+// was taken for, so that a redrive here can run its effect.
+func routesHere(routers map[string]*sbclaim.Router, c *sbclaim.Claim) bool {
+	r := routerFor(routers, c.Consumer)
+	if r == nil {
+		return false
+	}
+	name, ok := r.RouteOf(c)
+	return ok && (c.Route == "" || name == c.Route)
+}
+
+// handOff is the redrive of a claim whose effect is a Go handler in the
+// user's own binary: released, audited, for that binary's reconciler
+// passes to re-run with the claim's idempotency key.
+func (e *env) handOff(ctx context.Context, st *sbclaim.Store, id int64, operator, note string) int {
+	c, err := st.HandOff(ctx, id, operator, note)
+	if err != nil {
 		return e.refuse("redrive", id, err)
 	}
+	e.logger.Info("claim handed off", "claim_id", c.ID, "message_id", c.DedupKey, "consumer", c.Consumer, "route", c.Route, "by", operator)
+	fmt.Fprintf(e.stdout, "claim %d handed off by %s: released for the reconciler that runs route %s, which re-runs it with idempotency key %s\n"+
+		"within its SBCLAIM_STALE_AFTER; 'reconciler show %d' tells how it ended\n",
+		c.ID, printable(operator, 0), dash(strconv.Quote(c.Route)), printable(c.IdempotencyKey, 0), c.ID)
+	return exitOK
 }
 
 // refuse explains an action that did not happen: a refusal (someone else
 // acted first, or the claim cannot take the action) says what the claim
 // is now, and that nothing was changed.
 func (e *env) refuse(cmd string, id int64, err error) int {
-	var refused *reconciler.RefusedError
+	var act *sbclaim.ActionError
 	switch {
-	case errors.As(err, &refused):
-		fmt.Fprintf(e.stderr, "reconciler %s: refused: %s\n", cmd, printable(refused.Error(), 0))
+	case errors.As(err, &act) && act.Kind == sbclaim.ActionRefused:
+		fmt.Fprintf(e.stderr, "reconciler %s: refused: %s\n", cmd, printable(act.Error(), 0))
 		return exitFailure
-	case errors.Is(err, claim.ErrNotFound):
+	case errors.Is(err, sbclaim.ErrNotFound):
 		return e.fail(cmd, fmt.Errorf("claim %d not found", id))
 	}
 	return e.fail(cmd, err)
@@ -494,73 +550,86 @@ func (e *env) writeJSON(cmd string, v any) int {
 // claimJSON is a claim for scripts: snake_case fields, the payload hash in
 // hex, the payload itself left out (it may hold personal data; use show).
 type claimJSON struct {
-	ID              int64             `json:"id"`
-	MessageID       string            `json:"message_id"`
-	Consumer        string            `json:"consumer"`
-	Owner           string            `json:"owner"`
-	State           claim.State       `json:"state"`
-	Entity          string            `json:"entity"`
-	Subject         string            `json:"subject"`
-	ContentType     string            `json:"content_type"`
-	Properties      map[string]string `json:"properties"`
-	PayloadHash     string            `json:"payload_hash"`
-	PayloadSize     *int              `json:"payload_size"` // null when not stored
-	DeliveryCount   int               `json:"delivery_count"`
-	ClaimedBy       string            `json:"claimed_by"`
-	ClaimedAt       time.Time         `json:"claimed_at"`
-	HeartbeatAt     time.Time         `json:"heartbeat_at"`
-	ProcessedAt     *time.Time        `json:"processed_at"`
-	ReleasedAt      *time.Time        `json:"released_at"`
-	Attempts        int               `json:"attempts"`
-	LastError       string            `json:"last_error"`
-	FlaggedAt       *time.Time        `json:"flagged_at"`
-	FlagReason      string            `json:"flag_reason"`
-	ResolvedAt      *time.Time        `json:"resolved_at"`
-	ResolvedBy      string            `json:"resolved_by"`
-	Resolution      claim.Resolution  `json:"resolution"`
-	ResolutionNote  string            `json:"resolution_note"`
-	Route           string            `json:"route"`
-	Fingerprint     string            `json:"fingerprint"`
-	TakeOvers       int               `json:"take_overs"`
-	TakenOverAt     *time.Time        `json:"taken_over_at"`
-	TakeOverPath    string            `json:"take_over_path"`
-	TakeOverReason  string            `json:"take_over_reason"`
-	PreviousOwner   string            `json:"previous_owner"`
-	PreviousHolder  string            `json:"previous_holder"`
-	Recoveries      int               `json:"recoveries"`
-	NextAttemptAt   *time.Time        `json:"next_attempt_at"`
-	LateSuccessAt   *time.Time        `json:"late_success_at"`
-	LateSuccessBy   string            `json:"late_success_by"`
-	FailedAt        *time.Time        `json:"failed_at"`
-	FailReason      string            `json:"fail_reason"`
-	DeadLetterSeq   *int64            `json:"dead_letter_seq"` // the delivery that dead-letters a failed claim; null: none yet
-	Answer          *claim.Answer     `json:"answer"`          // the downstream's last answer; null: none
-	AnswerAt        *time.Time        `json:"answer_at"`
-	Key             string            `json:"idempotency_key"` // what the effect is sent with
-	KeyRevision     int               `json:"key_revision"`
-	KeyRevisedBy    string            `json:"key_revised_by"`
-	KeyRevisedAt    *time.Time        `json:"key_revised_at"`
-	KeyRevisionNote string            `json:"key_revision_note"`
+	ID              int64              `json:"id"`
+	MessageID       string             `json:"message_id"`
+	Consumer        string             `json:"consumer"`
+	Owner           string             `json:"owner"`
+	State           sbclaim.ClaimState `json:"state"`
+	Entity          string             `json:"entity"`
+	Subject         string             `json:"subject"`
+	ContentType     string             `json:"content_type"`
+	Properties      map[string]string  `json:"properties"`
+	PayloadHash     string             `json:"payload_hash"`
+	PayloadSize     *int               `json:"payload_size"` // null when not stored
+	DeliveryCount   int                `json:"delivery_count"`
+	ClaimedBy       string             `json:"claimed_by"`
+	ClaimedAt       time.Time          `json:"claimed_at"`
+	HeartbeatAt     time.Time          `json:"heartbeat_at"`
+	ProcessedAt     *time.Time         `json:"processed_at"`
+	ReleasedAt      *time.Time         `json:"released_at"`
+	Attempts        int                `json:"attempts"`
+	LastError       string             `json:"last_error"`
+	FlaggedAt       *time.Time         `json:"flagged_at"`
+	FlagReason      string             `json:"flag_reason"`
+	ResolvedAt      *time.Time         `json:"resolved_at"`
+	ResolvedBy      string             `json:"resolved_by"`
+	Resolution      sbclaim.Resolution `json:"resolution"`
+	ResolutionNote  string             `json:"resolution_note"`
+	Route           string             `json:"route"`
+	Fingerprint     string             `json:"fingerprint"`
+	TakeOvers       int                `json:"take_overs"`
+	TakenOverAt     *time.Time         `json:"taken_over_at"`
+	TakeOverPath    string             `json:"take_over_path"`
+	TakeOverReason  string             `json:"take_over_reason"`
+	PreviousOwner   string             `json:"previous_owner"`
+	PreviousHolder  string             `json:"previous_holder"`
+	Recoveries      int                `json:"recoveries"`
+	NextAttemptAt   *time.Time         `json:"next_attempt_at"`
+	LateSuccessAt   *time.Time         `json:"late_success_at"`
+	LateSuccessBy   string             `json:"late_success_by"`
+	FailedAt        *time.Time         `json:"failed_at"`
+	FailReason      string             `json:"fail_reason"`
+	DeadLetterSeq   *int64             `json:"dead_letter_seq"` // the delivery that dead-letters a failed claim; null: none yet
+	Answer          *answerJSON        `json:"answer"`          // the downstream's last answer; null: none
+	AnswerAt        *time.Time         `json:"answer_at"`
+	Key             string             `json:"idempotency_key"` // what the effect is sent with
+	KeyRevision     int                `json:"key_revision"`
+	KeyRevisedBy    string             `json:"key_revised_by"`
+	KeyRevisedAt    *time.Time         `json:"key_revised_at"`
+	KeyRevisionNote string             `json:"key_revision_note"`
 }
 
-func toJSON(claims ...*claim.Claim) []claimJSON {
+// answerJSON is a claim's answer for scripts.
+type answerJSON struct {
+	Status    int               `json:"status"`
+	Step      string            `json:"step,omitempty"`
+	Headers   map[string]string `json:"headers,omitempty"`
+	Fields    map[string]string `json:"fields,omitempty"`
+	Truncated bool              `json:"truncated,omitempty"`
+}
+
+func toAnswerJSON(a *sbclaim.Answer) *answerJSON {
+	if a == nil {
+		return nil
+	}
+	return &answerJSON{Status: a.Status, Step: a.Step, Headers: a.Headers, Fields: a.Fields, Truncated: a.Truncated}
+}
+
+func toJSON(claims ...*sbclaim.Claim) []claimJSON {
 	out := make([]claimJSON, 0, len(claims))
 	for _, c := range claims {
 		j := claimJSON{
-			ID: c.ID, MessageID: c.MessageID, Consumer: c.Consumer, Owner: c.Owner.String(), State: c.State,
+			ID: c.ID, MessageID: c.DedupKey, Consumer: c.Consumer, Owner: c.Owner, State: c.State,
 			Entity: c.Entity, Subject: c.Subject, ContentType: c.ContentType, Properties: c.Properties,
 			PayloadHash: hex.EncodeToString(c.PayloadHash), DeliveryCount: c.DeliveryCount, ClaimedBy: c.ClaimedBy,
 			ClaimedAt: c.ClaimedAt, HeartbeatAt: c.HeartbeatAt, ProcessedAt: c.ProcessedAt, ReleasedAt: c.ReleasedAt,
 			Attempts: c.Attempts, LastError: c.LastError, FlaggedAt: c.FlaggedAt, FlagReason: c.FlagReason,
 			ResolvedAt: c.ResolvedAt, ResolvedBy: c.ResolvedBy, Resolution: c.Resolution, ResolutionNote: c.ResolutionNote,
 			Route: c.Route, Fingerprint: c.Fingerprint, TakeOvers: c.TakeOvers, TakenOverAt: c.TakenOverAt,
-			TakeOverPath: string(c.TakeOverPath), TakeOverReason: c.TakeOverReason, PreviousHolder: c.PreviousHolder,
+			TakeOverPath: string(c.TakeOverPath), TakeOverReason: c.TakeOverReason, PreviousOwner: c.PreviousOwner, PreviousHolder: c.PreviousHolder,
 			Recoveries: c.Recoveries, NextAttemptAt: c.NextAttemptAt, LateSuccessAt: c.LateSuccessAt, LateSuccessBy: c.LateSuccessBy,
-			FailedAt: c.FailedAt, FailReason: c.FailReason, DeadLetterSeq: c.DeadLetterSeq, Answer: c.Answer, AnswerAt: c.AnswerAt,
-			Key: c.Key(), KeyRevision: c.KeyRevision, KeyRevisedBy: c.KeyRevisedBy, KeyRevisedAt: c.KeyRevisedAt, KeyRevisionNote: c.KeyRevisionNote,
-		}
-		if c.PreviousOwner != uuid.Nil {
-			j.PreviousOwner = c.PreviousOwner.String()
+			FailedAt: c.FailedAt, FailReason: c.FailReason, DeadLetterSeq: c.DeadLetterSeq, Answer: toAnswerJSON(c.Answer), AnswerAt: c.AnswerAt,
+			Key: c.IdempotencyKey, KeyRevision: c.KeyRevision, KeyRevisedBy: c.KeyRevisedBy, KeyRevisedAt: c.KeyRevisedAt, KeyRevisionNote: c.KeyRevisionNote,
 		}
 		if c.Payload != nil {
 			n := len(c.Payload)
@@ -574,13 +643,13 @@ func toJSON(claims ...*claim.Claim) []claimJSON {
 	return out
 }
 
-func parseStates(s string) ([]claim.State, error) {
+func parseStates(s string) ([]sbclaim.ClaimState, error) {
 	if s == "all" || s == "" {
 		return nil, nil
 	}
-	var states []claim.State
+	var states []sbclaim.ClaimState
 	for part := range strings.SplitSeq(s, ",") {
-		st := claim.State(strings.TrimSpace(part))
+		st := sbclaim.ClaimState(strings.TrimSpace(part))
 		if !st.Valid() {
 			return nil, fmt.Errorf("unknown state %q (want %s, or all)", part, joinStates())
 		}
@@ -589,9 +658,9 @@ func parseStates(s string) ([]claim.State, error) {
 	return states, nil
 }
 
-func joinStates() string { return strings.Join(stateNames(claim.States), ", ") }
+func joinStates() string { return strings.Join(stateNames(sbclaim.ClaimStates()), ", ") }
 
-func stateNames(states []claim.State) []string {
+func stateNames(states []sbclaim.ClaimState) []string {
 	if len(states) == 0 {
 		return []string{"matching"}
 	}

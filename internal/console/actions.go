@@ -112,6 +112,43 @@ func (s *Server) serveRedrive(w http.ResponseWriter, r *http.Request) {
 	s.renderClaim(w, r, status, id, flash)
 }
 
+// serveHandOff is the redrive of a claim whose effect is code the console
+// does not have (a Go handler in the user's own binary): the claim is
+// released, audited, for that binary's reconciler passes to re-run with
+// its idempotency key.
+func (s *Server) serveHandOff(w http.ResponseWriter, r *http.Request) {
+	id, ok := claimID(r)
+	if !ok {
+		s.renderError(w, r, http.StatusNotFound, "Not found", "Claim ids are positive integers.")
+		return
+	}
+	op := s.authorize(w, r)
+	if op == nil {
+		return
+	}
+	n, err := note(r)
+	if err == nil && n == "" {
+		err = errors.New("a note is required: say why it should run again, for whoever reads this claim next")
+	}
+	if err != nil {
+		s.renderClaim(w, r, http.StatusBadRequest, id, &Flash{Kind: "error", Title: "Refused: " + err.Error(), Lines: []string{"Nothing was changed."}})
+		return
+	}
+	_, err = reconciler.HandOff(actionCtx(r), s.opts.Store, &reconciler.HandOffParams{ID: id, By: op.By(), Note: n, StoreTimeout: s.opts.StoreTimeout})
+	if err == nil {
+		s.log.Info("console: claim handed off", "claim_id", id, "by", op.By())
+		http.Redirect(w, r, fmt.Sprintf("/claims/%d?done=handedoff", id), http.StatusSeeOther)
+		return
+	}
+	status, flash := actionFailure(id, err)
+	s.log.Warn("console: hand-off did not complete", "claim_id", id, "by", op.By(), "err", err)
+	if status == http.StatusNotFound {
+		s.renderError(w, r, status, "Not found", fmt.Sprintf("There is no claim %d.", id))
+		return
+	}
+	s.renderClaim(w, r, status, id, flash)
+}
+
 // actionFailure is what the operator reads when an action did not
 // complete: a refusal (nothing changed), a failed effect, or an effect
 // that WAS performed but not recorded.

@@ -40,6 +40,11 @@ type claimData struct {
 	Flagged    bool
 	CanRedrive bool
 	NoRedrive  string // why redrive is not offered
+	// HandOff: the routes do not have the claim's route (a Go handler in
+	// the user's own binary), so the page offers to hand it to the
+	// binary that runs it; HandOffWhy says so.
+	HandOff    bool
+	HandOffWhy string
 	// NewKey is the key a redrive under a new key would use, "" when the
 	// claim's route does not allow one (or redrive is not offered).
 	NewKey  string
@@ -89,6 +94,8 @@ func (s *Server) serveClaim(w http.ResponseWriter, r *http.Request) {
 		flash = &Flash{Kind: "ok", Title: "Redriven"}
 	case "resolved":
 		flash = &Flash{Kind: "ok", Title: "Resolved"}
+	case "handedoff":
+		flash = &Flash{Kind: "ok", Title: "Handed off"}
 	}
 	s.renderClaim(w, r, http.StatusOK, id, flash)
 }
@@ -121,6 +128,9 @@ func (s *Server) renderClaim(w http.ResponseWriter, r *http.Request, status int,
 				visible(c.Key()), revisionNote(c), visible(c.ResolvedBy))}
 		case flash.Title == "Resolved" && c.State == claim.StateResolved:
 			flash.Lines = []string{fmt.Sprintf("Resolved as %s by %s.", c.Resolution, visible(c.ResolvedBy))}
+		case flash.Title == "Handed off" && c.State == claim.StateReleased && c.TakeOverPath == claim.PathOperator:
+			flash.Lines = []string{fmt.Sprintf("Released for the reconciler that runs route %q, which re-runs it with idempotency key %q once it has been released for its stale window (SBCLAIM_STALE_AFTER). This page shows how it ended.",
+				visible(c.Route), visible(c.Key()))}
 		default:
 			flash = nil
 		}
@@ -140,6 +150,15 @@ func (s *Server) renderClaim(w http.ResponseWriter, r *http.Request, status int,
 		d.NoRedrive = "Its payload was not stored (payload storage was off when it was claimed), so it cannot be re-run; resolve it by hand."
 	default:
 		d.CanRedrive = true
+	}
+	if d.Flagged && c.Payload != nil && !s.routesHere(c) {
+		d.HandOff = true
+		d.HandOffWhy = fmt.Sprintf("Its route %q is not in the processors' routes this console was given (SBCLAIM_ROUTES): "+
+			"if it is a Go handler in your own binary, hand the claim to that binary.", visible(c.Route))
+		if c.Route == "" {
+			d.HandOffWhy = "The claim records no route, and the processors' routes this console was given (SBCLAIM_ROUTES) route it to no effect: " +
+				"if its effect is a Go handler in your own binary, hand the claim to that binary."
+		}
 	}
 	if d.Flagged && d.CanRedrive && s.allowsNewKey(c) {
 		d.NewKey = claim.RevisedKey(c.MessageID, c.KeyRevision+1)
@@ -161,6 +180,18 @@ func (s *Server) allowsNewKey(c *claim.Claim) bool {
 	}
 	h, err := router.Route(reconciler.MessageFromClaim(c))
 	return err == nil && h.Effect != nil && h.AllowNewKey && !c.RouteDiffers(h.Name, h.Fingerprint)
+}
+
+// routesHere reports whether the console's routes send c to the route it
+// was taken for, so that a redrive here can run its effect (a database-only
+// route cannot be re-run anywhere: no hand-off for it either).
+func (s *Server) routesHere(c *claim.Claim) bool {
+	router := s.opts.Routes.For(c.Consumer)
+	if router == nil {
+		return false
+	}
+	h, err := router.Route(reconciler.MessageFromClaim(c))
+	return err == nil && (c.Route == "" || h.Name == c.Route || h.Effect == nil)
 }
 
 // sortedPairs is m as name/value pairs sorted by name.

@@ -13,6 +13,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/sbclaim/sbclaim"
+	"github.com/sbclaim/sbclaim/internal/bridge"
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
@@ -160,6 +162,25 @@ func New(opts Options) (*Server, error) {
 	return s, nil
 }
 
+// NewPublic builds a console on the public API's values: the claims store
+// and the processors' routers by consumer (the "" entry serves consumers
+// without one of their own; none: redrive is off). They replace
+// opts.Store and opts.Routes. A program built on package sbclaim (the
+// reconciler command) needs no internal claim type to serve the console.
+func NewPublic(store *sbclaim.Store, routers map[string]*sbclaim.Router, opts Options) (*Server, error) {
+	if store == nil {
+		return nil, errors.New("console: Store is required")
+	}
+	opts.Store, opts.Routes = bridge.StoreOf(store), nil
+	if len(routers) > 0 {
+		opts.Routes = make(reconciler.Routes, len(routers))
+		for consumer, r := range routers {
+			opts.Routes[consumer] = bridge.RouterOf(r)
+		}
+	}
+	return New(opts)
+}
+
 // ValidOperatorName checks an operator name from the configuration
 // (Options.LocalOperator).
 func ValidOperatorName(name string) error { return validName(name) }
@@ -200,6 +221,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /claims", s.serveList)
 	mux.HandleFunc("GET /claims/{id}", s.serveClaim)
 	mux.HandleFunc("POST /claims/{id}/redrive", s.serveRedrive)
+	mux.HandleFunc("POST /claims/{id}/handoff", s.serveHandOff)
 	mux.HandleFunc("POST /claims/{id}/resolve", s.serveResolve)
 	mux.HandleFunc("GET /bulk", s.serveBulkConfirm)
 	mux.HandleFunc("POST /bulk", s.serveBulk)
