@@ -22,6 +22,7 @@ var (
 	ErrStateChanged = claim.ErrStateChanged          // someone acted first
 	ErrRouteChanged = claim.ErrRouteChanged          // the claim was taken for another route or fingerprint
 	ErrNewKey       = reconciler.ErrNewKeyNotAllowed // the route does not allow a new idempotency key
+	ErrKeyExpired   = reconciler.ErrKeyExpired       // the claim's key is older than its route's KeyLifetime: redrive it under a new key, or resolve it
 )
 
 // Resolution is how an operator closes a flagged claim by hand.
