@@ -3,6 +3,8 @@ package sideeffects
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -222,6 +224,34 @@ func TestReplayOptionsSchemaErrors(t *testing.T) {
 				if !strings.Contains(got, w) {
 					t.Errorf("error %q does not contain %q", got, w)
 				}
+			}
+		})
+	}
+}
+
+// The README's Stripe example and examples/routes.yaml flag a replayed
+// stored failure at once and say Stripe keeps keys for 24h.
+func TestStripeExamplesFlagAReplayedFailure(t *testing.T) {
+	t.Parallel()
+	example, err := os.ReadFile(filepath.Join("..", "..", "examples", "routes.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, file := range map[string]string{"README": readmeStripeRoute(t), "examples/routes.yaml": string(example)} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setupFake(t, fakedownstream.Options{StripeRequests: true, ConflictStyle: fakedownstream.ConflictStripe})
+			env := map[string]string{"STRIPE_AUTHORIZATION": "Bearer sk_test_4eC39HqLyjWDarjtT1zdp7dc", "PAYMENTS_TOKEN": "Bearer payments-token", "EMAILS_API_KEY": "emails-api-key"}
+			r := mustRouter(t, strings.ReplaceAll(file, "https://api.stripe.com", b.url), env, b.log)
+			msg := jsonMsg("evt-9", "payment.requested", `{"order":45,"amount_cents":700}`)
+			h, err := r.Route(msg)
+			if err != nil || h.KeyLifetime != 24*time.Hour || !h.AllowNewKey {
+				t.Fatalf("payments: key lifetime %s, allowNewKey %v (%v); want 24h and true", h.KeyLifetime, h.AllowNewKey, err)
+			}
+			b.fake.SetKeyReply("evt-9", fakedownstream.ReplyCachedFailure)
+			err = fastPolicy.Do(context.Background(), func(ctx context.Context) error { return h.Effect.Perform(ctx, msg, "evt-9") }, nil)
+			if !ForOperator(err) || b.fake.Requests("evt-9") != 2 {
+				t.Errorf("stored failure: %v after %d requests; want flagged for an operator at the first replay (2 requests)", err, b.fake.Requests("evt-9"))
 			}
 		})
 	}
