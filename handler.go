@@ -108,6 +108,10 @@ func newDelivery(ctx context.Context, msg *azservicebus.ReceivedMessage, key str
 //     Rejected.
 //   - KeyConflict(err): the downstream says the key was used with another
 //     payload. Like Rejected.
+//   - NeedsOperator(err): a person must decide. The outcome is unknown,
+//     and repeating the effect with the same key cannot settle it (the
+//     downstream replays a failure it stored under the key). Retries stop
+//     and the claim is flagged for an operator at once.
 //   - any other error, and a panic (recovered, logged with its stack):
 //     the outcome is unknown. The effect may have happened, so it is
 //     repeated only with the same idempotency key, and only on a route
@@ -168,3 +172,14 @@ func KeyConflict(err error) error { return sideeffects.Conflict(err) }
 // Unknown marks err as "may or may not have happened" explicitly; a plain
 // error means the same.
 func Unknown(err error) error { return sideeffects.Unknown(err) }
+
+// NeedsOperator marks err as "a person must decide": the effect may have
+// happened, and repeating it with the same idempotency key cannot settle
+// it — the downstream replays a failure it stored under the key (Stripe
+// answers a repeat with the stored 500 and Idempotent-Replayed: true).
+// Retries stop at once and the claim is flagged for an operator, with the
+// answer the handler reported (Delivery.ReportAnswer); the operator checks
+// the downstream, then redrives the claim (under a new key on a route with
+// AllowNewKey) or resolves it. The processor, the reconciler's recovery
+// and a redrive treat it alike.
+func NeedsOperator(err error) error { return sideeffects.NeedsOperator(err) }

@@ -27,6 +27,9 @@ var (
 	// ErrNotRedrivable: the claim's route is a TxHandlerFunc, which runs
 	// in the claim's own transaction and cannot be re-run alone.
 	ErrNotRedrivable = reconciler.ErrNotRedrivable
+	// ErrKeyExpired: the claim's key is older than its route's
+	// KeyLifetime; redrive it under a new key, or resolve it.
+	ErrKeyExpired = reconciler.ErrKeyExpired
 )
 
 // Resolution is how an operator closes a flagged claim by hand.

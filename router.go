@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
@@ -67,6 +68,15 @@ type Route struct {
 	// under a new idempotency key: for a downstream that stored a failure
 	// under the key and replays it to every retry.
 	AllowNewKey bool
+	// KeyLifetime is how long the downstream keeps an idempotency key
+	// (Stripe: 24 hours); zero: for ever. A claim whose key is older than
+	// that, by the database clock, is not repeated with the same key — by
+	// a redelivery's take-over, the reconciler's recovery or a redrive —
+	// because the downstream would not deduplicate the repeat: it is
+	// flagged for an operator instead, with a reason naming the lifetime.
+	// A redrive under a new key (AllowNewKey) is still allowed. It is not
+	// part of the route's fingerprint.
+	KeyLifetime time.Duration
 	// JSONBody dead-letters a message whose body is not JSON
 	// (MalformedBody) before it is claimed.
 	JSONBody bool
@@ -106,6 +116,8 @@ func (r *Router) Add(rt Route) error {
 		return fmt.Errorf("sbclaim: route %q: Name is used twice", rt.Name)
 	case (rt.Handler == nil) == (rt.TxHandler == nil):
 		return fmt.Errorf("sbclaim: route %q: exactly one of Handler and TxHandler must be set", rt.Name)
+	case rt.KeyLifetime < 0:
+		return fmt.Errorf("sbclaim: route %q: KeyLifetime cannot be negative, got %s", rt.Name, rt.KeyLifetime)
 	case rt.Recovery != "" && rt.Recovery != RecoveryAuto && rt.Recovery != RecoveryManual:
 		return fmt.Errorf("sbclaim: route %q: Recovery must be %q or %q, got %q", rt.Name, RecoveryAuto, RecoveryManual, rt.Recovery)
 	}
@@ -153,7 +165,8 @@ type goRoute struct {
 
 func newGoRoute(rt Route) goRoute {
 	in := sideeffects.Route{Name: rt.Name, Match: sideeffects.Match{Subject: sideeffects.AnySubject},
-		JSONBody: rt.JSONBody, Recovery: sideeffects.Recovery(cmp.Or(rt.Recovery, RecoveryAuto)), Version: rt.Version, AllowNewKey: rt.AllowNewKey}
+		JSONBody: rt.JSONBody, Recovery: sideeffects.Recovery(cmp.Or(rt.Recovery, RecoveryAuto)), Version: rt.Version, AllowNewKey: rt.AllowNewKey,
+		KeyLifetime: rt.KeyLifetime}
 	if rt.Handler != nil {
 		in.Effect = rt.Handler.effect()
 	} else {

@@ -21,6 +21,7 @@ import (
 	"os/signal"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/stripe/stripe-go/v82"
@@ -53,6 +54,12 @@ func Charge(sc *stripe.Client) sbclaim.HandlerFunc {
 		case err == nil:
 			d.ReportAnswer(ctx, http.StatusOK, nil, map[string]string{"payment_intent": pi.ID})
 			return nil
+		case errors.As(err, &se) && se.HTTPStatusCode >= 500 && se.LastResponse != nil &&
+			se.LastResponse.Header.Get("Idempotent-Replayed") == "true":
+			// A failure Stripe stored under the key, replayed: every repeat
+			// would get it again. A person decides (flagged at once).
+			d.ReportAnswer(ctx, se.HTTPStatusCode, http.Header{"Idempotent-Replayed": {"true"}, "Request-Id": {se.RequestID}}, nil)
+			return sbclaim.NeedsOperator(err)
 		case !errors.As(err, &se) || se.HTTPStatusCode >= 500:
 			return err // a broken connection or a 5xx: unknown, repeated with the same key
 		case se.Type == stripe.ErrorTypeCard:
@@ -101,6 +108,11 @@ func run(ctx context.Context, getenv func(string) string, logger *slog.Logger) e
 		Match:    sbclaim.MatchSubject("payment.requested"),
 		Handler:  Charge(stripe.NewClient(getenv("STRIPE_SECRET_KEY"))),
 		JSONBody: true,
+		// Stripe forgets a key after 24 hours: an older claim is flagged
+		// instead of repeated with its key.
+		KeyLifetime: 24 * time.Hour,
+		// A stored failure may be redriven under a new key, after checking.
+		AllowNewKey: true,
 	})
 	if err != nil {
 		return err

@@ -123,6 +123,27 @@ func TestCrashAfterChargeIsReplayed(t *testing.T) {
 	}
 }
 
+// A failure Stripe stored under the key is replayed to every repeat with
+// Idempotent-Replayed: true. The handler says a person must decide: the
+// claim is flagged at the first replay, with its answer, and the message
+// completed; not retried until the broker gives up.
+func TestStoredFailureIsFlaggedAtTheFirstReplay(t *testing.T) {
+	queue, store, api := setup(t, nil)
+	sendAndWait(t, queue, payment("order-6", 6, failedAmount))
+
+	keys, charges, _, replays := api.seen()
+	if len(keys) != 2 || keys[0] != keys[1] || charges != 0 || replays != 1 {
+		t.Errorf("Stripe saw keys %q, %d charges, %d replays: want the failure and one replay, one key", keys, charges, replays)
+	}
+	cl := onlyClaim(t, store)
+	if cl.State != sbclaim.StateFlagged || cl.Answer == nil || cl.Answer.Status != 500 || cl.Answer.Headers["Idempotent-Replayed"] != "true" {
+		t.Errorf("claim %s, answer %+v: want flagged with the replayed 500", cl.State, cl.Answer)
+	}
+	if got := queue.Completed(); len(got) != 1 || len(queue.DeadLetters()) != 0 {
+		t.Errorf("completed %v, dead letters %d: want order-6 completed once", got, len(queue.DeadLetters()))
+	}
+}
+
 // A 429 means Stripe did nothing: NotPerformed, and the next attempt, with
 // the same key, charges once.
 func TestRateLimitedIsNotPerformed(t *testing.T) {

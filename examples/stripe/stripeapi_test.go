@@ -19,6 +19,10 @@ import (
 // the test card 4000 0000 0000 0002.
 const declinedAmount = 402
 
+// failedAmount is the amount the test API fails inside, with a 500 it
+// stores under the key and replays, as Stripe does.
+const failedAmount = 500
+
 // stripeAPI is Stripe's API for the tests: Stripe's official stripe-mock,
 // run in-process (it checks every request against Stripe's OpenAPI spec
 // and answers with Stripe's fixtures), behind the two things stripe-mock
@@ -120,6 +124,8 @@ func (a *stripeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if amount, _ := strconv.Atoi(form.Get("amount")); amount == declinedAmount {
 		writeError(rec, http.StatusPaymentRequired, "card_error", "card_declined", map[string]string{"decline_code": "generic_decline"})
 		a.declines++
+	} else if amount == failedAmount {
+		writeError(rec, http.StatusInternalServerError, "api_error", "", nil)
 	} else {
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		a.mock.ServeHTTP(rec, r)

@@ -304,3 +304,51 @@ func NewTakeOversCounter() *prometheus.CounterVec {
 		Help: "Claims taken over from their previous holder, by path (redelivery, reconciler, operator).",
 	}, []string{"path"})
 }
+
+// KeyExpired reports whether the idempotency key of claim c is older than
+// lifetime, how long its route's downstream keeps keys (zero: for ever),
+// at now (the database clock: claim.Store.Now). The key was first sent
+// when the claim was taken (ClaimedAt, which a take-over keeps) or, after
+// an operator's redrive under a new key, when that key was chosen
+// (KeyRevisedAt). Such a claim must not be repeated with its key by a
+// redelivery, the reconciler or a redrive: the downstream has forgotten
+// the key and would perform the repeat again. reason is the flag reason
+// that says so.
+func KeyExpired(c *claim.Claim, lifetime time.Duration, now time.Time) (reason string, expired bool) {
+	if lifetime <= 0 {
+		return "", false
+	}
+	since, what := c.ClaimedAt, "this claim"
+	if c.KeyRevision > 0 && c.KeyRevisedAt != nil {
+		since, what = *c.KeyRevisedAt, fmt.Sprintf("this claim's key %s", c.Key())
+	}
+	age := now.Sub(since)
+	if age <= lifetime {
+		return "", false
+	}
+	return fmt.Sprintf("the downstream keeps keys for %s; %s is %s old: a repeat would not be deduplicated",
+		ShortDuration(lifetime), what, ShortDuration(age)), true
+}
+
+// ShortDuration writes d the way a person reads it: 24h, 25h3m, 90s —
+// whole seconds, with zero minutes and seconds left out.
+func ShortDuration(d time.Duration) string {
+	if d < time.Second {
+		return d.String()
+	}
+	s := d.Truncate(time.Second).String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// OperatorReason is the flag reason of a claim whose effect's answer
+// needs a person (sideeffects.NeedsOperator, an answer rule's outcome
+// flag): the effect's error, bounded.
+func OperatorReason(err error) string {
+	return claim.ErrorText(fmt.Errorf("needs an operator: %w", err))
+}

@@ -323,14 +323,17 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 		routeChanged := c.RouteDiffers(d.handler.Name, d.handler.Fingerprint)
 		// Whether the holder is silent: a released claim has none; for a
 		// take-over the guarded UPDATE itself judges it; otherwise ask the
-		// database clock.
+		// database clock. A route whose downstream forgets keys asks it
+		// too: a key older than that must not be repeated.
 		quiet := released
-		if !released && (d.handler.Manual() || routeChanged) {
-			q, err := p.holderSilent(work, c)
+		expiredReason, expired := "", false
+		if !released && (d.handler.Manual() || routeChanged) || d.handler.KeyLifetime > 0 {
+			now, err := p.dbNow(work)
 			if err != nil {
-				return abandoned(ResultAbandoned, "why", "reading the claim failed", "error", err)
+				return abandoned(ResultAbandoned, "why", "reading the database clock failed", "error", err)
 			}
-			quiet = q
+			quiet = released || now.Sub(c.HeartbeatAt) > p.opts.TakeoverAfter
+			expiredReason, expired = held.KeyExpired(c, d.handler.KeyLifetime, now)
 		}
 		again := false // the claim changed under us: decide again at once
 		switch {
@@ -345,7 +348,15 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 			// and the downstream does not honour the key, so nobody may
 			// repeat it. The reconciler flags the claim for an operator.
 			return completed(ResultDuplicate, "why", "holder silent on a manual route: left for the reconciler to flag")
-		case !routeChanged && (released || !d.handler.Manual()):
+		case !routeChanged && expired && quiet:
+			// Its key is older than the downstream keeps keys: a repeat
+			// would not be deduplicated. A person decides. A refused flag
+			// (the holder showed life, or the claim changed) is looked
+			// at again after the wait below.
+			if v, ok := p.flagKeyExpired(work, d, c, expiredReason); ok {
+				return v
+			}
+		case !routeChanged && !expired && (released || !d.handler.Manual()):
 			// Released, or (auto route) a holder that may have gone
 			// silent: the guarded take-over refuses a live holder by the
 			// database clock.
@@ -452,16 +463,12 @@ func (p *Processor) takeOver(work context.Context, d *delivery, c *claim.Claim) 
 	return taken, err
 }
 
-// holderSilent reports whether c's holder showed no life for TakeoverAfter,
-// by the database clock.
-func (p *Processor) holderSilent(work context.Context, c *claim.Claim) (bool, error) {
+// dbNow reads the database clock, which judges a holder's silence
+// (HeartbeatAt older than TakeoverAfter) and a key's age.
+func (p *Processor) dbNow(work context.Context) (time.Time, error) {
 	sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
 	defer cancel()
-	now, err := p.opts.Store.Now(sctx)
-	if err != nil {
-		return false, err
-	}
-	return now.Sub(c.HeartbeatAt) > p.opts.TakeoverAfter, nil
+	return p.opts.Store.Now(sctx)
 }
 
 // flagRouteChanged hands a claim whose holder is gone (released, or
@@ -562,6 +569,9 @@ func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) v
 		return p.failHeld(work, d, c, res)
 
 	default: // unknown: keep the claim with its last error
+		if sideeffects.ForOperator(res.Err) {
+			return p.flagHeld(work, d, c, res)
+		}
 		why := "effect outcome unknown after retries; the next delivery takes the claim over once it is silent"
 		if d.handler.Manual() {
 			why = "effect outcome unknown on a manual route; the reconciler flags the claim for an operator"
@@ -569,6 +579,67 @@ func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) v
 		d.log.Warn(why, "error", res.Err)
 		return abandoned(ResultUnknown, "error", res.Err)
 	}
+}
+
+// flagHeld hands the claim this delivery holds to operators at once: the
+// effect's answer says a person must decide (sideeffects.NeedsOperator:
+// a failure the downstream stored under the key and replays to every
+// repeat), so repeating it would only get the same answer. The answer is
+// on the claim already (each failed attempt records it). The message is
+// completed: the flagged claim is the record, and every later copy of
+// the key completes as a duplicate.
+func (p *Processor) flagHeld(work context.Context, d *delivery, c *claim.Claim, res held.Result) verdict {
+	reason := held.OperatorReason(res.Err)
+	err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
+		_, err := p.opts.Store.Flag(ctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: claim.StateClaimed, Reason: reason})
+		return err
+	})
+	if errors.Is(err, claim.ErrStateChanged) && p.ownState(work, c, claim.StateFlagged) {
+		err = nil // an earlier try committed but its answer was lost
+	}
+	switch {
+	case errors.Is(err, claim.ErrStateChanged):
+		return p.lost(work, d, c, res.Outcome)
+	case err != nil:
+		// The claim stays claimed and goes silent; whoever takes it over
+		// repeats the effect with the same key, gets the same answer and
+		// flags it.
+		p.storeErr(err)
+		d.log.Warn("the answer needs an operator but flagging the claim failed", "error", err)
+		return abandoned(ResultUnknown, "why", "flagging the claim failed", "error", err)
+	}
+	d.log.Warn("claim flagged for operators: the downstream's answer needs a person", "error", res.Err)
+	v := completed(ResultFlagged, "why", reason, "effect_outcome", res.Outcome)
+	if res.Answer != nil {
+		v.attrs = append(v.attrs, "status", res.Answer.Status)
+	}
+	return v
+}
+
+// flagKeyExpired hands a claim whose holder is gone (released, or silent
+// for TakeoverAfter: the guarded flag checks it by the database clock) to
+// operators instead of taking it over: its key is older than the route's
+// KeyLifetime, so the downstream would not deduplicate a repeat. ok is
+// false when the guarded flag was refused (the claim changed, or its
+// holder showed life).
+func (p *Processor) flagKeyExpired(work context.Context, d *delivery, c *claim.Claim, reason string) (v verdict, ok bool) {
+	silent := time.Duration(0)
+	if c.State == claim.StateClaimed {
+		silent = p.opts.TakeoverAfter // never flag a live holder
+	}
+	sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
+	defer cancel()
+	_, err := p.opts.Store.Flag(sctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: c.State, SilentFor: silent, Reason: reason})
+	switch {
+	case err == nil:
+		d.log.Warn("claim flagged for operators instead of taken over: its key is older than the downstream keeps keys",
+			"claim_state", string(c.State), "key_lifetime", d.handler.KeyLifetime)
+		return completed(ResultFlagged, "why", reason), true
+	case errors.Is(err, claim.ErrStateChanged):
+		return verdict{}, false
+	}
+	p.storeErr(err)
+	return abandoned(ResultAbandoned, "why", "flagging a claim whose key expired failed", "error", err), true
 }
 
 // failHeld records a final answer that is not a success (rejected,

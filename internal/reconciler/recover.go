@@ -21,7 +21,10 @@ import (
 // payload is stored, the route is still the one the claim was taken for.
 // A final answer that is not a success (rejected, permanent, conflict)
 // fails the claim, as the processor does: it is finished, never flagged.
-// Only what recovery cannot settle is flagged for operators.
+// Only what recovery cannot settle is flagged for operators: among them an
+// answer that needs a person (sideeffects.NeedsOperator, an answer rule's
+// outcome flag), flagged at once, and a claim whose key is older than its
+// route's KeyLifetime, flagged instead of repeated.
 
 // Flag reasons of the recovery pass. Each names what an operator must
 // decide.
@@ -128,6 +131,23 @@ func (r *Reconciler) recoverOne(ctx context.Context, c *claim.Claim) (recoveryOu
 		// was definitely not performed.
 		return flag(fmt.Sprintf(reasonManual, h.Name))
 	}
+	if h.KeyLifetime > 0 {
+		// The downstream forgets keys: one older than that must not be
+		// repeated (released or not: an earlier attempt may have reached
+		// it).
+		var now time.Time
+		if err := r.query(ctx, "read the database clock", func(ctx context.Context) error {
+			var err error
+			now, err = r.store.Now(ctx)
+			return err
+		}); err != nil {
+			log.Warn("recovery: reading the database clock failed; looked at again next tick", "error", err)
+			return skipped, nil
+		}
+		if reason, expired := held.KeyExpired(c, h.KeyLifetime, now); expired {
+			return flag(reason)
+		}
+	}
 
 	why := fmt.Sprintf("recovery: no heartbeat from %s since %s", c.ClaimedBy, stamp(&c.HeartbeatAt))
 	if c.State == claim.StateReleased {
@@ -200,6 +220,11 @@ func (r *Reconciler) recoverOne(ctx context.Context, c *claim.Claim) (recoveryOu
 		log.Info("recovery: not performed, retried later", "next_attempt_in", backoff, "error", res.Err)
 		return postponed, nil
 	case sideeffects.OutcomeUnknown:
+		if sideeffects.ForOperator(res.Err) {
+			// The answer says a person must decide (a failure stored
+			// under the key): another recovery would get it again.
+			return r.flagHeld(ctx, taken, held.OperatorReason(res.Err))
+		}
 		if taken.Recoveries < r.cfg.RecoveryMaxAttempts {
 			log.Info("recovery: outcome unknown, retried later with the same key", "next_attempt_in", backoff, "error", res.Err)
 			return postponed, nil

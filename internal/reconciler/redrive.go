@@ -36,6 +36,12 @@ var (
 	// ErrNewKeyNotAllowed: a redrive under a new key was asked for a claim
 	// whose route does not allow it (allowNewKey in the routes file).
 	ErrNewKeyNotAllowed = errors.New("route does not allow a new idempotency key")
+	// ErrKeyExpired: a redrive with the claim's key was asked, but the key
+	// is older than the route's KeyLifetime (keyLifetime in the routes
+	// file): the downstream no longer deduplicates it. The claim stays
+	// flagged; redrive it under a new key (allowNewKey routes) or resolve
+	// it after checking the downstream.
+	ErrKeyExpired = errors.New("idempotency key older than the downstream keeps keys")
 )
 
 // RefusedError is an action refused because the claim is not (or no longer)
@@ -139,7 +145,9 @@ type RedriveParams struct {
 // stored payload (ErrNoPayload), routes to a TxEffect (ErrNotRedrivable), or
 // whose route in params.Router is not the one it was taken for
 // (claim.ErrRouteChanged: a wrong routes file would send the key to another
-// effect). Then it takes the claim over (path operator: guarded on the
+// effect), or, without NewKey, whose key is older than its route's
+// KeyLifetime by the database clock (ErrKeyExpired: the downstream would
+// not deduplicate the repeat; the claim stays flagged). Then it takes the claim over (path operator: guarded on the
 // claim still being flagged, so of two concurrent redrives one runs and
 // the other is refused, and Resolve refuses while it runs), runs the effect
 // holding it, and resolves it as redriven, with the downstream's answer.
@@ -192,6 +200,23 @@ func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (*claim.C
 	if p.NewKey && !h.AllowNewKey {
 		return c, &RefusedError{ID: c.ID, Claim: c, Err: ErrNewKeyNotAllowed,
 			Why: fmt.Sprintf("route %q does not allow a new idempotency key (allowNewKey: true in the routes file): a new key is a new request the downstream deduplicates nothing against; redrive it with its key %q", h.Name, c.Key())}
+	}
+
+	if !p.NewKey && h.KeyLifetime > 0 {
+		tctx, cancel := context.WithTimeout(ctx, timeout)
+		now, err := store.Now(tctx)
+		cancel()
+		if err != nil {
+			return c, fmt.Errorf("redrive claim %d: read the database clock: %w", c.ID, err)
+		}
+		if reason, expired := held.KeyExpired(c, h.KeyLifetime, now); expired {
+			next := "check the downstream, then resolve it by hand"
+			if h.AllowNewKey {
+				next = "check the downstream, then redrive it under a new key or resolve it"
+			}
+			return c, &RefusedError{ID: c.ID, Claim: c, Err: ErrKeyExpired,
+				Why: fmt.Sprintf("route %q: %s; it stays flagged: %s", h.Name, reason, next)}
+		}
 	}
 
 	log := logger.With("claim_id", c.ID, "message_id", c.MessageID, "consumer", c.Consumer, "route", h.Name, "by", p.By)
@@ -250,6 +275,10 @@ func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (*claim.C
 			return taken, effErr
 		}
 		reason := fmt.Sprintf("redrive by %s failed after %d attempt(s), outcome %s: %s", p.By, res.Attempts, res.Outcome, claim.ErrorText(res.Err))
+		if sideeffects.ForOperator(res.Err) {
+			// The retries stopped at once: a person must decide.
+			reason = fmt.Sprintf("redrive by %s: %s", p.By, held.OperatorReason(res.Err))
+		}
 		ferr := held.Write(ctx, timeout, time.Minute, func(ctx context.Context) error {
 			_, err := store.Flag(ctx, &claim.FlagParams{ID: c.ID, Owner: taken.Owner, State: claim.StateClaimed, Reason: reason})
 			return err

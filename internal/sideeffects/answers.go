@@ -99,14 +99,20 @@ type answerRule struct {
 	from, to int    // inclusive status range
 	field    string // JSON Pointer as written; "" for no field condition
 	tokens   []string
-	equals   any // string, bool, int64 or float64
+	equals   any    // string, bool, int64 or float64
+	header   string // canonical response header name; "" for no header condition
+	value    string // the header's value, compared without case
 	outcome  Outcome
+	flag     bool // outcome "flag": unknown, and a person must decide (NeedsOperator)
 }
 
 // matches reports whether the rule applies to an answer; doc is the
 // decoded JSON body (hasDoc false when it is not JSON, or too large).
-func (r *answerRule) matches(status int, doc any, hasDoc bool) bool {
+func (r *answerRule) matches(status int, header http.Header, doc any, hasDoc bool) bool {
 	if status < r.from || status > r.to {
+		return false
+	}
+	if r.header != "" && !headerHas(header, r.header, r.value) {
 		return false
 	}
 	if r.field == "" {
@@ -117,6 +123,18 @@ func (r *answerRule) matches(status int, doc any, hasDoc bool) bool {
 	}
 	v, ok := lookupPointer(doc, r.tokens)
 	return ok && jsonEquals(v, r.equals)
+}
+
+// headerHas reports whether one of the header's values (one per field
+// line; a comma-separated list is not split) equals value, ignoring case
+// and surrounding white space. The name is matched without case.
+func headerHas(h http.Header, name, value string) bool {
+	for _, v := range h.Values(name) {
+		if strings.EqualFold(strings.TrimSpace(v), value) {
+			return true
+		}
+	}
+	return false
 }
 
 // jsonEquals compares a decoded JSON value with a rule's expected value:
@@ -158,6 +176,10 @@ var ruleMeaning = map[Outcome]string{
 	OutcomeRetryable: "not performed; may succeed later",
 	OutcomeUnknown:   "the downstream may have performed the effect",
 }
+
+// flagMeaning is what an answer rule's outcome "flag" means, for the error
+// (and so for the flag reason).
+const flagMeaning = "a person must decide: a repeat with this key would get the same answer (a failure the downstream stored under the key), so the claim is flagged instead of retried"
 
 // parseStatus reads a rule's status: "402", "400-499" or "4xx" (the schema
 // has checked the syntax).
@@ -206,19 +228,23 @@ var alwaysSecretHeaders = []string{"Authorization", "Proxy-Authorization", "Cook
 func classifyAnswer(rules []answerRule, status int, header http.Header, doc any, hasDoc bool, now time.Time, detail func() string, answer *Answer) (string, error) {
 	for i := range rules {
 		r := &rules[i]
-		if !r.matches(status, doc, hasDoc) {
+		if !r.matches(status, header, doc, hasDoc) {
 			continue
 		}
 		if r.outcome == OutcomeOK {
 			return r.where, nil
 		}
-		msg := "HTTP " + strconv.Itoa(status) + " (" + r.where + "): " + ruleMeaning[r.outcome]
+		meaning := ruleMeaning[r.outcome]
+		if r.flag {
+			meaning = flagMeaning
+		}
+		msg := "HTTP " + strconv.Itoa(status) + " (" + r.where + "): " + meaning
 		if d := detail(); d != "" {
 			msg += ": " + d
 		}
-		e := &Error{Outcome: r.outcome, Answer: answer, Err: errors.New(msg)}
+		e := &Error{Outcome: r.outcome, Operator: r.flag, Answer: answer, Err: errors.New(msg)}
 		// A retried outcome waits as long as the downstream asked.
-		if r.outcome == OutcomeRetryable || r.outcome == OutcomeUnknown {
+		if !r.flag && (r.outcome == OutcomeRetryable || r.outcome == OutcomeUnknown) {
 			e.RetryAfter = ParseRetryAfter(header.Get("Retry-After"), now)
 		}
 		return r.where, e

@@ -118,17 +118,28 @@
 //	  - {status: 402, outcome: rejected}
 //	  - {status: 400, field: /error/type, equals: idempotency_error, outcome: conflict}
 //	  - {status: 409, outcome: retryable}
+//	  - {status: 5xx, header: Idempotent-Replayed, value: "true", outcome: flag}
 //	  - {status: 5xx, outcome: unknown}           # a class; or a range "500-599"
 //
 // status is a code, a range or a class; field (a JSON Pointer, RFC 6901)
 // and equals narrow a rule to answers whose JSON body has that value there
 // (same JSON type; numbers compared as numbers; a body that is not JSON, or
-// larger than 64 KiB, matches no field rule). outcome is ok, rejected,
-// permanent, retryable, unknown or conflict. An answer no rule matches is
-// classified by the table below. A retryable or unknown rule honours
-// Retry-After (both are retried, and the downstream said when to come
-// back); the other outcomes are not retried. A step's own rules are tried
-// before its route's.
+// larger than 64 KiB, matches no field rule); header and value narrow it
+// to answers with that response header (name and value compared without
+// case, surrounding white space ignored, any of the header's lines). All
+// of a rule's conditions must hold. outcome is ok, rejected, permanent,
+// retryable, unknown, conflict or flag: unknown, and a person must decide
+// (NeedsOperator: the retry loop stops, and the claim is flagged at once;
+// for a failure the downstream stored under the key and replays). An
+// answer no rule matches is classified by the table below. A retryable or
+// unknown rule honours Retry-After (both are retried, and the downstream
+// said when to come back); the other outcomes are not retried. A step's
+// own rules are tried before its route's.
+//
+// A route's keyLifetime (Handler.KeyLifetime) says how long its
+// downstream keeps a key: an older claim is flagged instead of repeated
+// with its key. Neither rules nor the key lifetime are part of the
+// fingerprint.
 //
 // # What is kept of an answer
 //

@@ -66,6 +66,15 @@ type Handler struct {
 	// fingerprint; a take-over, recovery or redrive under another name or
 	// fingerprint is refused, so a key is never sent to another effect.
 	Fingerprint string
+	// KeyLifetime is how long the downstream keeps an idempotency key
+	// (Stripe: 24h); zero: for ever. A claim whose key is older than that
+	// (by the database clock, from ClaimedAt, or from KeyRevisedAt after a
+	// redrive under a new key) is not repeated with the same key by a
+	// redelivery's take-over, the reconciler's recovery or an operator's
+	// redrive: the downstream would not deduplicate the repeat. It is
+	// flagged instead (see KeyExpired). Routes file: keyLifetime: 24h. Not
+	// part of the fingerprint.
+	KeyLifetime time.Duration
 	// AllowNewKey says an operator may redrive a claim of this route under
 	// a new idempotency key (the reconciler's redrive --new-key, key
 	// <key>:r<N>): for a downstream that stored a failure under the key
@@ -231,7 +240,13 @@ type Error struct {
 	// there was none: a transport error, or an effect that reported none).
 	// AnswerOf finds it anywhere in an error chain.
 	Answer *Answer
-	Err    error
+	// Operator (only with OutcomeUnknown) says a person must decide: the
+	// answer is final for this key although the effect's outcome is
+	// unknown (a failure the downstream stored under the key and replays
+	// to every repeat). The retry loop stops at it, and the claim is
+	// flagged at once instead of being repeated. See NeedsOperator.
+	Operator bool
+	Err      error
 }
 
 func (e *Error) Error() string {
@@ -258,6 +273,22 @@ func Rejected(err error) error { return &Error{Outcome: OutcomeRejected, Err: er
 
 // Conflict marks err as "the key was already used with another payload".
 func Conflict(err error) error { return &Error{Outcome: OutcomeConflict, Err: err} }
+
+// NeedsOperator marks err as "a person must decide": the outcome is
+// unknown (the effect may have happened) and repeating it with this key
+// cannot settle it — the downstream replays a failure it stored under the
+// key (Stripe's Idempotent-Replayed 5xx). Retries stop at it, and the
+// claim is flagged for an operator at once, with the answer, by the
+// processor, the reconciler's recovery and a redrive alike. An answer
+// rule's outcome "flag" returns it.
+func NeedsOperator(err error) error { return &Error{Outcome: OutcomeUnknown, Operator: true, Err: err} }
+
+// ForOperator reports whether err was marked NeedsOperator: the first
+// *Error in its chain has an unknown outcome and Operator set.
+func ForOperator(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Outcome == OutcomeUnknown && e.Operator
+}
 
 // Classify sorts an effect's error into an Outcome: nil is OutcomeOK, an
 // *Error (anywhere in the chain) is its Outcome, anything else — including a

@@ -55,7 +55,8 @@ func (r *HTTPRouter) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 				return Handler{}, err
 			}
 		}
-		return Handler{Name: rt.name, Effect: rt, Recovery: rt.recovery, Fingerprint: rt.fingerprint, AllowNewKey: rt.allowNewKey}, nil
+		return Handler{Name: rt.name, Effect: rt, Recovery: rt.recovery, Fingerprint: rt.fingerprint, AllowNewKey: rt.allowNewKey,
+			KeyLifetime: rt.keyLifetime}, nil
 	}
 	return Handler{}, noRoute(msg)
 }
@@ -113,9 +114,10 @@ type httpRoute struct {
 	contentType string
 	recovery    Recovery
 	allowNewKey bool
-	excerpt     bool   // put a response excerpt in error messages
-	fingerprint string // Fingerprint of the steps' names, methods and URLs (and mappings)
-	mapped      bool   // a step builds its request from the message (request)
+	keyLifetime time.Duration // how long the downstream keeps keys; 0: for ever
+	excerpt     bool          // put a response excerpt in error messages
+	fingerprint string        // Fingerprint of the steps' names, methods and URLs (and mappings)
+	mapped      bool          // a step builds its request from the message (request)
 	steps       []*httpStep
 	client      *http.Client
 	logger      *slog.Logger

@@ -25,7 +25,8 @@ const (
 // Every attempt passes the same idempotency key, so retrying an effect whose
 // outcome is unknown is safe: the downstream deduplicates it. Retryable and
 // Unknown outcomes are retried; OK, Permanent, Rejected and Conflict (the
-// Final outcomes) stop the loop.
+// Final outcomes) stop the loop, and so does an unknown outcome marked
+// NeedsOperator (a person must decide).
 //
 // Budget is the time Do may spend from its start until it begins the last
 // attempt; it must leave the last attempt (one route timeout) inside the
@@ -165,7 +166,9 @@ func (p RetryPolicy) do(ctx context.Context, fn func(ctx context.Context) error,
 		case OutcomePermanent, OutcomeRejected, OutcomeConflict:
 			return err
 		case OutcomeUnknown:
-			if p.StopOnUnknown {
+			if p.StopOnUnknown || ForOperator(err) {
+				// A person must decide (NeedsOperator): a repeat would
+				// get the same answer.
 				return err
 			}
 		}

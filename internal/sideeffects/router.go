@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 )
@@ -83,6 +84,9 @@ type Route struct {
 	Version string
 	// AllowNewKey is Handler.AllowNewKey.
 	AllowNewKey bool
+	// KeyLifetime is Handler.KeyLifetime (zero: the downstream keeps keys
+	// for ever).
+	KeyLifetime time.Duration
 }
 
 // Routes is an in-code Router: the first route whose Match selects the
@@ -111,6 +115,9 @@ func NewRouter(routes ...Route) (Routes, error) {
 		if (r.Effect == nil) == (r.TxEffect == nil) {
 			errs = append(errs, fmt.Errorf("route %q: exactly one of Effect and TxEffect must be set", r.Name))
 		}
+		if r.KeyLifetime < 0 {
+			errs = append(errs, fmt.Errorf("route %q: KeyLifetime cannot be negative (got %s)", r.Name, r.KeyLifetime))
+		}
 		if !r.Recovery.Valid() {
 			errs = append(errs, fmt.Errorf("route %q: Recovery must be %q or %q, got %q", r.Name, RecoveryAuto, RecoveryManual, r.Recovery))
 		}
@@ -133,7 +140,8 @@ func (rs Routes) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 			}
 		}
 		return Handler{Name: r.Name, Effect: r.Effect, TxEffect: r.TxEffect,
-			Recovery: cmp.Or(r.Recovery, RecoveryAuto), Fingerprint: Fingerprint("go", r.Name, r.Version), AllowNewKey: r.AllowNewKey}, nil
+			Recovery: cmp.Or(r.Recovery, RecoveryAuto), Fingerprint: Fingerprint("go", r.Name, r.Version), AllowNewKey: r.AllowNewKey,
+			KeyLifetime: r.KeyLifetime}, nil
 	}
 	return Handler{}, noRoute(msg)
 }

@@ -83,6 +83,7 @@ type routeSpec struct {
 	Record      *recordSpec           `yaml:"record"`
 	Excerpt     *bool                 `yaml:"excerpt"`
 	AllowNewKey bool                  `yaml:"allowNewKey"`
+	KeyLifetime string                `yaml:"keyLifetime"`
 	Request     *requestSpec          `yaml:"request"`
 	Steps       []stepSpec            `yaml:"steps"`
 }
@@ -91,6 +92,8 @@ type answerSpec struct {
 	Status  statusSpec `yaml:"status"`
 	Field   string     `yaml:"field"`
 	Equals  any        `yaml:"equals"`
+	Header  string     `yaml:"header"`
+	Value   any        `yaml:"value"`
 	Outcome string     `yaml:"outcome"`
 }
 
@@ -275,8 +278,12 @@ func validateSchema(doc any) []error {
 				errs = append(errs, schemaError(doc, append(slices.Clone(loc), "pointer"), fmt.Sprintf("missing: %s applies to a field of the message, named by pointer", k.Prop)))
 				break
 			}
+			why := "a rule narrowed by a JSON field names the field and the value it must equal"
+			if k.Prop == "header" || k.Prop == "value" {
+				why = "a rule narrowed by a response header names the header and the value it must have"
+			}
 			for _, m := range k.Missing {
-				errs = append(errs, schemaError(doc, append(slices.Clone(loc), m), fmt.Sprintf("missing: %s needs %s (a rule narrowed by a JSON field names the field and the value it must equal)", k.Prop, m)))
+				errs = append(errs, schemaError(doc, append(slices.Clone(loc), m), fmt.Sprintf("missing: %s needs %s (%s)", k.Prop, m, why)))
 			}
 		case *kind.Required:
 			for _, m := range k.Missing {
@@ -325,8 +332,10 @@ func patternProblem(loc []string, k *kind.Pattern) string {
 		last = loc[len(loc)-1]
 	}
 	switch {
-	case last == "timeout":
+	case last == "timeout" || last == "keyLifetime":
 		return fmt.Sprintf("%q is not a duration (write it like 5s, 1500ms or 1m30s)", k.Got)
+	case last == "header":
+		return fmt.Sprintf("%q is not a valid HTTP header name", k.Got)
 	case last == "name":
 		return fmt.Sprintf("%q is not a valid name (letters, digits, '.', '_', '-'; at most 64)", k.Got)
 	case last == "fromEnv":
@@ -489,6 +498,13 @@ func buildRouter(file *routesFile, getenv func(string) string, client *http.Clie
 				r.contentType = "application/json"
 			}
 		}
+		if rs.KeyLifetime != "" {
+			d, err := parseTimeout(rs.KeyLifetime)
+			if err != nil {
+				fail(rs.Name, "keyLifetime", "%v", err)
+			}
+			r.keyLifetime = d
+		}
 		routeTimeout := DefaultRouteTimeout
 		if rs.Timeout != "" {
 			d, err := parseTimeout(rs.Timeout)
@@ -634,9 +650,25 @@ func buildRules(specs []answerSpec, prefix string, fail func(field, problem stri
 			fail(where+".status", err.Error())
 			continue
 		}
-		if r.outcome, err = ParseOutcome(as.Outcome); err != nil {
+		if as.Outcome == "flag" {
+			r.outcome, r.flag = OutcomeUnknown, true
+		} else if r.outcome, err = ParseOutcome(as.Outcome); err != nil {
 			fail(where+".outcome", err.Error())
 			continue
+		}
+		if as.Header != "" {
+			r.header = http.CanonicalHeaderKey(as.Header)
+			switch v := as.Value.(type) {
+			case string:
+				r.value = strings.TrimSpace(v)
+			case bool:
+				r.value = strconv.FormatBool(v)
+			case int:
+				r.value = strconv.Itoa(v)
+			default:
+				fail(where+".value", "want the header's value as text, a whole number or true/false")
+				continue
+			}
 		}
 		if as.Field != "" {
 			if r.tokens, err = parsePointer(as.Field); err != nil {
