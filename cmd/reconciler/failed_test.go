@@ -29,6 +29,7 @@ func TestFailedClaimsAndNewKeys(t *testing.T) {
 		writeFile(t, routes, fmt.Sprintf(`version: 1
 routes:
   - name: payments
+    key: raw
     match: {subject: payment}
     url: %q
     timeout: 5s
@@ -39,7 +40,7 @@ routes:
       headers: [Request-Id]
       fields: [/id, /error/charge]
     allowNewKey: true
-  - {name: mail, match: {subject: mail}, url: %q, timeout: 5s}
+  - {key: raw, name: mail, match: {subject: mail}, url: %q, timeout: 5s}
 `, srv.URL+"/payments", srv.URL+"/mail"))
 		c := newCLI(t, map[string]string{
 			"SBCLAIM_DATABASE_URL": url, "SBCLAIM_STALE_AFTER": "1s", "SBCLAIM_HEARTBEAT_INTERVAL": "300ms",

@@ -95,7 +95,7 @@ func openStore(t *testing.T, url string) claim.Store {
 // is older than staleAfter; a tick then flags it.
 func claimMessage(t *testing.T, st claim.Store, id, subject string, payload []byte, store bool) *claim.Claim {
 	t.Helper()
-	p := claim.ClaimParams{Owner: uuid.New(), MessageID: id, Consumer: "billing", Entity: "payments", Subject: subject,
+	p := claim.ClaimParams{KeyForm: claim.KeyFormRaw, Owner: uuid.New(), MessageID: id, Consumer: "billing", Entity: "payments", Subject: subject,
 		ContentType: "application/json", Properties: map[string]string{"tenant": "t1"},
 		PayloadHash: claim.HashPayload(payload), DeliveryCount: 1}
 	if store {
@@ -140,7 +140,7 @@ func TestCLIEndToEnd(t *testing.T) {
 		srv := httptest.NewServer(fake)
 		t.Cleanup(srv.Close)
 		routes := filepath.Join(t.TempDir(), "routes.yaml")
-		writeFile(t, routes, fmt.Sprintf("version: 1\nroutes:\n  - name: payments\n    match: {subject: payment}\n    method: POST\n    url: %q\n    timeout: 5s\n    body: json\n", srv.URL+"/payments"))
+		writeFile(t, routes, fmt.Sprintf("version: 1\nroutes:\n  - name: payments\n    key: raw\n    match: {subject: payment}\n    method: POST\n    url: %q\n    timeout: 5s\n    body: json\n", srv.URL+"/payments"))
 
 		// A 1s stale window needs a 1s/3 heartbeat to pass validation.
 		c := newCLI(t, map[string]string{
@@ -287,7 +287,7 @@ func TestOnceRecoversWithRoutes(t *testing.T) {
 		srv := httptest.NewServer(fake)
 		t.Cleanup(srv.Close)
 		routes := filepath.Join(t.TempDir(), "routes.yaml")
-		writeFile(t, routes, fmt.Sprintf("version: 1\nroutes:\n  - name: payments\n    match: {subject: payment}\n    url: %q\n    body: json\n", srv.URL+"/payments"))
+		writeFile(t, routes, fmt.Sprintf("version: 1\nroutes:\n  - name: payments\n    key: raw\n    match: {subject: payment}\n    url: %q\n    body: json\n", srv.URL+"/payments"))
 		c := newCLI(t, map[string]string{
 			"SBCLAIM_DATABASE_URL": url, "SBCLAIM_STALE_AFTER": "1s", "SBCLAIM_HEARTBEAT_INTERVAL": "300ms",
 			"SBCLAIM_ROUTES": "billing=" + routes, "SBCLAIM_HTTP_ADDR": "",

@@ -142,7 +142,7 @@ func (s *Server) renderClaim(w http.ResponseWriter, r *http.Request, status int,
 		d.CanRedrive = true
 	}
 	if d.Flagged && d.CanRedrive && s.allowsNewKey(c) {
-		d.NewKey = claim.RevisedKey(c.MessageID, c.KeyRevision+1)
+		d.NewKey = c.NextKey()
 	}
 	v.Title = fmt.Sprintf("Claim %d", c.ID)
 	v.Data = d

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
 )
 
 // Effect is an external side effect (an HTTP call, an email, a charge) run
@@ -76,6 +78,14 @@ type Handler struct {
 	// repeats every step, performed ones included. Routes file:
 	// allowNewKey: true (default false).
 	AllowNewKey bool
+	// KeyForm is the form of the idempotency keys of the claims taken for
+	// this route from now on ("" is claim.KeyFormScoped: the consumer and
+	// the dedup key, escaped); claim.KeyFormRaw sends the raw dedup key
+	// (the MessageId) for a downstream that needs it. Claims already taken
+	// keep the form they recorded. Routes file: key: raw (default
+	// scoped). Not part of the fingerprint: changing it changes no claim
+	// in flight.
+	KeyForm claim.KeyForm
 }
 
 // Manual reports whether the handler's route is RecoveryManual.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
+	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/redact"
 )
 
@@ -50,7 +51,8 @@ func (r *HTTPRouter) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 				return Handler{}, err
 			}
 		}
-		return Handler{Name: rt.name, Effect: rt, Recovery: rt.recovery, Fingerprint: rt.fingerprint, AllowNewKey: rt.allowNewKey}, nil
+		return Handler{Name: rt.name, Effect: rt, Recovery: rt.recovery, Fingerprint: rt.fingerprint, AllowNewKey: rt.allowNewKey,
+			KeyForm: rt.keyForm}, nil
 	}
 	return Handler{}, noRoute(msg)
 }
@@ -82,8 +84,9 @@ type httpRoute struct {
 	contentType string
 	recovery    Recovery
 	allowNewKey bool
-	excerpt     bool   // put a response excerpt in error messages
-	fingerprint string // Fingerprint of the steps' names, methods and URLs
+	keyForm     claim.KeyForm // "" : scoped
+	excerpt     bool          // put a response excerpt in error messages
+	fingerprint string        // Fingerprint of the steps' names, methods and URLs
 	steps       []*httpStep
 	client      *http.Client
 	logger      *slog.Logger
@@ -122,7 +125,9 @@ type header struct {
 
 // Perform sends the message to each step in order, one attempt per step
 // (the processor's RetryPolicy retries the whole effect). The idempotency
-// key is key for a single-step route and key + ":" + step name per step, so
+// key is key for a single-step route and, per step, key extended with the
+// step's name in the claim's key form (StepKey: key + ":" + step for a raw
+// claim, key + "/" + step for a scoped one), so
 // a retry that re-runs an already performed step 1 sends the same key and
 // the downstream replays its answer instead of acting twice. Every answer
 // is reported to the context's AnswerRecorder (see RecordAnswers), so the
@@ -140,7 +145,7 @@ func (r *httpRoute) Perform(ctx context.Context, msg *azservicebus.ReceivedMessa
 	for i, st := range r.steps {
 		stepKey := key
 		if st.name != "" {
-			stepKey = key + ":" + st.name
+			stepKey = StepKey(ctx, key, st.name)
 		}
 		err := r.send(ctx, msg, st, stepKey)
 		if err == nil {

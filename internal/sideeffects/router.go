@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
 )
 
 // AnySubject in Match.Subject matches every message, with or without a
@@ -83,6 +85,8 @@ type Route struct {
 	Version string
 	// AllowNewKey is Handler.AllowNewKey.
 	AllowNewKey bool
+	// KeyForm is Handler.KeyForm ("" : scoped).
+	KeyForm claim.KeyForm
 }
 
 // Routes is an in-code Router: the first route whose Match selects the
@@ -111,6 +115,9 @@ func NewRouter(routes ...Route) (Routes, error) {
 		if (r.Effect == nil) == (r.TxEffect == nil) {
 			errs = append(errs, fmt.Errorf("route %q: exactly one of Effect and TxEffect must be set", r.Name))
 		}
+		if r.KeyForm != "" && !r.KeyForm.Valid() {
+			errs = append(errs, fmt.Errorf("route %q: KeyForm must be %q or %q, got %q", r.Name, claim.KeyFormRaw, claim.KeyFormScoped, r.KeyForm))
+		}
 		if !r.Recovery.Valid() {
 			errs = append(errs, fmt.Errorf("route %q: Recovery must be %q or %q, got %q", r.Name, RecoveryAuto, RecoveryManual, r.Recovery))
 		}
@@ -133,7 +140,8 @@ func (rs Routes) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 			}
 		}
 		return Handler{Name: r.Name, Effect: r.Effect, TxEffect: r.TxEffect,
-			Recovery: cmp.Or(r.Recovery, RecoveryAuto), Fingerprint: Fingerprint("go", r.Name, r.Version), AllowNewKey: r.AllowNewKey}, nil
+			Recovery: cmp.Or(r.Recovery, RecoveryAuto), Fingerprint: Fingerprint("go", r.Name, r.Version), AllowNewKey: r.AllowNewKey,
+			KeyForm: r.KeyForm}, nil
 	}
 	return Handler{}, noRoute(msg)
 }
