@@ -215,7 +215,7 @@ func TestCLIEndToEnd(t *testing.T) {
 		// show: everything about one claim.
 		r = c.mustRun("show", strconv.FormatInt(toResolve.ID, 10))
 		for _, want := range []string{"msg-resolve", "billing", "flagged", "heartbeat at:", "ago", "sha256:" + fmt.Sprintf("%x", claim.HashPayload(payload)),
-			`{\"amount\":42`, "Audit trail", "claimed", "tenant=t1"} {
+			`{\"amount\":42`, "History (one row per change", "claimed", "tenant=t1"} {
 			if !strings.Contains(r.stdout, want) {
 				t.Errorf("show lacks %q", want)
 			}
@@ -246,7 +246,7 @@ func TestCLIEndToEnd(t *testing.T) {
 			t.Errorf("second resolve: %d %q, want a refusal naming who resolved it", r.code, r.stderr)
 		}
 		r = c.mustRun("show", id)
-		for _, want := range []string{"resolved", "as done by alice", "refund confirmed", "flagged"} {
+		for _, want := range []string{"resolved", "by alice", "flagged → resolved: done: refund confirmed", "flagged"} {
 			if !strings.Contains(r.stdout, want) {
 				t.Errorf("show after resolve lacks %q in the audit trail", want)
 			}

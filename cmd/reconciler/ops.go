@@ -116,22 +116,29 @@ func showFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 		if err != nil {
 			return e.fail("show", fmt.Errorf("claim %d: %w", id, err))
 		}
+		h, err := st.History(ctx, id)
+		if err != nil {
+			return e.fail("show", fmt.Errorf("history of claim %d: %w", id, err))
+		}
 		if *asJSON {
-			return e.writeJSON("show", toJSON(c)[0])
+			j := toJSON(c)[0]
+			j.History = historyJSON(h)
+			return e.writeJSON("show", j)
 		}
 		now, err := st.Now(ctx)
 		if err != nil {
 			return e.fail("show", err)
 		}
-		writeClaim(e.stdout, c, now)
+		writeClaim(e.stdout, c, h, now)
 		return exitOK
 	}
 }
 
 // writeClaim prints one claim for an operator: identity, state and times
 // (ages by the database clock), the payload (hash and a safe preview) and
-// the audit trail.
-func writeClaim(w io.Writer, c *claim.Claim, now time.Time) {
+// its history (every change of its owner or state), or, for a claim older
+// than the history, the audit trail its row keeps.
+func writeClaim(w io.Writer, c *claim.Claim, h []claim.HistoryEntry, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "  %s\t%s\n", k, v) }
 	fmt.Fprintf(tw, "Claim %d\n", c.ID)
@@ -158,6 +165,7 @@ func writeClaim(w io.Writer, c *claim.Claim, now time.Time) {
 		row("properties:", "-")
 	}
 	row("route:", dash(printable(c.Route, 0))+fingerprintNote(c))
+	row("key form:", string(c.KeyForm))
 	row("idempotency key:", printable(c.Key(), 0)+keyNote(c))
 	row("owner:", c.Owner.String())
 	row("claimed by:", dash(printable(c.ClaimedBy, 0)))
@@ -182,7 +190,19 @@ func writeClaim(w io.Writer, c *claim.Claim, now time.Time) {
 	}
 	row("payload hash:", "sha256:"+hex.EncodeToString(c.PayloadHash))
 	row("payload:", payloadPreview(c))
-	fmt.Fprintln(tw, "Audit trail")
+	if len(h) > 0 {
+		fmt.Fprintln(tw, "History (one row per change of owner or state, kept with the claim)")
+		for _, e := range h {
+			fmt.Fprintf(tw, "  %s\t%s\tby %s\t%s\n", ts(e.At), e.What, dash(printable(e.By, 0)), printable(e.Detail(), 0))
+		}
+		if c.LateSuccessAt != nil {
+			fmt.Fprintf(tw, "  %s\tlate success\tby %s\tthe effect succeeded after it had lost the claim: the effect DID happen\n",
+				ts(*c.LateSuccessAt), printable(c.LateSuccessBy, 0))
+		}
+		tw.Flush()
+		return
+	}
+	fmt.Fprintln(tw, "Audit trail (the claim is older than its history: the row keeps the last take-over, flag and resolution)")
 	first := printable(c.ClaimedBy, 0)
 	switch {
 	case c.TakeOvers == 1:
@@ -246,11 +266,33 @@ func heartbeatNote(c *claim.Claim) string {
 }
 
 // keyNote says where a claim's idempotency key comes from.
-func keyNote(c *claim.Claim) string {
-	if c.KeyRevision == 0 {
-		return "  (the message id)"
+func keyNote(c *claim.Claim) string { return "  (" + printable(c.FormNote(), 0) + ")" }
+
+// entryJSON is a history entry for scripts.
+type entryJSON struct {
+	ID            int64              `json:"id"`
+	At            time.Time          `json:"at"`
+	What          claim.Change       `json:"what"`
+	From          claim.State        `json:"from"`
+	To            claim.State        `json:"to"`
+	By            string             `json:"by"`
+	Path          claim.TakeOverPath `json:"path,omitempty"`
+	Reason        string             `json:"reason"`
+	PreviousOwner string             `json:"previous_owner,omitempty"`
+	Owner         string             `json:"owner"`
+	Key           string             `json:"key"`
+}
+
+func historyJSON(h []claim.HistoryEntry) []entryJSON {
+	out := make([]entryJSON, len(h))
+	for i, e := range h {
+		out[i] = entryJSON{ID: e.ID, At: e.At, What: e.What, From: e.From, To: e.To, By: e.By, Path: e.Path,
+			Reason: e.Reason, Owner: e.Owner.String(), Key: e.Key}
+		if e.PreviousOwner != uuid.Nil {
+			out[i].PreviousOwner = e.PreviousOwner.String()
+		}
 	}
-	return fmt.Sprintf("  (new key, revision %d, chosen by %s)", c.KeyRevision, dash(printable(c.KeyRevisedBy, 0)))
+	return out
 }
 
 // deadLetterNote says which delivery dead-letters a failed claim's
@@ -541,6 +583,9 @@ type claimJSON struct {
 	KeyRevisedBy    string            `json:"key_revised_by"`
 	KeyRevisedAt    *time.Time        `json:"key_revised_at"`
 	KeyRevisionNote string            `json:"key_revision_note"`
+	KeyForm         claim.KeyForm     `json:"key_form"`
+	// History is the claim's history (show only).
+	History []entryJSON `json:"history,omitempty"`
 }
 
 func toJSON(claims ...*claim.Claim) []claimJSON {
@@ -558,6 +603,7 @@ func toJSON(claims ...*claim.Claim) []claimJSON {
 			Recoveries: c.Recoveries, NextAttemptAt: c.NextAttemptAt, LateSuccessAt: c.LateSuccessAt, LateSuccessBy: c.LateSuccessBy,
 			FailedAt: c.FailedAt, FailReason: c.FailReason, DeadLetterSeq: c.DeadLetterSeq, Answer: c.Answer, AnswerAt: c.AnswerAt,
 			Key: c.Key(), KeyRevision: c.KeyRevision, KeyRevisedBy: c.KeyRevisedBy, KeyRevisedAt: c.KeyRevisedAt, KeyRevisionNote: c.KeyRevisionNote,
+			KeyForm: c.KeyForm,
 		}
 		if c.PreviousOwner != uuid.Nil {
 			j.PreviousOwner = c.PreviousOwner.String()

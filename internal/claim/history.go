@@ -1,6 +1,8 @@
 package claim
 
 import (
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -79,3 +81,41 @@ const MaxHistoryReason = 2000
 // ReconcilerBy is the By of a change made by the reconciler's flag pass
 // (FlagStale) when its params name nobody.
 const ReconcilerBy = "reconciler"
+
+// Detail describes the entry for a person, after its What and By: the
+// states it moved between, the take-over path and the owners, the reason
+// and the key. The console's claim page and `reconciler show` print it.
+func (e *HistoryEntry) Detail() string {
+	var b strings.Builder
+	if e.From != "" && e.From != e.To {
+		fmt.Fprintf(&b, "%s → %s", e.From, e.To)
+	} else {
+		b.WriteString(string(e.To))
+	}
+	if e.Path != "" {
+		fmt.Fprintf(&b, " via %s", e.Path)
+	}
+	if e.PreviousOwner != uuid.Nil {
+		fmt.Fprintf(&b, ", owner %s → %s", e.PreviousOwner, e.Owner)
+	}
+	if e.Reason != "" {
+		b.WriteString(": " + e.Reason)
+	}
+	fmt.Fprintf(&b, " (key %s)", e.Key)
+	return b.String()
+}
+
+// FormNote says in words where a claim's key comes from: its form and,
+// after a new-key redrive, its revision.
+func (c *Claim) FormNote() string {
+	var s string
+	if c.KeyForm == KeyFormScoped {
+		s = "scoped: consumer and message id"
+	} else {
+		s = "raw: the message id"
+	}
+	if c.KeyRevision > 0 {
+		s += fmt.Sprintf(", revision %d chosen by %s", c.KeyRevision, c.KeyRevisedBy)
+	}
+	return s
+}
