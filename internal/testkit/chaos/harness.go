@@ -1175,6 +1175,7 @@ func (h *harness) verify(ctx context.Context, rep *Report) {
 	}
 
 	h.checkAnswers(rep, byKey, answerDL)
+	h.checkHistory(ctx, rep, byKey)
 
 	for _, f := range h.cfg.Faults {
 		if rep.Happened[f] == 0 {
