@@ -392,7 +392,7 @@ func resolveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 func redriveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 	by := fs.String("by", "", "operator name (default: $SBCLAIM_OPERATOR, else the OS user)")
 	note := fs.String("note", "redriven", "note kept on the claim (required with --new-key)")
-	newKey := fs.Bool("new-key", false, "redrive under a new idempotency key <key>:r<N>, recorded on the claim: only for a route with allowNewKey, "+
+	newKey := fs.Bool("new-key", false, "redrive under a new idempotency key (the claim's key with :r<N>), recorded on the claim: only for a route with allowNewKey, "+
 		"and only after checking the downstream did nothing under the old key (see the README)")
 	return func(ctx context.Context, e *env, args []string) int {
 		id, ok := e.claimID("redrive", args)

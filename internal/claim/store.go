@@ -46,9 +46,10 @@ type Store interface {
 	// UPDATE: the row must still have PreviousOwner and qualify for
 	// params.Path (see TakeOverParams), judged by the database clock, and
 	// its recorded route and fingerprint must be the caller's. Exactly one
-	// of concurrent callers wins. The take-over is audited on the row
+	// of concurrent callers wins. The take-over is recorded on the row
 	// (TakenOverAt, TakeOverPath, TakeOverReason, PreviousOwner,
-	// PreviousHolder, TakeOvers).
+	// PreviousHolder, TakeOvers: the last one) and in the claim's history
+	// (every one).
 	//
 	// When it refuses, it returns the claim as it is now (when it could
 	// read it) together with ErrStateChanged (another owner, another state,

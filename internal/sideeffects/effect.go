@@ -15,8 +15,11 @@ import (
 )
 
 // Effect is an external side effect (an HTTP call, an email, a charge) run
-// once per claimed message. key is the message's dedup key: the effect must
-// pass it downstream as the idempotency key, unchanged on every attempt.
+// once per claimed message. key is the claim's idempotency key (the
+// claim's Key(): for new claims scoped to the consumer, "<consumer>/<dedup
+// key>"; see claim.KeyForm): the effect must pass it downstream as the
+// idempotency key, unchanged on every attempt; an effect of several
+// requests derives each one's key with StepKey.
 //
 // msg is the SDK's own message value; an effect must treat it as read-only.
 // The returned error is classified by Classify: wrap it with Retryable,
