@@ -138,6 +138,13 @@ type Claim struct {
 	KeyRevisedBy    string
 	KeyRevisedAt    *time.Time
 	KeyRevisionNote string
+	// KeyForm is how IdempotencyKey is derived: "scoped" (the consumer
+	// and the dedup key, escaped, so two consumers never send one key:
+	// every claim taken since the form was recorded) or "raw" (the dedup
+	// key itself: claims from before, and routes that opt out).
+	KeyForm string
+	// KeyFormNote says it in words, with the revision when there is one.
+	KeyFormNote string
 
 	// How the claim was resolved (by an operator, or a redrive), by whom
 	// and why.
@@ -173,7 +180,8 @@ func publicClaim(c *claim.Claim) *Claim {
 		PreviousHolder: c.PreviousHolder, LateSuccessAt: c.LateSuccessAt, LateSuccessBy: c.LateSuccessBy,
 		DeadLetterSeq: c.DeadLetterSeq, KeyRevision: c.KeyRevision, KeyRevisedBy: c.KeyRevisedBy,
 		KeyRevisedAt: c.KeyRevisedAt, KeyRevisionNote: c.KeyRevisionNote, ResolvedAt: c.ResolvedAt,
-		Resolution: Resolution(c.Resolution), ResolvedBy: c.ResolvedBy, ResolutionNote: c.ResolutionNote}
+		Resolution: Resolution(c.Resolution), ResolvedBy: c.ResolvedBy, ResolutionNote: c.ResolutionNote,
+		KeyForm: string(c.KeyForm), KeyFormNote: c.FormNote()}
 	if c.PreviousOwner != uuid.Nil {
 		pc.PreviousOwner = c.PreviousOwner.String()
 	}
@@ -266,3 +274,48 @@ func (s *Store) Now(ctx context.Context) (time.Time, error) { return s.s.Now(ctx
 
 // ErrNotFound is wrapped by Store.Claim's error when no claim has the id.
 var ErrNotFound = claim.ErrNotFound
+
+// HistoryEntry is one row of a claim's audit history: one change of its
+// owner or state, written in the same transaction as the change, kept as
+// long as the claim.
+type HistoryEntry struct {
+	ID   int64
+	At   time.Time // the database clock
+	What string    // claimed, taken over, redriven, released, attempt, processed, failed, flagged, resolved, dead letter taken
+	// From and To are the states before ("" for the first claim) and
+	// after the change.
+	From, To ClaimState
+	// By is who made the change: a processor's host, the reconciler, or
+	// "operator:<name>".
+	By string
+	// Path is a take-over's path (redelivery, reconciler, operator).
+	Path TakeOverPath
+	// Reason is why: the take-over or flag reason, the error of a release
+	// or attempt, the fail reason, the resolution's note.
+	Reason string
+	// PreviousOwner and Owner are the owner tokens before (take-overs
+	// only) and after the change.
+	PreviousOwner, Owner string
+	// Key is the idempotency key the claim is sent with after the change.
+	Key string
+	// Detail says all of it in one line, as `reconciler show` prints it.
+	Detail string
+}
+
+// History returns a claim's history, oldest first (empty for a claim
+// taken before the history was kept).
+func (s *Store) History(ctx context.Context, id int64) ([]HistoryEntry, error) {
+	h, err := s.s.History(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]HistoryEntry, len(h))
+	for i, e := range h {
+		out[i] = HistoryEntry{ID: e.ID, At: e.At, What: string(e.What), From: ClaimState(e.From), To: ClaimState(e.To), By: e.By,
+			Path: TakeOverPath(e.Path), Reason: e.Reason, Owner: e.Owner.String(), Key: e.Key, Detail: e.Detail()}
+		if e.PreviousOwner != uuid.Nil {
+			out[i].PreviousOwner = e.PreviousOwner.String()
+		}
+	}
+	return out, nil
+}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
+	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
 )
 
@@ -20,6 +21,7 @@ type Delivery struct {
 	consumer string
 	claimID  int64
 	attempt  int
+	form     claim.KeyForm // how key was derived: its steps extend it alike
 }
 
 // Message returns the Service Bus SDK's own message value. When the
@@ -46,7 +48,12 @@ func (d *Delivery) IdempotencyKey() string { return d.key }
 // IdempotencyKey and the step's name, the same on every attempt, distinct
 // per step. A retry that repeats a step already performed sends its key
 // again and the downstream replays its answer.
-func (d *Delivery) StepKey(step string) string { return sideeffects.StepKey(d.key, step) }
+func (d *Delivery) StepKey(step string) string {
+	if step == "" {
+		return d.key
+	}
+	return claim.StepKey(d.form, d.key, step)
+}
 
 // Consumer returns the consumer name the claim was taken for.
 func (d *Delivery) Consumer() string { return d.consumer }
@@ -83,7 +90,7 @@ func (d *Delivery) ReportAnswer(ctx context.Context, status int, headers http.He
 }
 
 func newDelivery(ctx context.Context, msg *azservicebus.ReceivedMessage, key string) *Delivery {
-	d := &Delivery{msg: msg, key: key, dedupKey: msg.MessageID, attempt: 1}
+	d := &Delivery{msg: msg, key: key, dedupKey: msg.MessageID, attempt: 1, form: sideeffects.KeyFormOf(ctx)}
 	if c, ok := sideeffects.CallOf(ctx); ok {
 		d.dedupKey, d.consumer, d.claimID, d.attempt = c.DedupKey, c.Consumer, c.ClaimID, c.Attempt
 	}

@@ -98,7 +98,7 @@ func TestOperatorActionsAndClaimView(t *testing.T) {
 	}
 	if c2.Subject != "charge" || c2.Entity != "payments" || c2.Properties["tenant"] != "t1" || string(c2.Payload) != `{"amount":2}` ||
 		len(c2.PayloadHash) != 32 || c2.Fingerprint == "" || c2.Owner == "" || c2.HeartbeatAt.IsZero() || c2.FlaggedAt == nil ||
-		c2.DeliveryCount != 1 || c2.IdempotencyKey != "charge-2" || c2.KeyRevision != 0 || c2.Attempts != 1 || c2.LastError == "" {
+		c2.DeliveryCount != 1 || c2.IdempotencyKey != "billing/charge-2" || c2.KeyForm != "scoped" || c2.KeyRevision != 0 || c2.Attempts != 1 || c2.LastError == "" {
 		t.Errorf("claim view: %+v", c2)
 	}
 
@@ -122,7 +122,7 @@ func TestOperatorActionsAndClaimView(t *testing.T) {
 	_, err = st.Redrive(ctx, c1.ID, sbclaim.RedriveOptions{By: "alice", Note: "PSP back", Routers: map[string]*sbclaim.Router{"billing": router},
 		HeartbeatInterval: time.Second, QueryTimeout: 10 * time.Second})
 	if !errors.As(err, &ae) || ae.Kind != sbclaim.ActionEffectFailed || ae.Outcome != sbclaim.OutcomeRejected || !ae.Outcome.Final() ||
-		!ae.Failed || ae.Reflagged || ae.IdempotencyKey != "charge-1" || ae.Route != "charge" || ae.Answer == nil ||
+		!ae.Failed || ae.Reflagged || ae.IdempotencyKey != "billing/charge-1" || ae.Route != "charge" || ae.Answer == nil ||
 		ae.Answer.Status != http.StatusPaymentRequired || ae.Answer.Fields["/error/code"] != "card_declined" {
 		t.Fatalf("redrive to a decline: %v (%+v)", err, ae)
 	}

@@ -9,10 +9,12 @@
 // beside database/sql.
 //
 // The migrations are plain SQL files run by pressly/goose/v3. Each dialect
-// creates the same table: a sequential bigint key, the unique index on
-// (message id, consumer) that is the only arbiter of duplicates, a partial
-// index over unfinished claims for the reconciler, and a partial index over
-// finished claims for the purge.
+// creates the same tables: the claims, with a sequential bigint key, the
+// unique index on (message id, consumer) that is the only arbiter of
+// duplicates, a partial index over unfinished claims for the reconciler
+// and a partial index over finished claims for the purge; and (00004) the
+// claims' append-only history, one row per change of a claim's owner or
+// state, indexed by claim.
 package sql
 
 import (

@@ -29,6 +29,7 @@ func TestFailedClaimsAndNewKeys(t *testing.T) {
 		writeFile(t, routes, fmt.Sprintf(`version: 1
 routes:
   - name: payments
+    key: raw
     match: {subject: payment}
     url: %q
     timeout: 5s
@@ -39,7 +40,7 @@ routes:
       headers: [Request-Id]
       fields: [/id, /error/charge]
     allowNewKey: true
-  - {name: mail, match: {subject: mail}, url: %q, timeout: 5s}
+  - {key: raw, name: mail, match: {subject: mail}, url: %q, timeout: 5s}
 `, srv.URL+"/payments", srv.URL+"/mail"))
 		c := newCLI(t, map[string]string{
 			"SBCLAIM_DATABASE_URL": url, "SBCLAIM_STALE_AFTER": "1s", "SBCLAIM_HEARTBEAT_INTERVAL": "300ms",
@@ -80,7 +81,7 @@ routes:
 		}
 		r = c.mustRun("show", id(declined))
 		for _, want := range []string{"state:", "failed", "failed at:", "fail reason:", "EffectRejected", "answer:", "HTTP 402", "/error/charge=",
-			"Request-Id=", "dead letter:", "none yet", "idempotency key:", "(the message id)", "(not stored: cleared when the claim failed)"} {
+			"Request-Id=", "dead letter:", "none yet", "idempotency key:", "(raw: the message id)", "key form:", "History (one row per change", "claimed → failed: EffectRejected", "(not stored: cleared when the claim failed)"} {
 			if !strings.Contains(r.stdout, want) {
 				t.Errorf("show of the failed claim lacks %q", want)
 			}
@@ -106,7 +107,7 @@ routes:
 			t.Errorf("effects under the new key %d, the old %d; want 1 and 0", fake.Effects("msg-cached:r1"), fake.Effects("msg-cached"))
 		}
 		r = c.mustRun("show", id(cached))
-		for _, want := range []string{"msg-cached:r1", "(new key, revision 1, chosen by operator:tester)", "new key",
+		for _, want := range []string{"msg-cached:r1", "(raw: the message id, revision 1 chosen by operator:tester)", "redriven", "flagged → claimed via operator",
 			"no charge under msg-cached in the dashboard", "resolved", "HTTP 201", "/id="} {
 			if !strings.Contains(r.stdout, want) {
 				t.Errorf("show after --new-key lacks %q", want)

@@ -137,8 +137,8 @@ func TestRedriveHandOffOfUserCode(t *testing.T) {
 		tick(func(r sbclaim.TickResult) bool { return r.Recovered == 1 })
 		mu.Lock()
 		defer mu.Unlock()
-		if len(keys) != 2 || keys[0] != keys[1] || keys[0] != "refund-7" {
-			t.Errorf("handler keys %q: want the original attempt and one re-run, both with key refund-7", keys)
+		if len(keys) != 2 || keys[0] != keys[1] || keys[0] != "refunds/refund-7" {
+			t.Errorf("handler keys %q: want the original attempt and one re-run, both with the scoped key refunds/refund-7", keys)
 		}
 		if got, _ := st.Claim(ctx, cl.ID); got.State != sbclaim.StateProcessed {
 			t.Errorf("claim %+v, want processed by the user's binary", got)

@@ -96,7 +96,7 @@ func openStore(t *testing.T, url string) claim.Store {
 // is older than staleAfter; a tick then flags it.
 func claimMessage(t *testing.T, st claim.Store, id, subject string, payload []byte, store bool) *claim.Claim {
 	t.Helper()
-	p := claim.ClaimParams{Owner: uuid.New(), MessageID: id, Consumer: "billing", Entity: "payments", Subject: subject,
+	p := claim.ClaimParams{KeyForm: claim.KeyFormRaw, Owner: uuid.New(), MessageID: id, Consumer: "billing", Entity: "payments", Subject: subject,
 		ContentType: "application/json", Properties: map[string]string{"tenant": "t1"},
 		PayloadHash: claim.HashPayload(payload), DeliveryCount: 1}
 	if store {
@@ -141,7 +141,7 @@ func TestCLIEndToEnd(t *testing.T) {
 		srv := httptest.NewServer(fake)
 		t.Cleanup(srv.Close)
 		routes := filepath.Join(t.TempDir(), "routes.yaml")
-		writeFile(t, routes, fmt.Sprintf("version: 1\nroutes:\n  - name: payments\n    match: {subject: payment}\n    method: POST\n    url: %q\n    timeout: 5s\n    body: json\n", srv.URL+"/payments"))
+		writeFile(t, routes, fmt.Sprintf("version: 1\nroutes:\n  - name: payments\n    key: raw\n    match: {subject: payment}\n    method: POST\n    url: %q\n    timeout: 5s\n    body: json\n", srv.URL+"/payments"))
 
 		// A 1s stale window needs a 1s/3 heartbeat to pass validation.
 		c := newCLI(t, map[string]string{
@@ -216,7 +216,7 @@ func TestCLIEndToEnd(t *testing.T) {
 		// show: everything about one claim.
 		r = c.mustRun("show", strconv.FormatInt(toResolve.ID, 10))
 		for _, want := range []string{"msg-resolve", "billing", "flagged", "heartbeat at:", "ago", "sha256:" + fmt.Sprintf("%x", claim.HashPayload(payload)),
-			`{\"amount\":42`, "Audit trail", "claimed", "tenant=t1"} {
+			`{\"amount\":42`, "History (one row per change", "claimed", "tenant=t1"} {
 			if !strings.Contains(r.stdout, want) {
 				t.Errorf("show lacks %q", want)
 			}
@@ -247,7 +247,7 @@ func TestCLIEndToEnd(t *testing.T) {
 			t.Errorf("second resolve: %d %q, want a refusal naming who resolved it", r.code, r.stderr)
 		}
 		r = c.mustRun("show", id)
-		for _, want := range []string{"resolved", "as done by alice", "refund confirmed", "flagged"} {
+		for _, want := range []string{"resolved", "by alice", "flagged → resolved: done: refund confirmed", "flagged"} {
 			if !strings.Contains(r.stdout, want) {
 				t.Errorf("show after resolve lacks %q in the audit trail", want)
 			}
@@ -288,7 +288,7 @@ func TestOnceRecoversWithRoutes(t *testing.T) {
 		srv := httptest.NewServer(fake)
 		t.Cleanup(srv.Close)
 		routes := filepath.Join(t.TempDir(), "routes.yaml")
-		writeFile(t, routes, fmt.Sprintf("version: 1\nroutes:\n  - name: payments\n    match: {subject: payment}\n    url: %q\n    body: json\n", srv.URL+"/payments"))
+		writeFile(t, routes, fmt.Sprintf("version: 1\nroutes:\n  - name: payments\n    key: raw\n    match: {subject: payment}\n    url: %q\n    body: json\n", srv.URL+"/payments"))
 		c := newCLI(t, map[string]string{
 			"SBCLAIM_DATABASE_URL": url, "SBCLAIM_STALE_AFTER": "1s", "SBCLAIM_HEARTBEAT_INTERVAL": "300ms",
 			"SBCLAIM_ROUTES": "billing=" + routes, "SBCLAIM_HTTP_ADDR": "127.0.0.1:0",

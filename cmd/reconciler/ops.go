@@ -113,14 +113,20 @@ func showFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 		if err != nil {
 			return e.fail("show", fmt.Errorf("claim %d: %w", id, err))
 		}
+		h, err := st.History(ctx, id)
+		if err != nil {
+			return e.fail("show", fmt.Errorf("history of claim %d: %w", id, err))
+		}
 		if *asJSON {
-			return e.writeJSON("show", toJSON(c)[0])
+			j := toJSON(c)[0]
+			j.History = historyJSON(h)
+			return e.writeJSON("show", j)
 		}
 		now, err := st.Now(ctx)
 		if err != nil {
 			return e.fail("show", err)
 		}
-		writeClaim(e.stdout, c, now)
+		writeClaim(e.stdout, c, h, now)
 		return exitOK
 	}
 }
@@ -129,11 +135,28 @@ func showFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 // (ages by the database clock), the payload (hash and a safe preview) and
 // the audit trail. Each block writes to one tabwriter, so the columns of
 // every block line up; a new block is one more function called here.
-func writeClaim(w io.Writer, c *sbclaim.Claim, now time.Time) {
+func writeClaim(w io.Writer, c *sbclaim.Claim, h []sbclaim.HistoryEntry, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	writeClaimFields(tw, c, now)
-	writeAuditTrail(tw, c)
+	if len(h) > 0 {
+		writeHistory(tw, c, h)
+	} else {
+		writeAuditTrail(tw, c)
+	}
 	tw.Flush()
+}
+
+// writeHistory prints the claim's history: one row per change of its
+// owner or state, oldest first.
+func writeHistory(tw io.Writer, c *sbclaim.Claim, h []sbclaim.HistoryEntry) {
+	fmt.Fprintln(tw, "History (one row per change of owner or state, kept with the claim)")
+	for _, e := range h {
+		fmt.Fprintf(tw, "  %s\t%s\tby %s\t%s\n", ts(e.At), e.What, dash(printable(e.By, 0)), printable(e.Detail, 0))
+	}
+	if c.LateSuccessAt != nil {
+		fmt.Fprintf(tw, "  %s\tlate success\tby %s\tthe effect succeeded after it had lost the claim: the effect DID happen\n",
+			ts(*c.LateSuccessAt), printable(c.LateSuccessBy, 0))
+	}
 }
 
 // writeClaimFields prints the claim's row, one "name: value" line each.
@@ -158,6 +181,7 @@ func writeClaimFields(tw io.Writer, c *sbclaim.Claim, now time.Time) {
 		row("properties:", "-")
 	}
 	row("route:", dash(printable(c.Route, 0))+fingerprintNote(c))
+	row("key form:", c.KeyForm)
 	row("idempotency key:", printable(c.IdempotencyKey, 0)+keyNote(c))
 	row("owner:", c.Owner)
 	row("claimed by:", dash(printable(c.ClaimedBy, 0)))
@@ -188,7 +212,7 @@ func writeClaimFields(tw io.Writer, c *sbclaim.Claim, now time.Time) {
 // first: the claim, the last take-over, flag, key revision and
 // resolution.
 func writeAuditTrail(tw io.Writer, c *sbclaim.Claim) {
-	fmt.Fprintln(tw, "Audit trail")
+	fmt.Fprintln(tw, "Audit trail (the claim is older than its history: the row keeps the last take-over, flag and resolution)")
 	first := printable(c.ClaimedBy, 0)
 	switch {
 	case c.TakeOvers == 1:
@@ -254,11 +278,30 @@ func heartbeatNote(c *sbclaim.Claim) string {
 }
 
 // keyNote says where a claim's idempotency key comes from.
-func keyNote(c *sbclaim.Claim) string {
-	if c.KeyRevision == 0 {
-		return "  (the message id)"
+func keyNote(c *sbclaim.Claim) string { return "  (" + printable(c.KeyFormNote, 0) + ")" }
+
+// entryJSON is a history entry for scripts.
+type entryJSON struct {
+	ID            int64                `json:"id"`
+	At            time.Time            `json:"at"`
+	What          string               `json:"what"`
+	From          sbclaim.ClaimState   `json:"from"`
+	To            sbclaim.ClaimState   `json:"to"`
+	By            string               `json:"by"`
+	Path          sbclaim.TakeOverPath `json:"path,omitempty"`
+	Reason        string               `json:"reason"`
+	PreviousOwner string               `json:"previous_owner,omitempty"`
+	Owner         string               `json:"owner"`
+	Key           string               `json:"key"`
+}
+
+func historyJSON(h []sbclaim.HistoryEntry) []entryJSON {
+	out := make([]entryJSON, len(h))
+	for i, e := range h {
+		out[i] = entryJSON{ID: e.ID, At: e.At, What: e.What, From: e.From, To: e.To, By: e.By, Path: e.Path,
+			Reason: e.Reason, PreviousOwner: e.PreviousOwner, Owner: e.Owner, Key: e.Key}
 	}
-	return fmt.Sprintf("  (new key, revision %d, chosen by %s)", c.KeyRevision, dash(printable(c.KeyRevisedBy, 0)))
+	return out
 }
 
 // deadLetterNote says which delivery dead-letters a failed claim's
@@ -358,7 +401,7 @@ func resolveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 func redriveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 	by := fs.String("by", "", "operator name (default: $SBCLAIM_OPERATOR, else the OS user)")
 	note := fs.String("note", "redriven", "note kept on the claim (required with --new-key and --handoff)")
-	newKey := fs.Bool("new-key", false, "redrive under a new idempotency key <key>:r<N>, recorded on the claim: only for a route with allowNewKey, "+
+	newKey := fs.Bool("new-key", false, "redrive under a new idempotency key (the claim's key with :r<N>), recorded on the claim: only for a route with allowNewKey, "+
 		"and only after checking the downstream did nothing under the old key (see the README)")
 	handOff := fs.Bool("handoff", false, "for a claim whose route is not in the routes file (a Go handler in your own binary): hand it off, "+
 		"released for the reconciler passes running in that binary, which re-run it with the same idempotency key")
@@ -597,6 +640,9 @@ type claimJSON struct {
 	KeyRevisedBy    string             `json:"key_revised_by"`
 	KeyRevisedAt    *time.Time         `json:"key_revised_at"`
 	KeyRevisionNote string             `json:"key_revision_note"`
+	KeyForm         string             `json:"key_form"`
+	// History is the claim's history (show only).
+	History []entryJSON `json:"history,omitempty"`
 }
 
 // answerJSON is a claim's answer for scripts.
@@ -630,6 +676,7 @@ func toJSON(claims ...*sbclaim.Claim) []claimJSON {
 			Recoveries: c.Recoveries, NextAttemptAt: c.NextAttemptAt, LateSuccessAt: c.LateSuccessAt, LateSuccessBy: c.LateSuccessBy,
 			FailedAt: c.FailedAt, FailReason: c.FailReason, DeadLetterSeq: c.DeadLetterSeq, Answer: toAnswerJSON(c.Answer), AnswerAt: c.AnswerAt,
 			Key: c.IdempotencyKey, KeyRevision: c.KeyRevision, KeyRevisedBy: c.KeyRevisedBy, KeyRevisedAt: c.KeyRevisedAt, KeyRevisionNote: c.KeyRevisionNote,
+			KeyForm: c.KeyForm,
 		}
 		if c.Payload != nil {
 			n := len(c.Payload)

@@ -2,7 +2,6 @@ package claim
 
 import (
 	"crypto/sha256"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -210,12 +209,16 @@ type Claim struct {
 	AnswerAt *time.Time
 
 	// KeyRevision counts the operator's redrives under a new idempotency
-	// key (0: the claim's effect uses MessageID); EffectKey is the key its
-	// effect is sent with since the last one ("" for MessageID: see Key),
+	// key (0: the claim's original key); EffectKey is the key its effect
+	// is sent with ("" for a raw claim's MessageID: see Key),
 	// KeyRevisedBy, KeyRevisedAt and KeyRevisionNote who chose it, when
 	// and why.
-	KeyRevision     int
-	EffectKey       string
+	KeyRevision int
+	EffectKey   string
+	// KeyForm is how the claim's keys are derived (KeyFormScoped for new
+	// claims; KeyFormRaw for claims taken before forms were recorded and
+	// for routes that opt out).
+	KeyForm         KeyForm
 	KeyRevisedBy    string
 	KeyRevisedAt    *time.Time
 	KeyRevisionNote string
@@ -227,20 +230,21 @@ type Claim struct {
 }
 
 // Key is the idempotency key the claim's effect is sent with: EffectKey
-// after an operator's redrive under a new key, else MessageID. Every
-// attempt, take-over, recovery and redrive of the claim uses it.
+// (the key the store recorded when the claim was taken, or when an
+// operator's redrive chose a new one), else the key its form derives (a
+// raw claim's MessageID). Every attempt, take-over, recovery and redrive
+// of the claim uses it.
 func (c *Claim) Key() string {
 	if c.EffectKey != "" {
 		return c.EffectKey
 	}
-	return c.MessageID
+	return KeyFor(c.KeyForm, c.Consumer, c.MessageID, c.KeyRevision)
 }
 
-// RevisedKey is the key of revision n of a claim's key (n >= 1):
-// "<MessageID>:r<n>". For a route with steps each step appends its name,
-// as it does to any key.
-func RevisedKey(messageID string, n int) string {
-	return messageID + ":r" + strconv.Itoa(n)
+// NextKey is the key an operator's redrive under a new key would give
+// the claim: revision KeyRevision+1 in the claim's form.
+func (c *Claim) NextKey() string {
+	return KeyFor(c.KeyForm, c.Consumer, c.MessageID, c.KeyRevision+1)
 }
 
 // RouteDiffers reports whether the claim was taken for another route or

@@ -20,7 +20,10 @@ import (
 //
 // Every change of a claim's owner or state is one guarded UPDATE whose
 // precondition (owner, state, staleness by the database clock) is in its
-// own WHERE, so a caller that lost a race changes nothing.
+// own WHERE, so a caller that lost a race changes nothing. Each such
+// change also appends one row to the claim's history (History), in the
+// same statement or transaction, only when the guarded write changed the
+// claim.
 type Store interface {
 	// ClaimBatch inserts one marker per message in one round trip (a batch
 	// of one is the single-message path) and reports, per message and in
@@ -47,9 +50,10 @@ type Store interface {
 	// UPDATE: the row must still have PreviousOwner and qualify for
 	// params.Path (see TakeOverParams), judged by the database clock, and
 	// its recorded route and fingerprint must be the caller's. Exactly one
-	// of concurrent callers wins. The take-over is audited on the row
+	// of concurrent callers wins. The take-over is recorded on the row
 	// (TakenOverAt, TakeOverPath, TakeOverReason, PreviousOwner,
-	// PreviousHolder, TakeOvers).
+	// PreviousHolder, TakeOvers: the last one) and in the claim's history
+	// (every one).
 	//
 	// When it refuses, it returns the claim as it is now (when it could
 	// read it) together with ErrStateChanged (another owner, another state,
@@ -127,6 +131,12 @@ type Store interface {
 	// Get returns one claim by ID, or ErrNotFound.
 	Get(ctx context.Context, id int64) (*Claim, error)
 
+	// History returns a claim's audit history, oldest first: one entry per
+	// change of its owner or state (see Change), written in the same
+	// statement or transaction as the change. ErrNotFound when the claim
+	// is gone (its history goes with it).
+	History(ctx context.Context, id int64) ([]HistoryEntry, error)
+
 	// Resolve closes a claim with an audited resolution. Without Owner it
 	// is guarded on the claim being flagged (an operator's "done" or
 	// "discarded"); with Owner — only for ResolutionRedriven — on the claim
@@ -138,7 +148,10 @@ type Store interface {
 	// PurgeProcessed deletes at most Limit finished claims (processed,
 	// failed or resolved) whose ProcessedAt / FailedAt / ResolvedAt is older
 	// than OlderThan by the database clock, and returns how many it
-	// deleted. It never deletes a claimed, released or flagged claim.
+	// deleted. It never deletes a claimed, released or flagged claim. A
+	// claim's history is deleted with it, in the same transaction, and the
+	// purge leaves no trace of its own in any history (the reconciler logs
+	// how many claims each pass purged).
 	// Callers loop until a batch deletes fewer than Limit.
 	PurgeProcessed(ctx context.Context, params *PurgeParams) (int64, error)
 
@@ -187,6 +200,10 @@ type ClaimParams struct {
 	PayloadHash   []byte // HashPayload(body)
 	Payload       []byte // nil when payload storage is off
 	DeliveryCount int
+	// KeyForm is how the claim's idempotency keys are derived; "" is
+	// KeyFormScoped. The store records it, and the key it derives as
+	// EffectKey.
+	KeyForm KeyForm
 }
 
 // ClaimBatchParams is the input of ClaimBatch.
@@ -269,8 +286,8 @@ type TakeOverParams struct {
 	Route       string
 	Fingerprint string
 	// NewKey (PathOperator only) moves the claim to a new idempotency key
-	// in the same guarded write: KeyRevision + 1, EffectKey
-	// RevisedKey(MessageID, KeyRevision+1), KeyRevisedBy By,
+	// in the same guarded write: KeyRevision + 1, EffectKey the claim's
+	// NextKey() (revision KeyRevision+1 in its KeyForm), KeyRevisedBy By,
 	// KeyRevisionNote Reason, KeyRevisedAt now. The taker then runs the
 	// effect with the returned claim's Key(), as does every later
 	// take-over. The caller checks the route allows it.
@@ -286,6 +303,10 @@ type FlagParams struct {
 	// to be older than this by the database clock.
 	SilentFor time.Duration
 	Reason    string
+	// By is who flags it, recorded in the claim's history: the
+	// reconciler's name, a processor's host, "operator:<name>" (a redrive
+	// that failed); "" records the claim's holder.
+	By string
 }
 
 // FindStaleParams is the input of FindStale.
@@ -359,12 +380,17 @@ type FailParams struct {
 type TakeDeadLetterParams struct {
 	ID  int64
 	Seq int64 // the delivery's broker sequence number
+	// By is the host of the delivery, recorded in the claim's history.
+	By string
 }
 
 // FlagStaleParams is the input of FlagStale.
 type FlagStaleParams struct {
 	StaleAfter time.Duration
 	Limit      int // at most this many claims per call
+	// By is recorded in each flagged claim's history ("" is
+	// ReconcilerBy).
+	By string
 }
 
 // ListParams filters List. Zero values mean "any".

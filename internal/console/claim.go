@@ -29,8 +29,11 @@ type claimData struct {
 	Hash          string
 	PreviousOwner string
 	Trail         []event
-	Answer        *answerView // nil: no answer recorded
-	KeyNote       string      // where the idempotency key comes from
+	// History: Trail comes from the claim's history (every change); else
+	// (a claim older than the history) from what its row keeps.
+	History bool
+	Answer  *answerView // nil: no answer recorded
+	KeyNote string      // where the idempotency key comes from
 	// Failed: the downstream's answer is final; the page shows why and
 	// offers no action.
 	Failed     bool
@@ -136,8 +139,14 @@ func (s *Server) renderClaim(w http.ResponseWriter, r *http.Request, status int,
 		}
 	}
 	v.Flash = flash
-	d := &claimData{C: c, Hash: "sha256:" + hex.EncodeToString(c.PayloadHash), Payload: preview(c), Trail: trail(c),
-		Answer: viewAnswer(c.Answer), KeyNote: keyNote(c), Failed: c.State == claim.StateFailed,
+	h, err := s.opts.Store.History(ctx, id)
+	if err != nil && !errors.Is(err, claim.ErrNotFound) {
+		s.storeError(w, r, "the claim's history", err)
+		return
+	}
+	d := &claimData{C: c, Hash: "sha256:" + hex.EncodeToString(c.PayloadHash), Payload: preview(c), Trail: historyTrail(c, h),
+		History: len(h) > 0 && h[0].What == claim.ChangeClaimed,
+		Answer:  viewAnswer(c.Answer), KeyNote: keyNote(c), Failed: c.State == claim.StateFailed,
 		FailWhy: failReasons[c.FailReason], DeadLetter: deadLetter(c), Flagged: c.State == claim.StateFlagged, MaxNote: MaxNote}
 	if c.PreviousOwner != uuid.Nil {
 		d.PreviousOwner = c.PreviousOwner.String()
@@ -161,7 +170,7 @@ func (s *Server) renderClaim(w http.ResponseWriter, r *http.Request, status int,
 		}
 	}
 	if d.Flagged && d.CanRedrive && s.allowsNewKey(c) {
-		d.NewKey = claim.RevisedKey(c.MessageID, c.KeyRevision+1)
+		d.NewKey = c.NextKey()
 	}
 	v.Title = fmt.Sprintf("Claim %d", c.ID)
 	v.Data = d
@@ -219,12 +228,7 @@ var failReasons = map[string]string{
 }
 
 // keyNote says where a claim's idempotency key comes from.
-func keyNote(c *claim.Claim) string {
-	if c.KeyRevision == 0 {
-		return "the message id"
-	}
-	return fmt.Sprintf("a new key, revision %d, chosen by %s", c.KeyRevision, visible(dash(c.KeyRevisedBy)))
-}
+func keyNote(c *claim.Claim) string { return visible(c.FormNote()) }
 
 // revisionNote is keyNote for a sentence about the key: nothing for the
 // message id.
@@ -232,7 +236,7 @@ func revisionNote(c *claim.Claim) string {
 	if c.KeyRevision == 0 {
 		return ""
 	}
-	return " (" + keyNote(c) + ")"
+	return fmt.Sprintf(" (a new key, revision %d, chosen by %s)", c.KeyRevision, visible(dash(c.KeyRevisedBy)))
 }
 
 // deadLetter says which delivery carries a failed claim's message to the
@@ -307,9 +311,37 @@ func visibleLines(s string) string {
 	return string(b)
 }
 
+// historyTrail is the claim's audit trail, oldest first: one event per
+// entry of its history, and the late success its row notes (no change of
+// owner or state). A claim taken before the history existed (its history
+// does not start with "claimed") shows, for the time before its first
+// entry, what its row keeps (trail).
+func historyTrail(c *claim.Claim, h []claim.HistoryEntry) []event {
+	if len(h) == 0 {
+		return trail(c)
+	}
+	var out []event
+	if h[0].What != claim.ChangeClaimed {
+		for _, e := range trail(c) {
+			if e.At.Before(h[0].At) && e.What != "late success" {
+				out = append(out, e)
+			}
+		}
+	}
+	for _, e := range h {
+		out = append(out, event{At: e.At, What: string(e.What), By: e.By, Detail: e.Detail()})
+	}
+	if c.LateSuccessAt != nil {
+		out = append(out, event{At: *c.LateSuccessAt, What: "late success", By: c.LateSuccessBy,
+			Detail: "its effect succeeded after it had lost the claim: the effect DID happen"})
+	}
+	slices.SortStableFunc(out, func(a, b event) int { return a.At.Compare(b.At) })
+	return out
+}
+
 // trail is the claim's audit trail, oldest first, from what its row keeps
 // (the last take-over, flag and resolution; earlier ones are counted, not
-// kept).
+// kept): for claims taken before the history existed.
 func trail(c *claim.Claim) []event {
 	first := c.ClaimedBy
 	switch {

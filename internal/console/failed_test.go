@@ -51,7 +51,7 @@ func TestFailedClaimShowsItsFieldsAndOffersNoAction(t *testing.T) {
 			t.Errorf("the failed claim's page offers an action (%s)", form)
 		}
 	}
-	if !regexp.MustCompile(`(?s)<td>failed</td><td>—</td><td>EffectRejected: charges: HTTP 402`).MatchString(page.body) {
+	if !regexp.MustCompile(`(?s)<td>failed</td><td>[^<]+</td><td>claimed → failed: EffectRejected: charges: HTTP 402`).MatchString(page.body) {
 		t.Error("the audit trail has no failed event with its reason and description")
 	}
 

@@ -78,12 +78,14 @@ func setup(t *testing.T, edit func(*console.Options)) *fixture {
 	router, err := sideeffects.ParseRoutes([]byte(fmt.Sprintf(`version: 1
 routes:
   - name: payments
+    key: raw
     match: {subject: payment}
     method: POST
     url: %q
     timeout: 5s
     body: json
   - name: charges
+    key: raw
     match: {subject: charge}
     method: POST
     url: %q
@@ -141,6 +143,7 @@ func (f *fixture) claimSubject(subject, consumer, id, body string, props map[str
 		route, print = h.Name, h.Fingerprint
 	}
 	res, err := f.store.ClaimBatch(f.t.Context(), &claim.ClaimBatchParams{Host: "processor-1", Claims: []claim.ClaimParams{{
+		KeyForm:   claim.KeyFormRaw,
 		MessageID: id, Consumer: consumer, Owner: uuid.New(), Route: route, Fingerprint: print,
 		Entity: "payments", Subject: subject, ContentType: "application/json", Properties: props,
 		PayloadHash: claim.HashPayload([]byte(body)), Payload: []byte(body), DeliveryCount: 1,

@@ -38,7 +38,7 @@ func TestNewKeyFormOnlyWhereTheRouteAllowsIt(t *testing.T) {
 	if !strings.Contains(page.body, `<textarea name="note" required maxlength="2000" rows="2" id="new-key-note">`) {
 		t.Error("the new-key form's note is not required")
 	}
-	mustContain(t, "allowNewKey route", page, `<dd id="idempotency-key"><span class="mono">`+charge.MessageID+`</span> <span class="muted">(the message id)</span>`)
+	mustContain(t, "allowNewKey route", page, `<dd id="idempotency-key"><span class="mono">`+charge.MessageID+`</span> <span class="muted">(raw: the message id)</span>`, `<dd id="key-form">raw</dd>`)
 
 	for name, r := range map[string]response{
 		"route without allowNewKey": a.getPage(fmt.Sprintf("/claims/%d", payment.ID)),
@@ -104,7 +104,7 @@ func TestRedriveUnderANewKey(t *testing.T) {
 	mustContain(t, "after the new-key redrive", page,
 		"The effect succeeded with idempotency key &#34;"+newKey+"&#34; (a new key, revision 1, chosen by "+got.KeyRevisedBy+")",
 		`<span class="mono">`+newKey+`</span>`, `id="key-revision"`, "revision 1, chosen by "+got.KeyRevisedBy, why,
-		"<td>new key</td>")
+		"<td>redriven</td>", "flagged → claimed via operator", "(key "+newKey+")")
 }
 
 // A redrive under a new key without a note, or with a new_key the form

@@ -221,7 +221,8 @@ func perform(ctx context.Context, p Params, log *slog.Logger) (err error) {
 			err = sideeffects.Unknown(fmt.Errorf("effect panicked: %v", r))
 		}
 	}()
-	return p.Effect.Perform(ctx, p.Message, p.Key)
+	// A route with steps derives each step's key in the claim's form.
+	return p.Effect.Perform(sideeffects.WithKeyForm(ctx, p.Claim.KeyForm), p.Message, p.Key)
 }
 
 // heartbeat writes the claim's heartbeat every HeartbeatInterval until the

@@ -229,6 +229,7 @@ func TestClaimFailedWithoutAMessageIsDeadLetteredByOneCopy(t *testing.T) {
 		b := setup(t, be, membus.QueueOptions{})
 		ctx := context.Background()
 		res, err := b.store.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "reconciler", Claims: []claim.ClaimParams{{
+			KeyForm:   claim.KeyFormRaw,
 			MessageID: "m1", Consumer: "billing", Owner: uuid.New(), Route: "effect", Fingerprint: "fp-effect",
 			PayloadHash: claim.HashPayload([]byte(`{}`)), Payload: []byte(`{}`),
 		}}})
@@ -344,6 +345,7 @@ func TestRedeliveryUsesTheOperatorsNewKey(t *testing.T) {
 		b := setup(t, be, membus.QueueOptions{})
 		ctx := context.Background()
 		res, err := b.store.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "host-a", Claims: []claim.ClaimParams{{
+			KeyForm:   claim.KeyFormRaw,
 			MessageID: "m1", Consumer: "billing", Owner: uuid.New(), Route: "effect", Fingerprint: "fp-effect",
 			PayloadHash: claim.HashPayload([]byte(`{}`)), Payload: []byte(`{}`),
 		}}})
@@ -393,6 +395,7 @@ func TestPaymentAPIAnswersAcrossReplicas(t *testing.T) {
 		router, err := sideeffects.ParseRoutes([]byte(`version: 1
 routes:
   - name: payments
+    key: raw
     match: {subject: "*"}
     url: "`+srv.URL+`/v1/charges"
     timeout: 5s

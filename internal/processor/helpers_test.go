@@ -142,6 +142,17 @@ type router struct {
 	// fp, when set, is the default route's fingerprint (a routes file
 	// changed under a claim); "fp-effect" otherwise.
 	fp atomic.Value
+	// form is the default route's key form. The protocol tests count
+	// effects per message id, so their routes opt out (raw) unless a test
+	// of the key forms sets it before starting the processors.
+	form claim.KeyForm
+}
+
+func (r *router) keyForm() claim.KeyForm {
+	if r.form == "" {
+		return claim.KeyFormRaw
+	}
+	return r.form
 }
 
 func (r *router) fingerprint() string {
@@ -156,16 +167,16 @@ func (r *router) Route(msg *azservicebus.ReceivedMessage) (sideeffects.Handler, 
 	case "noroute":
 		return sideeffects.Handler{}, &sideeffects.InputError{Reason: sideeffects.ReasonNoRoute, Description: "no route for subject noroute"}
 	case "tx":
-		return sideeffects.Handler{Name: "tx", TxEffect: r.tx}, nil
+		return sideeffects.Handler{Name: "tx", TxEffect: r.tx, KeyForm: claim.KeyFormRaw}, nil
 	case "json":
 		if !json.Valid(msg.Body) {
 			return sideeffects.Handler{}, &sideeffects.InputError{Reason: sideeffects.ReasonMalformedBody, Description: "body is not JSON"}
 		}
-		return sideeffects.Handler{Name: "json", Effect: r.eff, Fingerprint: "fp-json"}, nil
+		return sideeffects.Handler{Name: "json", Effect: r.eff, Fingerprint: "fp-json", KeyForm: claim.KeyFormRaw}, nil
 	case "manual":
-		return sideeffects.Handler{Name: "manual", Effect: r.eff, Recovery: sideeffects.RecoveryManual, Fingerprint: "fp-manual"}, nil
+		return sideeffects.Handler{Name: "manual", Effect: r.eff, Recovery: sideeffects.RecoveryManual, Fingerprint: "fp-manual", KeyForm: claim.KeyFormRaw}, nil
 	default:
-		return sideeffects.Handler{Name: "effect", Effect: r.eff, Fingerprint: r.fingerprint()}, nil
+		return sideeffects.Handler{Name: "effect", Effect: r.eff, Fingerprint: r.fingerprint(), KeyForm: r.keyForm()}, nil
 	}
 }
 

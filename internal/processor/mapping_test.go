@@ -77,10 +77,10 @@ routes:
 		if len(cs) != 1 || cs[0].MessageID != "good" {
 			t.Fatalf("%d claims, want only the good message's: a mapping error is never claimed", len(cs))
 		}
-		if fake.TotalRequests() != 1 || fake.EffectsAt("/v1/customers/cus_1", "good") != 1 {
-			t.Errorf("downstream: %d requests, %d effects at the mapped path; want 1 and 1", fake.TotalRequests(), fake.EffectsAt("/v1/customers/cus_1", "good"))
+		if fake.TotalRequests() != 1 || fake.EffectsAt("/v1/customers/cus_1", "billing/good") != 1 {
+			t.Errorf("downstream: %d requests, %d effects at the mapped path; want 1 and 1", fake.TotalRequests(), fake.EffectsAt("/v1/customers/cus_1", "billing/good"))
 		}
-		form, err := url.ParseQuery(fake.Bodies("good")[0])
+		form, err := url.ParseQuery(fake.Bodies("billing/good")[0])
 		if err != nil || form.Get("amount") != "1999" || form.Get("currency") != "usd" || form.Get("metadata[order]") != "42" {
 			t.Errorf("form %v (%v)", form, err)
 		}

@@ -247,6 +247,7 @@ func (p *Processor) claimParams(d *delivery) claim.ClaimParams {
 		Owner:         d.owner,
 		Route:         d.handler.Name,
 		Fingerprint:   d.handler.Fingerprint,
+		KeyForm:       d.handler.KeyForm,
 		Entity:        p.opts.Entity,
 		PayloadHash:   d.hash,
 		DeliveryCount: int(d.msg.DeliveryCount),
@@ -485,7 +486,7 @@ func (p *Processor) flagRouteChanged(work context.Context, d *delivery, c *claim
 	}
 	sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
 	defer cancel()
-	_, err := p.opts.Store.Flag(sctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: c.State, SilentFor: silent, Reason: reason})
+	_, err := p.opts.Store.Flag(sctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: c.State, SilentFor: silent, Reason: reason, By: p.opts.Host})
 	switch {
 	case err == nil:
 		d.log.Warn("claim flagged for operators: route changed", "claim_route", c.Route, "claim_fingerprint", c.Fingerprint,
@@ -690,7 +691,7 @@ func (p *Processor) failedCopy(work context.Context, d *delivery, c *claim.Claim
 		d.log.Info("redelivery of the message that failed its claim: dead-lettering it now")
 	case seq != nil && c.DeadLetterSeq == nil:
 		sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
-		err := p.opts.Store.TakeDeadLetter(sctx, &claim.TakeDeadLetterParams{ID: c.ID, Seq: *seq})
+		err := p.opts.Store.TakeDeadLetter(sctx, &claim.TakeDeadLetterParams{ID: c.ID, Seq: *seq, By: p.opts.Host})
 		cancel()
 		switch {
 		case errors.Is(err, claim.ErrStateChanged):

@@ -702,6 +702,7 @@ func TestTransactionalRouteMeetsReleasedClaim(t *testing.T) {
 	b.router.tx = ledgerEffect(t, db, "sqlite")
 	ctx := context.Background()
 	res, err := b.store.ClaimBatch(ctx, &claim.ClaimBatchParams{Claims: []claim.ClaimParams{{
+		KeyForm:   claim.KeyFormRaw,
 		Owner:     uuid.New(),
 		MessageID: "rel", Consumer: "billing", PayloadHash: claim.HashPayload([]byte("credit"))}}})
 	if err != nil {
@@ -1043,6 +1044,7 @@ func TestTakeOverUnavailableAbandons(t *testing.T) {
 	b := setup(t, "sqlite", membus.QueueOptions{MaxDeliveryCount: 2})
 	ctx := context.Background()
 	res, err := b.store.ClaimBatch(ctx, &claim.ClaimBatchParams{Claims: []claim.ClaimParams{{
+		KeyForm:   claim.KeyFormRaw,
 		Owner:     uuid.New(),
 		MessageID: "rel", Consumer: "billing", PayloadHash: claim.HashPayload([]byte("{}"))}}})
 	if err != nil {

@@ -70,6 +70,7 @@ func TestServiceBus(t *testing.T) {
 	router, err := sideeffects.ParseRoutes([]byte(fmt.Sprintf(`
 routes:
   - name: payments
+    key: raw
     match: {subject: payment}
     body: json
     url: %s/payments

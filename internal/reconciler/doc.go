@@ -41,7 +41,8 @@
 // stored payload, then resolves the claim as redriven. The downstream
 // deduplicates on the key, so redriving a claim whose effect did happen
 // before the crash performs it once. With NewKey (a route with
-// allowNewKey, and a note) it runs under the next key, <key>:r<N>, recorded
+// allowNewKey, and a note) it runs under the next key (claim.NextKey: the
+// claim's key with :r<N>, in its form), recorded
 // on the claim: for a downstream that stored a failure under the old key.
 // A redrive that gets a final answer that is not a success fails the
 // claim. The chaos harness calls RunOnce and Redrive directly.

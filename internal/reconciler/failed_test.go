@@ -25,6 +25,7 @@ import (
 const stripeRoutes = `version: 1
 routes:
   - name: payments
+    key: raw
     match: {subject: payment}
     url: "%s/payments"
     timeout: 5s
@@ -77,7 +78,7 @@ func TestRecoveryFailsAFinalAnswer(t *testing.T) {
 			if m.MessageID != refused.MessageID {
 				return router.Route(m)
 			}
-			return sideeffects.Handler{Name: "payments", Effect: sideeffects.EffectFunc(func(ctx context.Context, _ *azservicebus.ReceivedMessage, _ string) error {
+			return sideeffects.Handler{Name: "payments", KeyForm: claim.KeyFormRaw, Effect: sideeffects.EffectFunc(func(ctx context.Context, _ *azservicebus.ReceivedMessage, _ string) error {
 				sideeffects.ReportAnswer(ctx, sideeffects.Answer{Status: 400, Fields: map[string]string{"/error/code": "account_closed"}})
 				return sideeffects.Permanent(errors.New("account closed"))
 			})}, nil
@@ -239,6 +240,7 @@ func TestRedriveWithANewKeyKeepsTheStepSuffix(t *testing.T) {
 		fake, router := routesFile(t, `version: 1
 routes:
   - name: payments
+    key: raw
     match: {subject: payment}
     allowNewKey: true
     steps:

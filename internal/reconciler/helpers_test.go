@@ -151,6 +151,7 @@ func claimN(t *testing.T, st claim.Store, prefix string, n int, payload []byte) 
 				body = fmt.Appendf(nil, `{"n":%d}`, i)
 			}
 			params = append(params, claim.ClaimParams{
+				KeyForm:       claim.KeyFormRaw,
 				Owner:         uuid.New(),
 				MessageID:     fmt.Sprintf("%s-%05d", prefix, i),
 				Consumer:      "billing",

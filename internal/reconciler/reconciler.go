@@ -291,7 +291,7 @@ func (r *Reconciler) flagPass(ctx context.Context, res *TickResult) error {
 		var batch []*claim.Claim
 		err := r.query(ctx, "flag stale claims", func(ctx context.Context) error {
 			var err error
-			batch, err = r.store.FlagStale(ctx, &claim.FlagStaleParams{StaleAfter: r.cfg.StaleAfter, Limit: limit})
+			batch, err = r.store.FlagStale(ctx, &claim.FlagStaleParams{StaleAfter: r.cfg.StaleAfter, Limit: limit, By: r.cfg.Host})
 			return err
 		})
 		if err != nil {

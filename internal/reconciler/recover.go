@@ -252,12 +252,12 @@ func (r *Reconciler) recoverOne(ctx context.Context, c *claim.Claim) (recoveryOu
 // owner, its state and its staleness (a holder that came back to life is
 // left alone).
 func (r *Reconciler) flagStale(ctx context.Context, c *claim.Claim, reason string) (recoveryOutcome, *claim.Claim) {
-	return r.flag(ctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: c.State, SilentFor: r.cfg.StaleAfter, Reason: reason})
+	return r.flag(ctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: c.State, SilentFor: r.cfg.StaleAfter, Reason: reason, By: r.cfg.Host})
 }
 
 // flagHeld flags a claim the reconciler holds after a recovery attempt.
 func (r *Reconciler) flagHeld(ctx context.Context, c *claim.Claim, reason string) (recoveryOutcome, *claim.Claim) {
-	return r.flag(ctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: claim.StateClaimed, Reason: reason})
+	return r.flag(ctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: claim.StateClaimed, Reason: reason, By: r.cfg.Host})
 }
 
 func (r *Reconciler) flag(ctx context.Context, p *claim.FlagParams) (recoveryOutcome, *claim.Claim) {

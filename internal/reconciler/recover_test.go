@@ -37,7 +37,7 @@ func routesFile(t *testing.T, yml string) (*fakedownstream.Server, sideeffects.R
 
 const paymentRoutes = `version: 1
 routes:
-  - {name: payments, match: {subject: payment}, url: "%s/payments", timeout: 5s}
+  - {key: raw, name: payments, match: {subject: payment}, url: "%s/payments", timeout: 5s}
 `
 
 func recoveryRec(t *testing.T, st claim.Store, routes reconciler.Routes) *reconciler.Reconciler {
@@ -98,8 +98,8 @@ func TestRecoveryFlagsOnlyWhatAPersonMustDecide(t *testing.T) {
 		ctx := context.Background()
 		fake, router := routesFile(t, `version: 1
 routes:
-  - {name: payments, match: {subject: payment}, url: "%s/payments"}
-  - {name: mail, match: {subject: mail}, recovery: manual, url: "%s/mail"}
+  - {key: raw, name: payments, match: {subject: payment}, url: "%s/payments"}
+  - {key: raw, name: mail, match: {subject: mail}, recovery: manual, url: "%s/mail"}
 `)
 		txRouter, err := sideeffects.NewRouter(sideeffects.Route{Name: "ledger", Match: sideeffects.Match{Subject: sideeffects.AnySubject},
 			TxEffect: sideeffects.TxEffectFunc(func(context.Context, *sql.Tx, *azservicebus.ReceivedMessage, string) error { return nil })})
@@ -107,7 +107,7 @@ routes:
 			t.Fatal(err)
 		}
 		claimAs := func(id, consumer, subject, route, fp string, payload bool) *claim.Claim {
-			p := claim.ClaimParams{Owner: uuid.New(), MessageID: id, Consumer: consumer, Subject: subject, Route: route, Fingerprint: fp,
+			p := claim.ClaimParams{KeyForm: claim.KeyFormRaw, Owner: uuid.New(), MessageID: id, Consumer: consumer, Subject: subject, Route: route, Fingerprint: fp,
 				PayloadHash: claim.HashPayload([]byte("{}")), DeliveryCount: 1}
 			if payload {
 				p.Payload = []byte("{}")
@@ -259,7 +259,7 @@ func TestRecoveryNeverTakesALiveHolder(t *testing.T) {
 // store's guard, through the reconciler's path).
 func TestRecoveryUnderAChangedRouteIsRefusedByTheStore(t *testing.T) {
 	eachDB(t, func(t *testing.T, tdb *testDB) {
-		p := claim.ClaimParams{Owner: uuid.New(), MessageID: "fp", Consumer: "billing", Route: "payments", Fingerprint: "old",
+		p := claim.ClaimParams{KeyForm: claim.KeyFormRaw, Owner: uuid.New(), MessageID: "fp", Consumer: "billing", Route: "payments", Fingerprint: "old",
 			PayloadHash: claim.HashPayload(nil), Payload: []byte{}}
 		res, err := tdb.store.ClaimBatch(context.Background(), &claim.ClaimBatchParams{Claims: []claim.ClaimParams{p}})
 		if err != nil {
@@ -383,14 +383,14 @@ func TestRedriveRefusesAnotherRoutesFile(t *testing.T) {
 		ctx := context.Background()
 		billing, billingRouter := routesFile(t, `version: 1
 routes:
-  - {name: invoice, match: {subject: order}, url: "%s/invoices"}
+  - {key: raw, name: invoice, match: {subject: order}, url: "%s/invoices"}
 `)
 		_, notifyRouter := routesFile(t, `version: 1
 routes:
-  - {name: email, match: {subject: order}, url: "%s/emails"}
+  - {key: raw, name: email, match: {subject: order}, url: "%s/emails"}
 `)
 		notifyH, _ := notifyRouter.Route(&azservicebus.ReceivedMessage{Subject: ptr("order")})
-		p := claim.ClaimParams{Owner: uuid.New(), MessageID: "order-7", Consumer: "notifications", Subject: "order", Route: notifyH.Name,
+		p := claim.ClaimParams{KeyForm: claim.KeyFormRaw, Owner: uuid.New(), MessageID: "order-7", Consumer: "notifications", Subject: "order", Route: notifyH.Name,
 			Fingerprint: notifyH.Fingerprint, PayloadHash: claim.HashPayload([]byte("{}")), Payload: []byte("{}")}
 		res, err := tdb.store.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "h", Claims: []claim.ClaimParams{p}})
 		if err != nil {

@@ -112,9 +112,10 @@ type RedriveParams struct {
 	ID   int64  // the flagged claim
 	By   string // operator, recorded as the holder and on the resolution
 	Note string // recorded on the resolution; defaults to "redriven"
-	// NewKey redrives under a new idempotency key, <key>:r<N> (N: the
-	// claim's KeyRevision + 1; a route with steps appends each step's
-	// name), recorded on the claim with the operator and the note (both
+	// NewKey redrives under a new idempotency key, revision N of the
+	// claim's key in its form (claim.NextKey: "<consumer>/<key>:r<N>"
+	// scoped, "<key>:r<N>" raw; N: the claim's KeyRevision + 1; a route
+	// with steps extends it with each step's name), recorded on the claim with the operator and the note (both
 	// required) in the take-over itself; every later attempt of the claim
 	// uses it. Only for a route with allowNewKey (else ErrNewKeyNotAllowed),
 	// and only after checking the downstream did nothing under the old key.
@@ -223,7 +224,7 @@ func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (*claim.C
 	holder := "operator:" + p.By
 	reason := "redrive by " + p.By + ": " + cmp.Or(p.Note, "redriven")
 	if p.NewKey {
-		reason = fmt.Sprintf("redrive by %s with a new key (%s): %s", p.By, claim.RevisedKey(c.MessageID, c.KeyRevision+1), p.Note)
+		reason = fmt.Sprintf("redrive by %s with a new key (%s): %s", p.By, c.NextKey(), p.Note)
 	}
 	tctx, cancel := context.WithTimeout(ctx, timeout)
 	taken, err := store.TakeOver(tctx, &claim.TakeOverParams{
@@ -280,7 +281,7 @@ func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (*claim.C
 			reason = fmt.Sprintf("redrive by %s: %s", p.By, held.OperatorReason(res.Err))
 		}
 		ferr := held.Write(ctx, timeout, time.Minute, func(ctx context.Context) error {
-			_, err := store.Flag(ctx, &claim.FlagParams{ID: c.ID, Owner: taken.Owner, State: claim.StateClaimed, Reason: reason})
+			_, err := store.Flag(ctx, &claim.FlagParams{ID: c.ID, Owner: taken.Owner, State: claim.StateClaimed, Reason: reason, By: holder})
 			return err
 		})
 		if ferr != nil {

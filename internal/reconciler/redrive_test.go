@@ -28,6 +28,7 @@ func downstream(t *testing.T) (*fakedownstream.Server, *sideeffects.HTTPRouter) 
 	routes := fmt.Sprintf(`version: 1
 routes:
   - name: payments
+    key: raw
     match: {subject: payment}
     method: POST
     url: %q
@@ -119,6 +120,7 @@ func TestRedriveRefusals(t *testing.T) {
 		t.Run("no payload", func(t *testing.T) {
 			body := []byte(`{"x":1}`)
 			res, err := tdb.store.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "h", Claims: []claim.ClaimParams{{
+				KeyForm:   claim.KeyFormRaw,
 				Owner:     uuid.New(),
 				MessageID: "nopayload-1", Consumer: "billing", Subject: "payment", PayloadHash: claim.HashPayload(body), DeliveryCount: 1,
 			}}})

@@ -68,10 +68,13 @@
 // message the same way), and the effect, called anyway, answers permanent
 // without sending.
 //
-// Every request carries Idempotency-Key: the dedup key, or key + ":" + step
-// name for a route with steps. Steps run in order, each as its own request
+// Every request carries Idempotency-Key: the claim's key (scoped to the
+// consumer for new claims, "<consumer>/<dedup key>", escaped; the raw
+// dedup key for claims taken before key forms and for a route with
+// key: raw), extended per step by StepKey for a route with steps
+// ("<key>/<step>" scoped, "<key>:<step>" raw). Steps run in order, each as its own request
 // with its own classification. If step 2 fails and the effect is retried,
-// step 1 is sent again with the same key (key:step1) and the downstream
+// step 1 is sent again with the same key (key/step1) and the downstream
 // replays its first answer instead of acting twice. A step that fails as
 // retryable, permanent or unknown after an earlier step was performed makes
 // the effect partial, reported as unknown so that the claim is kept for an

@@ -10,11 +10,16 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
 )
 
 // Effect is an external side effect (an HTTP call, an email, a charge) run
-// once per claimed message. key is the message's dedup key: the effect must
-// pass it downstream as the idempotency key, unchanged on every attempt.
+// once per claimed message. key is the claim's idempotency key (the
+// claim's Key(): for new claims scoped to the consumer, "<consumer>/<dedup
+// key>"; see claim.KeyForm): the effect must pass it downstream as the
+// idempotency key, unchanged on every attempt; an effect of several
+// requests derives each one's key with StepKey.
 //
 // msg is the SDK's own message value; an effect must treat it as read-only.
 // The returned error is classified by Classify: wrap it with Retryable,
@@ -85,6 +90,14 @@ type Handler struct {
 	// repeats every step, performed ones included. Routes file:
 	// allowNewKey: true (default false).
 	AllowNewKey bool
+	// KeyForm is the form of the idempotency keys of the claims taken for
+	// this route from now on ("" is claim.KeyFormScoped: the consumer and
+	// the dedup key, escaped); claim.KeyFormRaw sends the raw dedup key
+	// (the MessageId) for a downstream that needs it. Claims already taken
+	// keep the form they recorded. Routes file: key: raw (default
+	// scoped). Not part of the fingerprint: changing it changes no claim
+	// in flight.
+	KeyForm claim.KeyForm
 }
 
 // Manual reports whether the handler's route is RecoveryManual.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
+	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/redact"
 )
 
@@ -56,7 +57,7 @@ func (r *HTTPRouter) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 			}
 		}
 		return Handler{Name: rt.name, Effect: rt, Recovery: rt.recovery, Fingerprint: rt.fingerprint, AllowNewKey: rt.allowNewKey,
-			KeyLifetime: rt.keyLifetime}, nil
+			KeyLifetime: rt.keyLifetime, KeyForm: rt.keyForm}, nil
 	}
 	return Handler{}, noRoute(msg)
 }
@@ -115,6 +116,7 @@ type httpRoute struct {
 	recovery    Recovery
 	allowNewKey bool
 	keyLifetime time.Duration // how long the downstream keeps keys; 0: for ever
+	keyForm     claim.KeyForm // "" : scoped
 	excerpt     bool          // put a response excerpt in error messages
 	fingerprint string        // Fingerprint of the steps' names, methods and URLs (and mappings)
 	mapped      bool          // a step builds its request from the message (request)
@@ -159,20 +161,11 @@ type header struct {
 	secret bool // from the environment: never logged, redacted from errors
 }
 
-// StepKey is the idempotency key of one step of an effect with several:
-// key extended with the step's name ("" for a single-step effect: key
-// itself). Every attempt of the step sends it, so a retry that re-runs a
-// performed step is deduplicated downstream.
-func StepKey(key, step string) string {
-	if step == "" {
-		return key
-	}
-	return key + ":" + step
-}
-
 // Perform sends the message to each step in order, one attempt per step
 // (the processor's RetryPolicy retries the whole effect). The idempotency
-// key is key for a single-step route and key + ":" + step name per step, so
+// key is key for a single-step route and, per step, key extended with the
+// step's name in the claim's key form (StepKey: key + ":" + step for a raw
+// claim, key + "/" + step for a scoped one), so
 // a retry that re-runs an already performed step 1 sends the same key and
 // the downstream replays its answer instead of acting twice. Every answer
 // is reported to the context's AnswerRecorder (see RecordAnswers), so the
@@ -188,7 +181,7 @@ func StepKey(key, step string) string {
 // performed for the operator reading the dead letter.
 func (r *httpRoute) Perform(ctx context.Context, msg *azservicebus.ReceivedMessage, key string) error {
 	for i, st := range r.steps {
-		stepKey := StepKey(key, st.name)
+		stepKey := StepKey(ctx, key, st.name)
 		err := r.send(ctx, msg, st, stepKey)
 		if err == nil {
 			continue

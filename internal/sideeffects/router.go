@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
 )
 
 // AnySubject in Match.Subject matches every message, with or without a
@@ -87,6 +89,8 @@ type Route struct {
 	// KeyLifetime is Handler.KeyLifetime (zero: the downstream keeps keys
 	// for ever).
 	KeyLifetime time.Duration
+	// KeyForm is Handler.KeyForm ("" : scoped).
+	KeyForm claim.KeyForm
 }
 
 // Routes is an in-code Router: the first route whose Match selects the
@@ -118,6 +122,9 @@ func NewRouter(routes ...Route) (Routes, error) {
 		if r.KeyLifetime < 0 {
 			errs = append(errs, fmt.Errorf("route %q: KeyLifetime cannot be negative (got %s)", r.Name, r.KeyLifetime))
 		}
+		if r.KeyForm != "" && !r.KeyForm.Valid() {
+			errs = append(errs, fmt.Errorf("route %q: KeyForm must be %q or %q, got %q", r.Name, claim.KeyFormRaw, claim.KeyFormScoped, r.KeyForm))
+		}
 		if !r.Recovery.Valid() {
 			errs = append(errs, fmt.Errorf("route %q: Recovery must be %q or %q, got %q", r.Name, RecoveryAuto, RecoveryManual, r.Recovery))
 		}
@@ -141,7 +148,7 @@ func (rs Routes) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 		}
 		return Handler{Name: r.Name, Effect: r.Effect, TxEffect: r.TxEffect,
 			Recovery: cmp.Or(r.Recovery, RecoveryAuto), Fingerprint: Fingerprint("go", r.Name, r.Version), AllowNewKey: r.AllowNewKey,
-			KeyLifetime: r.KeyLifetime}, nil
+			KeyLifetime: r.KeyLifetime, KeyForm: r.KeyForm}, nil
 	}
 	return Handler{}, noRoute(msg)
 }

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/text/language"
 	"golang.org/x/text/message"
 
+	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/redact"
 )
 
@@ -85,6 +86,7 @@ type routeSpec struct {
 	AllowNewKey bool                  `yaml:"allowNewKey"`
 	KeyLifetime string                `yaml:"keyLifetime"`
 	Request     *requestSpec          `yaml:"request"`
+	Key         string                `yaml:"key"`
 	Steps       []stepSpec            `yaml:"steps"`
 }
 
@@ -471,6 +473,7 @@ func buildRouter(file *routesFile, getenv func(string) string, client *http.Clie
 			contentType: rs.ContentType,
 			recovery:    cmp.Or(Recovery(rs.Recovery), RecoveryAuto),
 			allowNewKey: rs.AllowNewKey,
+			keyForm:     claim.KeyForm(rs.Key),
 			excerpt:     rs.Excerpt == nil || *rs.Excerpt,
 			client:      &c,
 			logger:      logger,

@@ -46,6 +46,16 @@ GRANT SELECT, INSERT, UPDATE ON OBJECT::dbo.Claims TO sbclaim_processor;
 GO
 GRANT SELECT, UPDATE, DELETE ON OBJECT::dbo.Claims TO sbclaim_reconciler;
 GO
+-- The audit history (migration 00004): every guarded write appends to it
+-- (OUTPUT ... INTO needs INSERT), History reads it, the purge deletes a
+-- claim's history with the claim. The reconciler also takes claims over
+-- and flags them, so it INSERTs too.
+IF OBJECT_ID(N'dbo.ClaimHistory', N'U') IS NOT NULL
+    GRANT SELECT, INSERT ON OBJECT::dbo.ClaimHistory TO sbclaim_processor;
+GO
+IF OBJECT_ID(N'dbo.ClaimHistory', N'U') IS NOT NULL
+    GRANT SELECT, INSERT, DELETE ON OBJECT::dbo.ClaimHistory TO sbclaim_reconciler;
+GO
 
 -- Optional: let the binaries read the migration version (a readiness check
 -- that the schema is current) without being able to change it.

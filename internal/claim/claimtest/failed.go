@@ -407,8 +407,8 @@ func (s *suite) newKey(t *testing.T) {
 	st := s.h.NewStore(t)
 	ctx := ctxT(t)
 	f := s.flagged(t, st, msg("", "billing", "b"))
-	if f.Key() != f.MessageID || f.KeyRevision != 0 {
-		t.Fatalf("a new claim's key %q revision %d, want its message id", f.Key(), f.KeyRevision)
+	if f.Key() != claim.KeyFor(claim.KeyFormScoped, f.Consumer, f.MessageID, 0) || f.KeyRevision != 0 || f.KeyForm != claim.KeyFormScoped {
+		t.Fatalf("a new claim's key %q revision %d form %q, want its scoped key", f.Key(), f.KeyRevision, f.KeyForm)
 	}
 	// Only the operator path takes a new key, and only with a note.
 	for name, p := range map[string]*claim.TakeOverParams{
@@ -426,8 +426,8 @@ func (s *suite) newKey(t *testing.T) {
 	if err != nil {
 		t.Fatalf("operator take-over with a new key: %v", err)
 	}
-	want := claim.RevisedKey(f.MessageID, 1)
-	if want != f.MessageID+":r1" || held.KeyRevision != 1 || held.EffectKey != want || held.Key() != want || held.KeyRevisedBy != "operator:ann" ||
+	want := claim.KeyFor(claim.KeyFormScoped, f.Consumer, f.MessageID, 1)
+	if want != f.Key()+":r1" || held.KeyRevision != 1 || held.EffectKey != want || held.Key() != want || held.KeyRevisedBy != "operator:ann" ||
 		held.KeyRevisionNote != op.Reason || held.KeyRevisedAt == nil || !held.KeyRevisedAt.Equal(*held.TakenOverAt) || held.MessageID != f.MessageID {
 		t.Fatalf("new key: revision %d key %q by %q note %q at %v (taken over at %v)",
 			held.KeyRevision, held.Key(), held.KeyRevisedBy, held.KeyRevisionNote, held.KeyRevisedAt, held.TakenOverAt)
@@ -467,7 +467,7 @@ func (s *suite) newKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again.KeyRevision != 2 || again.Key() != f.MessageID+":r2" || again.KeyRevisedBy != "operator:bob" || again.KeyRevisionNote != "second new key" {
+	if again.KeyRevision != 2 || again.Key() != f.Key()+":r2" || again.KeyRevisedBy != "operator:bob" || again.KeyRevisionNote != "second new key" {
 		t.Fatalf("second new key: revision %d key %q by %q note %q", again.KeyRevision, again.Key(), again.KeyRevisedBy, again.KeyRevisionNote)
 	}
 	// The longest message id still fits its revised key.
@@ -477,7 +477,7 @@ func (s *suite) newKey(t *testing.T) {
 	if err != nil {
 		t.Fatalf("new key of the longest message id: %v", err)
 	}
-	if lk.Key() != long.MessageID+":r1" {
+	if lk.Key() != claim.KeyFor(claim.KeyFormScoped, long.Consumer, long.MessageID, 1) || len(lk.Key()) > claim.MaxKeyLength {
 		t.Fatalf("revised key %q", lk.Key())
 	}
 }

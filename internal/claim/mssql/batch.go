@@ -16,7 +16,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/claim/sqlstore"
 )
 
-// maxRowsPerStatement bounds one ClaimBatch statement. Each row takes 12
+// maxRowsPerStatement bounds one ClaimBatch statement. Each row takes 14
 // parameters and SQL Server accepts at most 2,100 per request; larger
 // batches are sent as several statements.
 const maxRowsPerStatement = 100
@@ -137,7 +137,7 @@ func prepare(plan *sqlstore.Plan) ([]newClaim, error) {
 // insertColumns are the columns a claim insert writes; the rest take their
 // defaults.
 const insertColumns = `MessageId, Consumer, Owner, State, Entity, Subject, ContentType, Properties,
-    PayloadHash, Payload, DeliveryCount, Route, Fingerprint, ClaimedBy, ClaimedUtc, HeartbeatUtc, ProcessedUtc`
+    PayloadHash, Payload, DeliveryCount, Route, Fingerprint, KeyForm, EffectKey, ClaimedBy, ClaimedUtc, HeartbeatUtc, ProcessedUtc`
 
 // values adds one row's parameters to a and returns its value list, in
 // the order of insertColumns minus State, ClaimedBy and the times.
@@ -161,6 +161,8 @@ func (r *newClaim) values(a *args, payload []byte) string {
 		a.add(int32(min(r.p.DeliveryCount, 1<<31-1)), declInt),
 		a.add(text(r.p.Route), declRoute),
 		a.add(mssqldb.VarChar(r.p.Fingerprint), declFingerprint),
+		a.add(mssqldb.VarChar(sqlstore.FormOf(r.p)), declKeyForm),
+		a.add(text(sqlstore.EffectKeyOf(r.p)), declKey),
 	}, ", ") + ")"
 }
 
@@ -209,11 +211,13 @@ func insertSQL(hostP, state, processed string, vals []string, tail, output strin
 	if tail == "" {
 		tail = ";\n"
 	}
+	// Every inserted claim gets its "claimed" history row in the INSERT
+	// itself.
 	return declareNow + `INSERT INTO dbo.Claims (` + insertColumns + `)
-` + out + `SELECT v.MessageId, v.Consumer, v.Owner, ` + state + `, v.Entity, v.Subject, v.ContentType, v.Properties,
-    v.PayloadHash, v.Payload, v.DeliveryCount, v.Route, v.Fingerprint, ` + hostP + `, @now, @now, ` + processed + `
+` + simpleHistory(claim.ChangeClaimed, "''", "INSERTED.ClaimedBy", "N''") + out + `SELECT v.MessageId, v.Consumer, v.Owner, ` + state + `, v.Entity, v.Subject, v.ContentType, v.Properties,
+    v.PayloadHash, v.Payload, v.DeliveryCount, v.Route, v.Fingerprint, v.KeyForm, v.EffectKey, ` + hostP + `, @now, @now, ` + processed + `
 FROM (VALUES ` + strings.Join(vals, ",\n    ") + `)
-    AS v (MessageId, Consumer, Owner, Entity, Subject, ContentType, Properties, PayloadHash, Payload, DeliveryCount, Route, Fingerprint)
+    AS v (MessageId, Consumer, Owner, Entity, Subject, ContentType, Properties, PayloadHash, Payload, DeliveryCount, Route, Fingerprint, KeyForm, EffectKey)
 ` + tail
 }
 

@@ -275,9 +275,15 @@ func tableColumns(t *testing.T) map[string]column {
 		}
 	}
 	// And the columns later migrations add.
-	for _, name := range []string{"00002_takeover.sql", "00003_failed.sql"} {
+	for _, name := range []string{"00002_takeover.sql", "00003_failed.sql", "00004_history.sql"} {
 		for k, v := range addedColumns(t, name) {
 			cols[k] = v
+		}
+		// And the columns they alter.
+		up, _ := migrationFile(t, name)
+		alter := regexp.MustCompile(`(?m)^ALTER TABLE dbo\.Claims ALTER COLUMN ([A-Z][A-Za-z]+) ([a-z0-9]+(?:\([0-9a-z, ]+\))?)`)
+		for _, m := range alter.FindAllStringSubmatch(stripComments(up), -1) {
+			cols[m[1]] = column{m[1], m[2]}
 		}
 	}
 	return cols
@@ -306,6 +312,14 @@ func addedColumns(t *testing.T, name string) map[string]column {
 
 func TestGoColumnsMatchTheTable(t *testing.T) {
 	cols := tableColumns(t)
+	// TakenOverFrom and FlaggedFrom are written, never read: the history
+	// rows read DELETED.State.
+	for _, internal := range []string{"TakenOverFrom", "FlaggedFrom"} {
+		if _, ok := cols[internal]; !ok {
+			t.Errorf("the table has no %s", internal)
+		}
+		delete(cols, internal)
+	}
 	if len(cols) != len(columnNames) {
 		t.Errorf("table has %d columns, the store scans %d", len(cols), len(columnNames))
 	}
@@ -339,8 +353,9 @@ func TestGoColumnsMatchTheTable(t *testing.T) {
 			t.Errorf("%s is %s, the store assumes %s", name, cols[name].typ, want)
 		}
 	}
-	// EffectKey holds "<MessageId>:r<n>" for any int n.
-	if want := claim.MaxMessageIDLength + len(":r") + len("2147483647"); cols["EffectKey"].typ != "nvarchar(160)" || 160 < want {
+	// EffectKey holds "<MessageId>:r<n>" for any int n, and any scoped
+	// key (at most claim.MaxKeyLength: longer forms are hashed).
+	if want := claim.MaxMessageIDLength + len(":r") + len("2147483647"); cols["EffectKey"].typ != "nvarchar(255)" || claim.MaxKeyLength < want {
 		t.Errorf("EffectKey is %s; it must hold %d characters", cols["EffectKey"].typ, want)
 	}
 	if cols["Answer"].typ != "nvarchar(max)" || cols["DeadLetterSeq"].typ != "bigint" {

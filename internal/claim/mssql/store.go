@@ -65,7 +65,7 @@ var columnNames = []string{
 	"Route", "Fingerprint", "TakeOvers", "TakenOverUtc", "TakeOverPath", "TakeOverReason",
 	"PreviousOwner", "PreviousHolder", "Recoveries", "NextAttemptUtc", "LateSuccessUtc", "LateSuccessBy",
 	"FailedUtc", "FailReason", "DeadLetterSeq", "Answer", "AnswerUtc",
-	"KeyRevision", "EffectKey", "KeyRevisedBy", "KeyRevisedUtc", "KeyRevisionNote",
+	"KeyRevision", "EffectKey", "KeyRevisedBy", "KeyRevisedUtc", "KeyRevisionNote", "KeyForm",
 }
 
 // cols returns the column list with each name prefixed ("c.", "INSERTED.").
@@ -119,7 +119,7 @@ func scanClaim(r interface{ Scan(...any) error }) (*claim.Claim, error) {
 		&c.Route, &c.Fingerprint, &c.TakeOvers, &takenOver, &path, &c.TakeOverReason,
 		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy,
 		&failed, &c.FailReason, &deadLetterSeq, &answer, &answerAt,
-		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote)
+		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote, &c.KeyForm)
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +213,31 @@ const (
 	declPath        = "varchar(16)"   // TakeOverPath
 	declFailReason  = "nvarchar(64)"  // FailReason; claim.MaxFailReasonLength
 	declAnswer      = "nvarchar(max)" // Answer (JSON text, at most claim.MaxAnswerBytes)
+	declKey         = "nvarchar(255)" // EffectKey; claim.MaxKeyLength
+	declKeyForm     = "varchar(8)"    // KeyForm
+	declWhat        = "varchar(32)"   // ClaimHistory.What
 )
+
+// historyInto is the OUTPUT ... INTO dbo.ClaimHistory clause of a guarded
+// write: the statement appends one history row per row it changed, in the
+// same statement (an OUTPUT INTO target may have no trigger, foreign key
+// or CHECK constraint, and dbo.ClaimHistory has none). what, from, by,
+// path, reason and previous are expressions over INSERTED / DELETED and
+// the statement's parameters; the new state, owner and key are the
+// changed row's.
+func historyInto(what, from, by, path, reason, previous string) string {
+	return `OUTPUT INSERTED.Id, SYSUTCDATETIME(), ` + what + `, ` + from + `, INSERTED.State, ` + by + `, ` + path + `,
+    LEFT(` + reason + `, ` + strconv.Itoa(claim.MaxHistoryReason) + `), ` + previous + `, INSERTED.Owner,
+    CASE WHEN INSERTED.EffectKey <> N'' THEN INSERTED.EffectKey ELSE INSERTED.MessageId END
+INTO dbo.ClaimHistory (ClaimId, AtUtc, What, FromState, ToState, ByWhom, Path, Reason, PreviousOwner, Owner, IdempotencyKey)
+`
+}
+
+// simpleHistory is historyInto for a write that is no take-over, from a
+// known state.
+func simpleHistory(what claim.Change, from, by, reason string) string {
+	return historyInto("'"+string(what)+"'", from, by, "''", reason, "NULL")
+}
 
 // answerParam is an answer as a parameter: its JSON text, or a typed
 // NULL (nvarchar) for none.
@@ -402,9 +426,15 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 		nk = 1
 	}
 	newKey := a.add(nk, declInt)
+	key, revision, err := sqlstore.NextKey(ctx, s.Get, params)
+	if err != nil {
+		return nil, err
+	}
+	keyP, revisionP := a.add(text(key), declKey), a.add(int32(revision), declInt)
+	what := a.add(mssqldb.VarChar(sqlstore.TakeOverWhat(params.Path)), declWhat)
 	guard := takeOverPath(&a, params)
 	out, err := queryClaims(ctx, s.db, declareNow+`UPDATE dbo.Claims
-SET State = 'claimed', Owner = `+owner+`, ClaimedBy = `+by+`,
+SET State = 'claimed', Owner = `+owner+`, ClaimedBy = `+by+`, TakenOverFrom = State,
     DeliveryCount = CASE WHEN `+count+` > 0 THEN `+count+` ELSE DeliveryCount END,
     HeartbeatUtc = @now, TakenOverUtc = @now, TakeOvers = TakeOvers + 1,
     TakeOverPath = `+path+`, TakeOverReason = `+reason+`, PreviousOwner = Owner, PreviousHolder = ClaimedBy,
@@ -412,13 +442,15 @@ SET State = 'claimed', Owner = `+owner+`, ClaimedBy = `+by+`,
     Route = CASE WHEN Route = N'' THEN `+route+` ELSE Route END,
     Fingerprint = CASE WHEN Route = N'' THEN `+print+` ELSE Fingerprint END,
     KeyRevision = KeyRevision + `+newKey+`,
-    EffectKey = CASE WHEN `+newKey+` = 1 THEN MessageId + N':r' + CAST(KeyRevision + 1 AS nvarchar(11)) ELSE EffectKey END,
+    EffectKey = CASE WHEN `+newKey+` = 1 THEN `+keyP+` ELSE EffectKey END,
     KeyRevisedBy = CASE WHEN `+newKey+` = 1 THEN `+by+` ELSE KeyRevisedBy END,
     KeyRevisedUtc = CASE WHEN `+newKey+` = 1 THEN @now ELSE KeyRevisedUtc END,
     KeyRevisionNote = CASE WHEN `+newKey+` = 1 THEN `+reason+` ELSE KeyRevisionNote END
-OUTPUT `+insertedColumns+`
+`+historyInto(what, "DELETED.State", "INSERTED.ClaimedBy", "INSERTED.TakeOverPath", "INSERTED.TakeOverReason", "DELETED.Owner")+
+		`OUTPUT `+insertedColumns+`
 WHERE Id = `+id+` AND Owner = `+previous+`
   AND (Route = N'' OR (Route = `+route+` AND Fingerprint = `+print+`))
+  AND (`+newKey+` = 0 OR KeyRevision = `+revisionP+`)
   AND `+guard+`;`, a)
 	if err != nil {
 		return nil, fmt.Errorf("take over claim %d: %w", params.ID, err)
@@ -440,8 +472,10 @@ func (s *Store) Flag(ctx context.Context, params *claim.FlagParams) (*claim.Clai
 	}
 	var a args
 	reason := a.add(text(truncate(params.Reason, maxFlagReason)), declFlagReason)
-	q := `UPDATE dbo.Claims SET State = 'flagged', FlaggedUtc = SYSUTCDATETIME(), FlagReason = ` + reason + `
-OUTPUT ` + insertedColumns + `
+	by := a.add(text(truncate(params.By, maxClaimedBy)), declHost)
+	q := `UPDATE dbo.Claims SET State = 'flagged', FlaggedUtc = SYSUTCDATETIME(), FlagReason = ` + reason + `, FlaggedFrom = State
+` + simpleHistory(claim.ChangeFlagged, "DELETED.State", "COALESCE(NULLIF("+by+", N''), INSERTED.ClaimedBy)", "INSERTED.FlagReason") +
+		`OUTPUT ` + insertedColumns + `
 WHERE Id = ` + a.add(params.ID, declID) + ` AND Owner = ` + a.add(guid(params.Owner), declGUID) + ` AND State = '` + string(params.State) + `'` // validated: claimed or released
 	if params.SilentFor > 0 {
 		q += " AND HeartbeatUtc < " + agoSQL(&a, params.SilentFor)
@@ -509,7 +543,7 @@ func (s *Store) MarkProcessed(ctx context.Context, params *claim.MarkProcessedPa
 	}
 	return s.execGuarded(ctx, "mark processed", params.ID, declareNow+`UPDATE dbo.Claims
 SET State = 'processed', ProcessedUtc = @now, Payload = NULL, `+setAnswer("@p3")+`
-OUTPUT INSERTED.Id
+`+simpleHistory(claim.ChangeProcessed, "DELETED.State", "INSERTED.ClaimedBy", "N''")+`OUTPUT INSERTED.Id
 WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`,
 		param{params.ID, declID}, param{guid(params.Owner), declGUID}, param{answer, declAnswer})
 }
@@ -530,7 +564,7 @@ func (s *Store) Fail(ctx context.Context, params *claim.FailParams) error {
 	}
 	return s.execGuarded(ctx, "fail", params.ID, declareNow+`UPDATE dbo.Claims
 SET State = 'failed', FailedUtc = @now, FailReason = @p3, LastError = @p4, DeadLetterSeq = @p5, Payload = NULL, `+setAnswer("@p6")+`
-OUTPUT INSERTED.Id
+`+simpleHistory(claim.ChangeFailed, "DELETED.State", "INSERTED.ClaimedBy", "INSERTED.FailReason + N': ' + INSERTED.LastError")+`OUTPUT INSERTED.Id
 WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`,
 		param{params.ID, declID}, param{guid(params.Owner), declGUID}, param{text(truncate(params.Reason, claim.MaxFailReasonLength)), declFailReason},
 		param{text(truncate(params.Error, maxLastError)), declLongText}, param{seq, declID}, param{answer, declAnswer})
@@ -541,9 +575,10 @@ WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`,
 func (s *Store) TakeDeadLetter(ctx context.Context, params *claim.TakeDeadLetterParams) error {
 	err := s.execGuarded(ctx, "take the dead letter of", params.ID, `UPDATE dbo.Claims
 SET DeadLetterSeq = @p2
-OUTPUT INSERTED.Id
+`+simpleHistory(claim.ChangeDeadLetter, "DELETED.State", "COALESCE(NULLIF(@p3, N''), INSERTED.ClaimedBy)",
+		"N'sequence number ' + CAST(INSERTED.DeadLetterSeq AS nvarchar(20))")+`OUTPUT INSERTED.Id
 WHERE Id = @p1 AND State = 'failed' AND DeadLetterSeq IS NULL;`,
-		param{params.ID, declID}, param{params.Seq, declID})
+		param{params.ID, declID}, param{params.Seq, declID}, param{text(truncate(params.By, maxClaimedBy)), declHost})
 	if errors.Is(err, claim.ErrStateChanged) {
 		if _, gerr := s.Get(ctx, params.ID); gerr != nil {
 			return fmt.Errorf("take the dead letter: %w", gerr)
@@ -567,7 +602,7 @@ func (s *Store) Release(ctx context.Context, params *claim.ReleaseParams) error 
 	}
 	return s.execGuarded(ctx, "release", params.ID, declareNow+`UPDATE dbo.Claims
 SET State = 'released', ReleasedUtc = @now, HeartbeatUtc = @now, LastError = @p3, NextAttemptUtc = `+next+`, `+setAnswer("@p4")+`
-OUTPUT INSERTED.Id
+`+simpleHistory(claim.ChangeReleased, "DELETED.State", "INSERTED.ClaimedBy", "INSERTED.LastError")+`OUTPUT INSERTED.Id
 WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`, a...)
 }
 
@@ -585,7 +620,7 @@ func (s *Store) RecordAttempt(ctx context.Context, params *claim.RecordAttemptPa
 	}
 	return s.execGuarded(ctx, "record attempt", params.ID, declareNow+`UPDATE dbo.Claims
 SET Attempts = Attempts + 1, LastError = @p3, NextAttemptUtc = `+next+`, `+setAnswer("@p4")+`
-OUTPUT INSERTED.Id
+`+simpleHistory(claim.ChangeAttempt, "DELETED.State", "INSERTED.ClaimedBy", "INSERTED.LastError")+`OUTPUT INSERTED.Id
 WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`, a...)
 }
 
@@ -601,29 +636,41 @@ var writeOutcomesSQL = `SET XACT_ABORT ON;
 ` + declareNow + `DECLARE @w TABLE (Kind tinyint NOT NULL, Id bigint NOT NULL PRIMARY KEY, Owner uniqueidentifier NOT NULL,
 	Err nvarchar(4000) NOT NULL, NextSec int NOT NULL, NextUs int NOT NULL, Answer nvarchar(max) NULL);
 INSERT INTO @w (Kind, Id, Owner, Err, NextSec, NextUs, Answer) VALUES %s;
-DECLARE @done TABLE (Id bigint NOT NULL);
+-- @done: the claims each UPDATE changed, with what their history records
+-- (a heartbeat changes neither owner nor state: What NULL, no history).
+DECLARE @done TABLE (Id bigint NOT NULL, What varchar(32) NULL, ToState varchar(16) NULL, ByWhom nvarchar(256) NULL,
+	Reason nvarchar(4000) NULL, Owner uniqueidentifier NULL, IdempotencyKey nvarchar(255) NULL);
 BEGIN TRANSACTION;
 UPDATE c SET HeartbeatUtc = SYSUTCDATETIME()
-OUTPUT INSERTED.Id INTO @done
+OUTPUT INSERTED.Id INTO @done (Id)
 FROM dbo.Claims AS c JOIN @w AS w ON w.Id = c.Id
 WHERE w.Kind = ` + kindHeartbeat + ` AND c.Owner = w.Owner AND c.State = 'claimed';
 UPDATE c SET Attempts = c.Attempts + 1, LastError = w.Err,
 	NextAttemptUtc = CASE WHEN w.NextSec > 0 OR w.NextUs > 0 THEN DATEADD(microsecond, w.NextUs, DATEADD(second, w.NextSec, @now)) ELSE c.NextAttemptUtc END,
 	Answer = COALESCE(w.Answer, c.Answer), AnswerUtc = CASE WHEN w.Answer IS NULL THEN c.AnswerUtc ELSE @now END
-OUTPUT INSERTED.Id INTO @done
+OUTPUT INSERTED.Id, 'attempt', INSERTED.State, INSERTED.ClaimedBy, INSERTED.LastError, INSERTED.Owner,
+	CASE WHEN INSERTED.EffectKey <> N'' THEN INSERTED.EffectKey ELSE INSERTED.MessageId END
+	INTO @done (Id, What, ToState, ByWhom, Reason, Owner, IdempotencyKey)
 FROM dbo.Claims AS c JOIN @w AS w ON w.Id = c.Id
 WHERE w.Kind = ` + kindAttempt + ` AND c.Owner = w.Owner AND c.State = 'claimed';
 UPDATE c SET State = 'released', ReleasedUtc = @now, HeartbeatUtc = @now, LastError = w.Err,
 	NextAttemptUtc = CASE WHEN w.NextSec > 0 OR w.NextUs > 0 THEN DATEADD(microsecond, w.NextUs, DATEADD(second, w.NextSec, @now)) END,
 	Answer = COALESCE(w.Answer, c.Answer), AnswerUtc = CASE WHEN w.Answer IS NULL THEN c.AnswerUtc ELSE @now END
-OUTPUT INSERTED.Id INTO @done
+OUTPUT INSERTED.Id, 'released', INSERTED.State, INSERTED.ClaimedBy, INSERTED.LastError, INSERTED.Owner,
+	CASE WHEN INSERTED.EffectKey <> N'' THEN INSERTED.EffectKey ELSE INSERTED.MessageId END
+	INTO @done (Id, What, ToState, ByWhom, Reason, Owner, IdempotencyKey)
 FROM dbo.Claims AS c JOIN @w AS w ON w.Id = c.Id
 WHERE w.Kind = ` + kindRelease + ` AND c.Owner = w.Owner AND c.State = 'claimed';
 UPDATE c SET State = 'processed', ProcessedUtc = @now, Payload = NULL,
 	Answer = COALESCE(w.Answer, c.Answer), AnswerUtc = CASE WHEN w.Answer IS NULL THEN c.AnswerUtc ELSE @now END
-OUTPUT INSERTED.Id INTO @done
+OUTPUT INSERTED.Id, 'processed', INSERTED.State, INSERTED.ClaimedBy, N'', INSERTED.Owner,
+	CASE WHEN INSERTED.EffectKey <> N'' THEN INSERTED.EffectKey ELSE INSERTED.MessageId END
+	INTO @done (Id, What, ToState, ByWhom, Reason, Owner, IdempotencyKey)
 FROM dbo.Claims AS c JOIN @w AS w ON w.Id = c.Id
 WHERE w.Kind = ` + kindProcessed + ` AND c.Owner = w.Owner AND c.State = 'claimed';
+INSERT INTO dbo.ClaimHistory (ClaimId, AtUtc, What, FromState, ToState, ByWhom, Path, Reason, PreviousOwner, Owner, IdempotencyKey)
+SELECT Id, @now, What, 'claimed', ToState, ByWhom, '', LEFT(Reason, ` + strconv.Itoa(claim.MaxHistoryReason) + `), NULL, Owner, IdempotencyKey
+FROM @done WHERE What IS NOT NULL;
 COMMIT TRANSACTION;
 SELECT Id FROM @done;`
 
@@ -712,8 +759,10 @@ UPDATE stale
 SET State = 'flagged',
     FlaggedUtc = SYSUTCDATETIME(),
     FlagReason = CASE State WHEN 'released' THEN ` + released + ` ELSE ` + noHeartbeat + ` END
-        + CONVERT(nvarchar(30), HeartbeatUtc, 126) + N'Z'
-OUTPUT ` + insertedColumns + `;`
+        + CONVERT(nvarchar(30), HeartbeatUtc, 126) + N'Z',
+    FlaggedFrom = State
+` + simpleHistory(claim.ChangeFlagged, "DELETED.State", a.add(text(sqlstore.StaleBy(params)), declHost), "INSERTED.FlagReason") +
+		`OUTPUT ` + insertedColumns + `;`
 	out, err := queryClaims(ctx, s.db, q, a)
 	if err != nil {
 		return nil, fmt.Errorf("flag stale claims: %w", err)
@@ -776,6 +825,40 @@ func (s *Store) Get(ctx context.Context, id int64) (*claim.Claim, error) {
 	return out[0], nil
 }
 
+// History returns a claim's history, oldest first.
+func (s *Store) History(ctx context.Context, id int64) ([]claim.HistoryEntry, error) {
+	var out []claim.HistoryEntry
+	err := query(ctx, s.db, `SELECT Id, ClaimId, AtUtc, What, FromState, ToState, ByWhom, Path, Reason, PreviousOwner, Owner, IdempotencyKey
+FROM dbo.ClaimHistory WHERE ClaimId = @p1 ORDER BY Id;`, args{{id, declID}}, func(r *sql.Rows) error {
+		var (
+			e          claim.HistoryEntry
+			owner      mssqldb.UniqueIdentifier
+			prev       mssqldb.NullUniqueIdentifier
+			what, from string
+			to, path   string
+		)
+		if err := r.Scan(&e.ID, &e.ClaimID, &e.At, &what, &from, &to, &e.By, &path, &e.Reason, &prev, &owner, &e.Key); err != nil {
+			return err
+		}
+		e.What, e.From, e.To, e.Path = claim.Change(what), claim.State(from), claim.State(to), claim.TakeOverPath(path)
+		e.At, e.Owner = e.At.UTC(), uuid.UUID(owner)
+		if prev.Valid {
+			e.PreviousOwner = uuid.UUID(prev.UUID)
+		}
+		out = append(out, e)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("history of claim %d: %w", id, interpretError(err))
+	}
+	if len(out) == 0 {
+		if _, err := s.Get(ctx, id); err != nil {
+			return nil, fmt.Errorf("history: %w", err)
+		}
+	}
+	return out, nil
+}
+
 // Resolve closes a flagged claim with an audited resolution; a redrive
 // also marks it processed and drops its payload.
 func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*claim.Claim, error) {
@@ -804,7 +887,9 @@ func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*clai
 	}
 	out, err := queryClaims(ctx, s.db, declareNow+`UPDATE dbo.Claims
 SET State = 'resolved', ResolvedUtc = @now, ResolvedBy = @p1, Resolution = @p2, ResolutionNote = @p3`+redrive+`, `+setAnswer("@p5")+`
-OUTPUT `+insertedColumns+`
+`+simpleHistory(claim.ChangeResolved, "DELETED.State", "INSERTED.ResolvedBy",
+		"INSERTED.Resolution + CASE WHEN INSERTED.ResolutionNote <> N'' THEN N': ' + INSERTED.ResolutionNote ELSE N'' END")+
+		`OUTPUT `+insertedColumns+`
 WHERE Id = @p4 AND `+guard+`;`, a)
 	if err != nil {
 		return nil, fmt.Errorf("resolve claim %d: %w", params.ID, err)
@@ -830,22 +915,31 @@ func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (
 	var a args
 	top := a.add(int64(limit), declID)
 	cutoff := agoSQL(&a, olderThan)
-	q := `DECLARE @processed bigint = 0, @failed bigint = 0, @resolved bigint = 0;
+	// A claim's history goes with it, in the same transaction.
+	q := `SET XACT_ABORT ON;
+DECLARE @processed bigint = 0, @failed bigint = 0, @resolved bigint = 0;
+DECLARE @purged TABLE (Id bigint NOT NULL PRIMARY KEY);
+BEGIN TRANSACTION;
 DELETE TOP (` + top + `) FROM dbo.Claims
+OUTPUT DELETED.Id INTO @purged
 WHERE State = 'processed' AND ProcessedUtc < ` + cutoff + `;
 SET @processed = @@ROWCOUNT;
 IF @processed < ` + top + `
 BEGIN
     DELETE TOP (` + top + ` - @processed) FROM dbo.Claims
+    OUTPUT DELETED.Id INTO @purged
     WHERE State = 'failed' AND FailedUtc < ` + cutoff + `;
     SET @failed = @@ROWCOUNT;
 END;
 IF @processed + @failed < ` + top + `
 BEGIN
     DELETE TOP (` + top + ` - @processed - @failed) FROM dbo.Claims
+    OUTPUT DELETED.Id INTO @purged
     WHERE State = 'resolved' AND ResolvedUtc < ` + cutoff + `;
     SET @resolved = @@ROWCOUNT;
 END;
+DELETE h FROM dbo.ClaimHistory AS h INNER JOIN @purged AS p ON p.Id = h.ClaimId;
+COMMIT TRANSACTION;
 SELECT @processed + @failed + @resolved;`
 	var n int64
 	err = query(ctx, s.db, q, a, func(r *sql.Rows) error { return r.Scan(&n) })

@@ -121,7 +121,7 @@ var columnNames = []string{"id", "message_id", "consumer", "owner", "state", "en
 	"route", "fingerprint", "take_overs", "taken_over_utc", "take_over_path", "take_over_reason",
 	"previous_owner", "previous_holder", "recoveries", "next_attempt_utc", "late_success_utc", "late_success_by",
 	"failed_utc", "fail_reason", "dead_letter_seq", "answer", "answer_utc",
-	"key_revision", "effect_key", "key_revised_by", "key_revised_utc", "key_revision_note"}
+	"key_revision", "effect_key", "key_revised_by", "key_revised_utc", "key_revision_note", "key_form"}
 
 // cols returns the select list scanClaim reads, each column prefixed.
 func cols(prefix string) string {
@@ -136,6 +136,25 @@ func cols(prefix string) string {
 }
 
 var columns = cols("")
+
+// historySQL is the INSERT of one history row per row of src (a CTE of
+// rows a guarded write changed, RETURNING *): what, from, by, path,
+// reason and previous are SQL expressions (src's columns are "src.").
+// The owner, the new state and the key are the changed row's.
+func historySQL(src, what, from, by, path, reason, previous string) string {
+	return `INSERT INTO claim_history (claim_id, what, from_state, to_state, by_whom, path, reason, previous_owner, owner, idempotency_key)
+	SELECT ` + src + `.id, ` + what + `, ` + from + `, ` + src + `.state, ` + by + `, ` + path + `, left(` + reason + `, ` +
+		strconv.Itoa(claim.MaxHistoryReason) + `), ` + previous + `, ` + src + `.owner,
+		CASE WHEN ` + src + `.effect_key <> '' THEN ` + src + `.effect_key ELSE ` + src + `.message_id END
+	FROM ` + src
+}
+
+// guardedSQL wraps a guarded UPDATE (without RETURNING) so that the
+// statement also writes one history row per row it changed, and returns
+// the number of changed rows as its rows affected (ExecGuarded).
+func guardedSQL(update, what, from, by, reason string) string {
+	return `WITH u AS (` + update + ` RETURNING *) ` + historySQL("u", "'"+what+"'", from, by, "''", reason, "NULL")
+}
 
 func scanClaim(r sqlstore.Scanner, extra ...any) (*claim.Claim, error) {
 	var (
@@ -155,7 +174,7 @@ func scanClaim(r sqlstore.Scanner, extra ...any) (*claim.Claim, error) {
 		&c.Route, &c.Fingerprint, &c.TakeOvers, &takenOver, &path, &c.TakeOverReason,
 		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy,
 		&failed, &c.FailReason, &deadLetterSeq, &answer, &answerAt,
-		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote)
+		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote, &c.KeyForm)
 	if err := r.Scan(dest...); err != nil {
 		return nil, err
 	}
@@ -199,20 +218,23 @@ func secs(d time.Duration) float64 { return d.Seconds() }
 // insert that the statement's snapshot can see (inserted = false).
 var claimSQL = `WITH input AS (
 	SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $5::text[], $6::text[],
-		$7::text[], $8::bytea[], $9::bytea[], $10::int[], $11::text[], $12::text[])
+		$7::text[], $8::bytea[], $9::bytea[], $10::int[], $11::text[], $12::text[], $15::text[], $16::text[])
 		WITH ORDINALITY AS i(message_id, consumer, owner, entity, subject, content_type,
-			properties, payload_hash, payload, delivery_count, route, fingerprint, ord)
+			properties, payload_hash, payload, delivery_count, route, fingerprint, key_form, effect_key, ord)
 ), ins AS (
 	INSERT INTO claims (message_id, consumer, owner, state, entity, subject, content_type,
-		properties, payload_hash, payload, delivery_count, route, fingerprint, claimed_by, claimed_utc, heartbeat_utc, processed_utc)
+		properties, payload_hash, payload, delivery_count, route, fingerprint, key_form, effect_key,
+		claimed_by, claimed_utc, heartbeat_utc, processed_utc)
 	SELECT message_id, consumer, owner, $13, entity, subject, content_type,
-		properties::jsonb, payload_hash, payload, delivery_count, route, fingerprint, $14, now(), now(),
+		properties::jsonb, payload_hash, payload, delivery_count, route, fingerprint, key_form, effect_key, $14, now(), now(),
 		CASE WHEN $13 = 'processed' THEN now() END
 	FROM input ORDER BY ord
 	ON CONFLICT (message_id, consumer) DO NOTHING
-	RETURNING ` + columns + `
+	RETURNING *
+), h AS (
+	` + historySQL("ins", "'"+string(claim.ChangeClaimed)+"'", "''", "ins.claimed_by", "''", "''", "NULL") + `
 )
-SELECT true, * FROM ins
+SELECT true, ` + cols("ins.") + ` FROM ins
 UNION ALL
 SELECT false, ` + cols("c.") + `
 FROM claims c JOIN input i ON c.message_id = i.message_id AND c.consumer = i.consumer
@@ -250,6 +272,7 @@ func (s *Store) insertClaims(ctx context.Context, q sqlstore.Querier, host strin
 		}
 		var (
 			ids, consumers, entities, subjects, types, props, routes, prints []string
+			forms, keys                                                      []string
 			owners                                                           []uuid.UUID
 			hashes, payloads                                                 [][]byte
 			counts                                                           []int32
@@ -269,9 +292,10 @@ func (s *Store) insertClaims(ctx context.Context, q sqlstore.Querier, host strin
 			props, hashes, payloads = append(props, p), append(hashes, c.PayloadHash), append(payloads, payload)
 			counts = append(counts, int32(c.DeliveryCount))
 			routes, prints = append(routes, c.Route), append(prints, c.Fingerprint)
+			forms, keys = append(forms, string(sqlstore.FormOf(c))), append(keys, sqlstore.EffectKeyOf(c))
 		}
 		rows, err := q.QueryContext(ctx, claimSQL, ids, consumers, owners, entities, subjects, types,
-			props, hashes, payloads, counts, routes, prints, string(state), host)
+			props, hashes, payloads, counts, routes, prints, string(state), host, forms, keys)
 		if err != nil {
 			return nil, nil, fmt.Errorf("claim batch: %w", translate(err))
 		}
@@ -362,7 +386,11 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 	if err := sqlstore.ValidateTakeOver(params); err != nil {
 		return nil, err
 	}
-	row := s.db.QueryRowContext(ctx, `UPDATE claims SET state = 'claimed', owner = $1, claimed_by = $2,
+	newKey, revision, err := sqlstore.NextKey(ctx, s.Get, params)
+	if err != nil {
+		return nil, err
+	}
+	row := s.db.QueryRowContext(ctx, `WITH u AS (UPDATE claims SET state = 'claimed', owner = $1, claimed_by = $2, taken_over_from = state,
 		delivery_count = CASE WHEN $3::int > 0 THEN $3::int ELSE delivery_count END,
 		heartbeat_utc = now(), taken_over_utc = now(), take_overs = take_overs + 1,
 		take_over_path = $4, take_over_reason = $5, previous_owner = owner, previous_holder = claimed_by,
@@ -370,15 +398,21 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 		route = CASE WHEN route = '' THEN $6 ELSE route END,
 		fingerprint = CASE WHEN route = '' THEN $7 ELSE fingerprint END,
 		key_revision = key_revision + CASE WHEN $11::bool THEN 1 ELSE 0 END,
-		effect_key = CASE WHEN $11::bool THEN message_id || ':r' || (key_revision + 1) ELSE effect_key END,
+		effect_key = CASE WHEN $11::bool THEN $12 ELSE effect_key END,
 		key_revised_by = CASE WHEN $11::bool THEN $2 ELSE key_revised_by END,
 		key_revised_utc = CASE WHEN $11::bool THEN now() ELSE key_revised_utc END,
 		key_revision_note = CASE WHEN $11::bool THEN $5 ELSE key_revision_note END
 		WHERE id = $9 AND owner = $10 AND (route = '' OR (route = $6 AND fingerprint = $7))
+		AND (NOT $11::bool OR key_revision = $13)
 		AND `+takeOverPaths[params.Path]+`
-		RETURNING `+columns,
+		RETURNING *
+	), h AS (
+		`+historySQL("u", "$14", "u.taken_over_from", "u.claimed_by", "u.take_over_path", "u.take_over_reason", "u.previous_owner")+`
+	)
+	SELECT `+cols("u.")+` FROM u`,
 		params.Owner, params.By, params.DeliveryCount, string(params.Path), sqlstore.Bound(params.Reason, sqlstore.MaxReasonLength),
-		params.Route, params.Fingerprint, secs(params.SilentFor), params.ID, params.PreviousOwner, params.NewKey)
+		params.Route, params.Fingerprint, secs(params.SilentFor), params.ID, params.PreviousOwner, params.NewKey,
+		newKey, revision, string(sqlstore.TakeOverWhat(params.Path)))
 	c, err := scanClaim(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		now, gerr := s.Get(ctx, params.ID)
@@ -398,11 +432,17 @@ func (s *Store) Flag(ctx context.Context, params *claim.FlagParams) (*claim.Clai
 	if err := sqlstore.ValidateFlagOne(params); err != nil {
 		return nil, err
 	}
-	row := s.db.QueryRowContext(ctx, `UPDATE claims SET state = 'flagged', flagged_utc = now(), flag_reason = $1
+	row := s.db.QueryRowContext(ctx, `WITH u AS (
+		UPDATE claims SET state = 'flagged', flagged_utc = now(), flag_reason = $1, flagged_from = state
 		WHERE id = $2 AND owner = $3 AND state = $4
 		AND ($5::float8 <= 0 OR heartbeat_utc < now() - make_interval(secs => $5::float8))
-		RETURNING `+columns,
-		sqlstore.Bound(params.Reason, sqlstore.MaxReasonLength), params.ID, params.Owner, string(params.State), secs(params.SilentFor))
+		RETURNING *
+	), h AS (
+		`+historySQL("u", "'"+string(claim.ChangeFlagged)+"'", "u.flagged_from", "coalesce(nullif($6, ''), u.claimed_by)", "''", "u.flag_reason", "NULL")+`
+	)
+	SELECT `+cols("u.")+` FROM u`,
+		sqlstore.Bound(params.Reason, sqlstore.MaxReasonLength), params.ID, params.Owner, string(params.State), secs(params.SilentFor),
+		sqlstore.Bound(params.By, 256))
 	c, err := scanClaim(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		if _, gerr := s.Get(ctx, params.ID); gerr != nil {
@@ -493,7 +533,8 @@ func (s *Store) MarkProcessed(ctx context.Context, params *claim.MarkProcessedPa
 		return fmt.Errorf("mark processed claim %d: %w", params.ID, err)
 	}
 	return s.execGuarded(ctx, "mark processed", params.ID,
-		`UPDATE claims SET `+setProcessed("$3::jsonb")+` WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
+		guardedSQL(`UPDATE claims SET `+setProcessed("$3::jsonb")+` WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
+			string(claim.ChangeProcessed), "'claimed'", "u.claimed_by", "''"),
 		params.ID, params.Owner.String(), answer)
 }
 
@@ -505,7 +546,8 @@ func (s *Store) Release(ctx context.Context, params *claim.ReleaseParams) error 
 		return fmt.Errorf("release claim %d: %w", params.ID, err)
 	}
 	return s.execGuarded(ctx, "release", params.ID,
-		`UPDATE claims SET `+setReleased("$3", "$4::float8", "$5::jsonb")+` WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
+		guardedSQL(`UPDATE claims SET `+setReleased("$3", "$4::float8", "$5::jsonb")+` WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
+			string(claim.ChangeReleased), "'claimed'", "u.claimed_by", "u.last_error"),
 		params.ID, params.Owner.String(), params.Error, secs(params.NextAttemptIn), answer)
 }
 
@@ -517,7 +559,8 @@ func (s *Store) RecordAttempt(ctx context.Context, params *claim.RecordAttemptPa
 		return fmt.Errorf("record attempt claim %d: %w", params.ID, err)
 	}
 	return s.execGuarded(ctx, "record attempt", params.ID,
-		`UPDATE claims SET `+setAttempt("$3", "$4::float8", "$5::jsonb")+` WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
+		guardedSQL(`UPDATE claims SET `+setAttempt("$3", "$4::float8", "$5::jsonb")+` WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
+			string(claim.ChangeAttempt), "'claimed'", "u.claimed_by", "u.last_error"),
 		params.ID, params.Owner.String(), params.Error, secs(params.NextAttemptIn), answer)
 }
 
@@ -535,13 +578,19 @@ var writeOutcomesSQL = `WITH w AS (
 	WHERE w.w_kind = ` + strconv.Itoa(int(claim.WriteHeartbeat)) + ` AND id = w.w_id AND owner = w.w_owner AND state = 'claimed' RETURNING id
 ), att AS (
 	UPDATE claims SET ` + setAttempt("w.w_err", "w.w_next", "w.w_answer::jsonb") + ` FROM w
-	WHERE w.w_kind = ` + strconv.Itoa(int(claim.WriteRecordAttempt)) + ` AND id = w.w_id AND owner = w.w_owner AND state = 'claimed' RETURNING id
+	WHERE w.w_kind = ` + strconv.Itoa(int(claim.WriteRecordAttempt)) + ` AND id = w.w_id AND owner = w.w_owner AND state = 'claimed' RETURNING claims.*
 ), rel AS (
 	UPDATE claims SET ` + setReleased("w.w_err", "w.w_next", "w.w_answer::jsonb") + ` FROM w
-	WHERE w.w_kind = ` + strconv.Itoa(int(claim.WriteRelease)) + ` AND id = w.w_id AND owner = w.w_owner AND state = 'claimed' RETURNING id
+	WHERE w.w_kind = ` + strconv.Itoa(int(claim.WriteRelease)) + ` AND id = w.w_id AND owner = w.w_owner AND state = 'claimed' RETURNING claims.*
 ), pro AS (
 	UPDATE claims SET ` + setProcessed("w.w_answer::jsonb") + ` FROM w
-	WHERE w.w_kind = ` + strconv.Itoa(int(claim.WriteMarkProcessed)) + ` AND id = w.w_id AND owner = w.w_owner AND state = 'claimed' RETURNING id
+	WHERE w.w_kind = ` + strconv.Itoa(int(claim.WriteMarkProcessed)) + ` AND id = w.w_id AND owner = w.w_owner AND state = 'claimed' RETURNING claims.*
+), hatt AS (
+	` + historySQL("att", "'"+string(claim.ChangeAttempt)+"'", "'claimed'", "att.claimed_by", "''", "att.last_error", "NULL") + `
+), hrel AS (
+	` + historySQL("rel", "'"+string(claim.ChangeReleased)+"'", "'claimed'", "rel.claimed_by", "''", "rel.last_error", "NULL") + `
+), hpro AS (
+	` + historySQL("pro", "'"+string(claim.ChangeProcessed)+"'", "'claimed'", "pro.claimed_by", "''", "''", "NULL") + `
 )
 SELECT id FROM hb UNION ALL SELECT id FROM att UNION ALL SELECT id FROM rel UNION ALL SELECT id FROM pro`
 
@@ -595,9 +644,10 @@ func (s *Store) Fail(ctx context.Context, params *claim.FailParams) error {
 		return fmt.Errorf("fail claim %d: %w", params.ID, err)
 	}
 	return s.execGuarded(ctx, "fail", params.ID,
-		`UPDATE claims SET state = 'failed', failed_utc = now(), fail_reason = $3, last_error = $4,
+		guardedSQL(`UPDATE claims SET state = 'failed', failed_utc = now(), fail_reason = $3, last_error = $4,
 		dead_letter_seq = $5, payload = NULL, `+setAnswer(6)+`
 		WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
+			string(claim.ChangeFailed), "'claimed'", "u.claimed_by", "u.fail_reason || ': ' || u.last_error"),
 		params.ID, params.Owner.String(), params.Reason, params.Error, sqlstore.NullInt64(params.DeadLetterSeq), answer)
 }
 
@@ -605,8 +655,9 @@ func (s *Store) Fail(ctx context.Context, params *claim.FailParams) error {
 // message, when none does yet.
 func (s *Store) TakeDeadLetter(ctx context.Context, params *claim.TakeDeadLetterParams) error {
 	err := s.execGuarded(ctx, "take the dead letter of", params.ID,
-		`UPDATE claims SET dead_letter_seq = $2 WHERE id = $1 AND state = 'failed' AND dead_letter_seq IS NULL`,
-		params.ID, params.Seq)
+		guardedSQL(`UPDATE claims SET dead_letter_seq = $2 WHERE id = $1 AND state = 'failed' AND dead_letter_seq IS NULL`,
+			string(claim.ChangeDeadLetter), "'failed'", "coalesce(nullif($3, ''), u.claimed_by)", "'sequence number ' || u.dead_letter_seq"),
+		params.ID, params.Seq, sqlstore.Bound(params.By, 256))
 	if errors.Is(err, claim.ErrStateChanged) {
 		if _, gerr := s.Get(ctx, params.ID); gerr != nil {
 			return fmt.Errorf("take the dead letter: %w", gerr)
@@ -627,14 +678,18 @@ func (s *Store) FlagStale(ctx context.Context, params *claim.FlagStaleParams) ([
 	if err != nil {
 		return nil, err
 	}
-	q := `UPDATE claims SET state = 'flagged', flagged_utc = now(),
+	q := `WITH u AS (UPDATE claims SET state = 'flagged', flagged_utc = now(), flagged_from = state,
 		flag_reason = CASE state WHEN 'released' THEN '` + sqlstore.ReasonReleased + `' ELSE '` + sqlstore.ReasonNoHeartbeat + `' END
 			|| to_char(heartbeat_utc AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
 		WHERE id IN (SELECT id FROM claims WHERE ` + stalePredicate + ` ORDER BY heartbeat_utc LIMIT $2)
 		AND ` + stalePredicate + `
-		RETURNING ` + columns
+		RETURNING *
+	), h AS (
+		` + historySQL("u", "'"+string(claim.ChangeFlagged)+"'", "u.flagged_from", "$3", "''", "u.flag_reason", "NULL") + `
+	)
+	SELECT ` + cols("u.") + ` FROM u`
 	var out []*claim.Claim
-	if err := queryClaims(ctx, s.db, q, []any{secs(staleAfter), limit}, func(c *claim.Claim) { out = append(out, c) }); err != nil {
+	if err := queryClaims(ctx, s.db, q, []any{secs(staleAfter), limit, sqlstore.StaleBy(params)}, func(c *claim.Claim) { out = append(out, c) }); err != nil {
 		return nil, fmt.Errorf("flag stale claims: %w", err)
 	}
 	return out, nil
@@ -688,6 +743,30 @@ func (s *Store) Get(ctx context.Context, id int64) (*claim.Claim, error) {
 	return c, nil
 }
 
+// History returns a claim's history, oldest first.
+func (s *Store) History(ctx context.Context, id int64) ([]claim.HistoryEntry, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, claim_id, at_utc, what, from_state, to_state, by_whom, path, reason,
+		previous_owner, owner, idempotency_key FROM claim_history WHERE claim_id = $1 ORDER BY id`, id)
+	if err != nil {
+		return nil, fmt.Errorf("history of claim %d: %w", id, translate(err))
+	}
+	out, err := sqlstore.ScanHistory(rows, func(r *sql.Rows, e *claim.HistoryEntry) error {
+		var prev uuid.NullUUID
+		err := r.Scan(&e.ID, &e.ClaimID, &e.At, &e.What, &e.From, &e.To, &e.By, &e.Path, &e.Reason, &prev, &e.Owner, &e.Key)
+		e.PreviousOwner = prev.UUID
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("history of claim %d: %w", id, translate(err))
+	}
+	if len(out) == 0 {
+		if _, err := s.Get(ctx, id); err != nil {
+			return nil, fmt.Errorf("history: %w", err)
+		}
+	}
+	return out, nil
+}
+
 // Resolve closes a flagged claim.
 func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*claim.Claim, error) {
 	if err := sqlstore.ValidateResolve(params); err != nil {
@@ -702,12 +781,17 @@ func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*clai
 	if err != nil {
 		return nil, fmt.Errorf("resolve claim %d: %w", params.ID, err)
 	}
-	row := s.db.QueryRowContext(ctx, `UPDATE claims SET state = 'resolved', resolved_utc = now(),
+	row := s.db.QueryRowContext(ctx, `WITH u AS (UPDATE claims SET state = 'resolved', resolved_utc = now(),
 		resolved_by = $1, resolution = $2, resolution_note = $3,
 		processed_utc = CASE WHEN $2 = 'redriven' THEN now() ELSE processed_utc END,
 		payload = CASE WHEN $2 = 'redriven' THEN NULL ELSE payload END, `+setAnswer(6)+`
 		WHERE id = $4 AND CASE WHEN $5::uuid IS NULL THEN state = 'flagged' ELSE state = 'claimed' AND owner = $5 END
-		RETURNING `+columns,
+		RETURNING *
+	), h AS (
+		`+historySQL("u", "'"+string(claim.ChangeResolved)+"'", "CASE WHEN $5::uuid IS NULL THEN 'flagged' ELSE 'claimed' END",
+		"u.resolved_by", "''", "u.resolution || CASE WHEN u.resolution_note <> '' THEN ': ' || u.resolution_note ELSE '' END", "NULL")+`
+	)
+	SELECT `+cols("u.")+` FROM u`,
 		params.By, string(params.Resolution), params.Note, params.ID, owner, answer)
 	c, err := scanClaim(row)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -731,13 +815,15 @@ func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (
 	// The expression matches the partial index ix_claims_finished.
 	const finished = `state IN ('processed', 'failed', 'resolved')
 		AND coalesce(resolved_utc, failed_utc, processed_utc) < now() - make_interval(secs => $1)`
-	res, err := s.db.ExecContext(ctx, `DELETE FROM claims WHERE id IN (
+	// A claim's history goes with it, in the same statement.
+	var n int64
+	err = s.db.QueryRowContext(ctx, `WITH d AS (DELETE FROM claims WHERE id IN (
 			SELECT id FROM claims WHERE `+finished+` ORDER BY coalesce(resolved_utc, failed_utc, processed_utc) LIMIT $2)
-		AND `+finished, secs(olderThan), limit)
-	if err != nil {
-		return 0, fmt.Errorf("purge claims: %w", translate(err))
-	}
-	n, err := res.RowsAffected()
+		AND `+finished+` RETURNING id
+	), h AS (
+		DELETE FROM claim_history WHERE claim_id IN (SELECT id FROM d)
+	)
+	SELECT count(*) FROM d`, secs(olderThan), limit).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("purge claims: %w", translate(err))
 	}

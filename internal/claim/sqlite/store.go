@@ -158,10 +158,11 @@ const columns = `id, message_id, consumer, owner, state, entity, subject, conten
 	route, fingerprint, take_overs, taken_over_utc, take_over_path, take_over_reason,
 	previous_owner, previous_holder, recoveries, next_attempt_utc, late_success_utc, late_success_by,
 	failed_utc, fail_reason, dead_letter_seq, answer, answer_utc,
-	key_revision, effect_key, key_revised_by, key_revised_utc, key_revision_note`
+	key_revision, effect_key, key_revised_by, key_revised_utc, key_revision_note, key_form`
 
 const insertColumns = `message_id, consumer, owner, state, entity, subject, content_type,
-	properties, payload_hash, payload, delivery_count, route, fingerprint, claimed_by, claimed_utc, heartbeat_utc, processed_utc`
+	properties, payload_hash, payload, delivery_count, route, fingerprint, key_form, effect_key,
+	claimed_by, claimed_utc, heartbeat_utc, processed_utc`
 
 func scanClaim(r sqlstore.Scanner) (*claim.Claim, error) {
 	var (
@@ -182,7 +183,7 @@ func scanClaim(r sqlstore.Scanner) (*claim.Claim, error) {
 		&c.Route, &c.Fingerprint, &c.TakeOvers, &takenOver, &path, &c.TakeOverReason,
 		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy,
 		&failed, &c.FailReason, &deadLetterSeq, &answer, &answerAt,
-		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote)
+		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote, &c.KeyForm)
 	if err != nil {
 		return nil, err
 	}
@@ -296,15 +297,21 @@ func (s *Store) insertClaims(ctx context.Context, tx *sql.Tx, host string, plan 
 		if n > 0 {
 			q.WriteString(", ")
 		}
-		q.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, " + nowSQL + ", " + nowSQL + ", " + processed + ")")
+		q.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, " + nowSQL + ", " + nowSQL + ", " + processed + ")")
 		args = append(args, c.MessageID, c.Consumer, c.Owner.String(), string(state), c.Entity, c.Subject,
-			c.ContentType, props, c.PayloadHash, nullBytes(payload), c.DeliveryCount, c.Route, c.Fingerprint, host)
+			c.ContentType, props, c.PayloadHash, nullBytes(payload), c.DeliveryCount, c.Route, c.Fingerprint,
+			string(sqlstore.FormOf(c)), sqlstore.EffectKeyOf(c), host)
 	}
 	q.WriteString(" ON CONFLICT (message_id, consumer) DO NOTHING RETURNING " + columns)
 
 	won = make(map[sqlstore.Key]*claim.Claim, len(plan.First))
 	if err := queryClaims(ctx, tx, q.String(), args, func(c *claim.Claim) { won[sqlstore.KeyOf(c)] = c }); err != nil {
 		return nil, nil, fmt.Errorf("claim batch: insert: %w", err)
+	}
+	for _, c := range won {
+		if err := writeHistory(ctx, tx, c.ID, claim.ChangeClaimed, "''", host, "''"); err != nil {
+			return nil, nil, fmt.Errorf("claim batch: %w", err)
+		}
 	}
 	if len(won) == len(plan.First) {
 		return won, nil, nil
@@ -332,6 +339,77 @@ func (s *Store) insertClaims(ctx context.Context, tx *sql.Tx, host string, plan 
 		return nil, nil, fmt.Errorf("claim batch: read existing: %w", err)
 	}
 	return won, existing, nil
+}
+
+// writeHistory appends the history row of a change the guarded write in
+// the same transaction made to claim id: from and reason are SQL
+// expressions over the changed row; by is who ("" for the claim's
+// holder). Take-overs record their path and the previous owner.
+func writeHistory(ctx context.Context, tx *sql.Tx, id int64, what claim.Change, from, by, reason string) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO claim_history (claim_id, at_utc, what, from_state, to_state, by_whom, path, reason,
+		previous_owner, owner, idempotency_key)
+		SELECT id, `+nowSQL+`, ?1, `+from+`, state, coalesce(nullif(?2, ''), claimed_by),
+			CASE WHEN ?1 IN ('taken over', 'redriven') THEN take_over_path ELSE '' END,
+			substr(`+reason+`, 1, `+fmt.Sprint(claim.MaxHistoryReason)+`),
+			CASE WHEN ?1 IN ('taken over', 'redriven') THEN previous_owner END,
+			owner, CASE WHEN effect_key <> '' THEN effect_key ELSE message_id END
+		FROM claims WHERE id = ?3`, string(what), by, id)
+	if err != nil {
+		return fmt.Errorf("history of claim %d: %w", id, translate(err))
+	}
+	return nil
+}
+
+// change runs a guarded write and its history row in one transaction
+// (BEGIN IMMEDIATE: the store's one connection writes alone). write
+// returns the ids of the claims it changed; each gets a history row.
+func (s *Store) change(ctx context.Context, op string, write func(tx *sql.Tx) ([]int64, error), what claim.Change, from, by, reason string) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("%s: begin: %w", op, translate(err))
+	}
+	defer tx.Rollback()
+	ids, err := write(tx)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		if err := writeHistory(ctx, tx, id, what, from, by, reason); err != nil {
+			return fmt.Errorf("%s: %w", op, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("%s: commit: %w", op, translate(err))
+	}
+	return nil
+}
+
+// changeOne runs a guarded UPDATE of claim id (without RETURNING) and its
+// history row in one transaction; ErrStateChanged when it changed no row.
+func (s *Store) changeOne(ctx context.Context, op string, id int64, what claim.Change, from, by, reason, query string, args ...any) error {
+	return s.change(ctx, op, func(tx *sql.Tx) ([]int64, error) {
+		if err := sqlstore.ExecGuarded(ctx, tx, translate, op, id, query, args...); err != nil {
+			return nil, err
+		}
+		return []int64{id}, nil
+	}, what, from, by, reason)
+}
+
+// changeClaims runs a guarded UPDATE ... RETURNING columns and the history
+// rows of the claims it changed in one transaction, and returns them.
+func (s *Store) changeClaims(ctx context.Context, op string, what claim.Change, from, by, reason, query string, args ...any) ([]*claim.Claim, error) {
+	var out []*claim.Claim
+	err := s.change(ctx, op, func(tx *sql.Tx) ([]int64, error) {
+		var ids []int64
+		if err := queryClaims(ctx, tx, query, args, func(c *claim.Claim) { out, ids = append(out, c), append(ids, c.ID) }); err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		return ids, nil
+	}, what, from, by, reason)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 func nullBytes(b []byte) any {
@@ -402,7 +480,12 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 	}
 	// A new key (?11, an operator's redrive): the next revision of the
 	// key, and who chose it, in the same write.
-	row := s.db.QueryRowContext(ctx, `UPDATE claims SET state = 'claimed', owner = ?1, claimed_by = ?2,
+	newKey, revision, err := sqlstore.NextKey(ctx, s.Get, params)
+	if err != nil {
+		return nil, err
+	}
+	out, err := s.changeClaims(ctx, fmt.Sprintf("take over claim %d", params.ID), sqlstore.TakeOverWhat(params.Path),
+		"taken_over_from", params.By, "take_over_reason", `UPDATE claims SET state = 'claimed', owner = ?1, claimed_by = ?2, taken_over_from = state,
 		delivery_count = CASE WHEN ?3 > 0 THEN ?3 ELSE delivery_count END,
 		heartbeat_utc = `+nowSQL+`, taken_over_utc = `+nowSQL+`, take_overs = take_overs + 1,
 		take_over_path = ?4, take_over_reason = ?5, previous_owner = owner, previous_holder = claimed_by,
@@ -410,17 +493,18 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 		route = CASE WHEN route = '' THEN ?6 ELSE route END,
 		fingerprint = CASE WHEN route = '' THEN ?7 ELSE fingerprint END,
 		key_revision = key_revision + ?11,
-		effect_key = CASE WHEN ?11 = 1 THEN message_id || ':r' || (key_revision + 1) ELSE effect_key END,
+		effect_key = CASE WHEN ?11 = 1 THEN ?12 ELSE effect_key END,
 		key_revised_by = CASE WHEN ?11 = 1 THEN ?2 ELSE key_revised_by END,
 		key_revised_utc = CASE WHEN ?11 = 1 THEN `+nowSQL+` ELSE key_revised_utc END,
 		key_revision_note = CASE WHEN ?11 = 1 THEN ?5 ELSE key_revision_note END
 		WHERE id = ?9 AND owner = ?10 AND (route = '' OR (route = ?6 AND fingerprint = ?7))
+		AND (?11 = 0 OR key_revision = ?13)
 		AND `+takeOverPaths[params.Path]+`
 		RETURNING `+columns,
 		params.Owner.String(), params.By, params.DeliveryCount, string(params.Path), sqlstore.Bound(params.Reason, sqlstore.MaxReasonLength),
-		params.Route, params.Fingerprint, ago(params.SilentFor), params.ID, params.PreviousOwner.String(), boolInt(params.NewKey))
-	c, err := scanClaim(row)
-	if errors.Is(err, sql.ErrNoRows) {
+		params.Route, params.Fingerprint, ago(params.SilentFor), params.ID, params.PreviousOwner.String(), boolInt(params.NewKey),
+		newKey, revision)
+	if err == nil && len(out) == 0 {
 		now, gerr := s.Get(ctx, params.ID)
 		if gerr != nil && !errors.Is(gerr, claim.ErrNotFound) {
 			return nil, fmt.Errorf("take over claim %d: refused, then: %w", params.ID, gerr)
@@ -428,9 +512,9 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 		return now, sqlstore.TakeOverRefused(params, now)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("take over claim %d: %w", params.ID, translate(err))
+		return nil, err
 	}
-	return c, nil
+	return out[0], nil
 }
 
 // Flag hands a claim to operators, guarded on owner, state and silence.
@@ -438,24 +522,25 @@ func (s *Store) Flag(ctx context.Context, params *claim.FlagParams) (*claim.Clai
 	if err := sqlstore.ValidateFlagOne(params); err != nil {
 		return nil, err
 	}
-	q := `UPDATE claims SET state = 'flagged', flagged_utc = ` + nowSQL + `, flag_reason = ?1
+	q := `UPDATE claims SET state = 'flagged', flagged_utc = ` + nowSQL + `, flag_reason = ?1, flagged_from = state
 		WHERE id = ?2 AND owner = ?3 AND state = ?4`
 	args := []any{params.Reason, params.ID, params.Owner.String(), string(params.State)}
 	if params.SilentFor > 0 {
 		q += ` AND heartbeat_utc < strftime('%Y-%m-%dT%H:%M:%f','now',?5)`
 		args = append(args, ago(params.SilentFor))
 	}
-	c, err := scanClaim(s.db.QueryRowContext(ctx, q+" RETURNING "+columns, args...))
-	if errors.Is(err, sql.ErrNoRows) {
+	out, err := s.changeClaims(ctx, fmt.Sprintf("flag claim %d", params.ID), claim.ChangeFlagged, "flagged_from",
+		sqlstore.Bound(params.By, 256), "flag_reason", q+" RETURNING "+columns, args...)
+	if err == nil && len(out) == 0 {
 		if _, gerr := s.Get(ctx, params.ID); gerr != nil {
 			return nil, fmt.Errorf("flag: %w", gerr)
 		}
 		return nil, fmt.Errorf("flag claim %d: %w", params.ID, claim.ErrStateChanged)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("flag claim %d: %w", params.ID, translate(err))
+		return nil, err
 	}
-	return c, nil
+	return out[0], nil
 }
 
 // FindStale lists recovery candidates, oldest heartbeat first.
@@ -510,7 +595,25 @@ func (s *Store) execWrite(ctx context.Context, w claim.OutcomeWrite) error {
 		return err
 	}
 	id, _ := w.Target()
-	return s.execGuarded(ctx, w.Kind().String(), id, query, args...)
+	what, reason, ok := outcomeHistory(w.Kind())
+	if !ok {
+		return s.execGuarded(ctx, w.Kind().String(), id, query, args...) // a heartbeat is no change
+	}
+	return s.changeOne(ctx, w.Kind().String(), id, what, "'claimed'", "", reason, query, args...)
+}
+
+// outcomeHistory is the history an outcome write records (ok false: a
+// heartbeat, which changes neither owner nor state).
+func outcomeHistory(k claim.WriteKind) (what claim.Change, reason string, ok bool) {
+	switch k {
+	case claim.WriteRecordAttempt:
+		return claim.ChangeAttempt, "last_error", true
+	case claim.WriteRelease:
+		return claim.ChangeReleased, "last_error", true
+	case claim.WriteMarkProcessed:
+		return claim.ChangeProcessed, "''", true
+	}
+	return "", "", false
 }
 
 // outcomeSQL is the guarded UPDATE of one outcome write, shared by the
@@ -564,6 +667,11 @@ func (s *Store) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) 
 		if errs[i] != nil && !errors.Is(errs[i], claim.ErrStateChanged) {
 			return nil, fmt.Errorf("write %d outcomes: %w", len(writes), errs[i])
 		}
+		if what, reason, ok := outcomeHistory(w.Kind()); ok && errs[i] == nil {
+			if err := writeHistory(ctx, tx, id, what, "'claimed'", "", reason); err != nil {
+				return nil, fmt.Errorf("write %d outcomes: %w", len(writes), err)
+			}
+		}
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("write %d outcomes: commit: %w", len(writes), translate(err))
@@ -593,7 +701,7 @@ func (s *Store) Fail(ctx context.Context, params *claim.FailParams) error {
 	if err != nil {
 		return fmt.Errorf("fail claim %d: %w", params.ID, err)
 	}
-	return s.execGuarded(ctx, "fail", params.ID,
+	return s.changeOne(ctx, "fail", params.ID, claim.ChangeFailed, "'claimed'", "", "fail_reason || ': ' || last_error",
 		`UPDATE claims SET state = 'failed', failed_utc = `+nowSQL+`, fail_reason = ?3, last_error = ?4,
 		dead_letter_seq = ?5, payload = NULL, `+setAnswer(6)+`
 		WHERE id = ?1 AND owner = ?2 AND state = 'claimed'`,
@@ -603,7 +711,8 @@ func (s *Store) Fail(ctx context.Context, params *claim.FailParams) error {
 // TakeDeadLetter records the delivery that dead-letters a failed claim's
 // message, when none does yet.
 func (s *Store) TakeDeadLetter(ctx context.Context, params *claim.TakeDeadLetterParams) error {
-	err := s.execGuarded(ctx, "take the dead letter of", params.ID,
+	err := s.changeOne(ctx, "take the dead letter of", params.ID, claim.ChangeDeadLetter, "'failed'", sqlstore.Bound(params.By, 256),
+		"'sequence number ' || dead_letter_seq",
 		`UPDATE claims SET dead_letter_seq = ?2 WHERE id = ?1 AND state = 'failed' AND dead_letter_seq IS NULL`,
 		params.ID, params.Seq)
 	if errors.Is(err, claim.ErrStateChanged) {
@@ -645,17 +754,14 @@ func (s *Store) FlagStale(ctx context.Context, params *claim.FlagStaleParams) ([
 	if err != nil {
 		return nil, err
 	}
-	q := `UPDATE claims SET state = 'flagged', flagged_utc = ` + nowSQL + `,
+	q := `UPDATE claims SET state = 'flagged', flagged_utc = ` + nowSQL + `, flagged_from = state,
 		flag_reason = CASE state WHEN 'released' THEN '` + sqlstore.ReasonReleased + `' ELSE '` + sqlstore.ReasonNoHeartbeat + `' END
 			|| heartbeat_utc || 'Z'
 		WHERE id IN (SELECT id FROM claims WHERE ` + stalePredicate + ` ORDER BY heartbeat_utc LIMIT ?2)
 		AND ` + stalePredicate + `
 		RETURNING ` + columns
-	var out []*claim.Claim
-	if err := queryClaims(ctx, s.db, q, []any{ago(staleAfter), limit}, func(c *claim.Claim) { out = append(out, c) }); err != nil {
-		return nil, fmt.Errorf("flag stale claims: %w", err)
-	}
-	return out, nil
+	return s.changeClaims(ctx, "flag stale claims", claim.ChangeFlagged, "flagged_from", sqlstore.StaleBy(params), "flag_reason",
+		q, ago(staleAfter), limit)
 }
 
 // List returns claims oldest ID first.
@@ -705,6 +811,46 @@ func (s *Store) Get(ctx context.Context, id int64) (*claim.Claim, error) {
 	return c, nil
 }
 
+// History returns a claim's history, oldest first.
+func (s *Store) History(ctx context.Context, id int64) ([]claim.HistoryEntry, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, claim_id, at_utc, what, from_state, to_state, by_whom, path, reason,
+		previous_owner, owner, idempotency_key FROM claim_history WHERE claim_id = ? ORDER BY id`, id)
+	if err != nil {
+		return nil, fmt.Errorf("history of claim %d: %w", id, translate(err))
+	}
+	out, err := sqlstore.ScanHistory(rows, func(r *sql.Rows, e *claim.HistoryEntry) error {
+		var (
+			at, owner string
+			prev      sql.NullString
+		)
+		if err := r.Scan(&e.ID, &e.ClaimID, &at, &e.What, &e.From, &e.To, &e.By, &e.Path, &e.Reason, &prev, &owner, &e.Key); err != nil {
+			return err
+		}
+		var err error
+		if e.At, err = parseTime(at); err != nil {
+			return err
+		}
+		if e.Owner, err = uuid.Parse(owner); err != nil {
+			return fmt.Errorf("owner: %w", err)
+		}
+		if prev.Valid {
+			if e.PreviousOwner, err = uuid.Parse(prev.String); err != nil {
+				return fmt.Errorf("previous owner: %w", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("history of claim %d: %w", id, translate(err))
+	}
+	if len(out) == 0 {
+		if _, err := s.Get(ctx, id); err != nil {
+			return nil, fmt.Errorf("history: %w", err)
+		}
+	}
+	return out, nil
+}
+
 // Resolve closes a flagged claim.
 func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*claim.Claim, error) {
 	if err := sqlstore.ValidateResolve(params); err != nil {
@@ -720,22 +866,27 @@ func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*clai
 		guard = "state = 'claimed' AND owner = ?6"
 		args = append(args, params.Owner.String())
 	}
-	row := s.db.QueryRowContext(ctx, `UPDATE claims SET state = 'resolved', resolved_utc = `+nowSQL+`,
+	from := "'flagged'"
+	if params.Owner != uuid.Nil {
+		from = "'claimed'"
+	}
+	out, err := s.changeClaims(ctx, fmt.Sprintf("resolve claim %d", params.ID), claim.ChangeResolved, from, params.By,
+		"resolution || CASE WHEN resolution_note <> '' THEN ': ' || resolution_note ELSE '' END",
+		`UPDATE claims SET state = 'resolved', resolved_utc = `+nowSQL+`,
 		resolved_by = ?1, resolution = ?2, resolution_note = ?3,
 		processed_utc = CASE WHEN ?2 = 'redriven' THEN `+nowSQL+` ELSE processed_utc END,
 		payload = CASE WHEN ?2 = 'redriven' THEN NULL ELSE payload END, `+setAnswer(5)+`
 		WHERE id = ?4 AND `+guard+` RETURNING `+columns, args...)
-	c, err := scanClaim(row)
-	if errors.Is(err, sql.ErrNoRows) {
+	if err == nil && len(out) == 0 {
 		if _, gerr := s.Get(ctx, params.ID); gerr != nil {
 			return nil, fmt.Errorf("resolve: %w", gerr)
 		}
 		return nil, fmt.Errorf("resolve claim %d: %w", params.ID, claim.ErrStateChanged)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("resolve claim %d: %w", params.ID, translate(err))
+		return nil, err
 	}
-	return c, nil
+	return out[0], nil
 }
 
 // PurgeProcessed deletes at most Limit finished claims older than OlderThan.
@@ -746,15 +897,36 @@ func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (
 	}
 	// The expression matches the partial index ix_claims_finished.
 	const finished = `state IN ('processed', 'failed', 'resolved') AND coalesce(resolved_utc, failed_utc, processed_utc) < ` + agoSQL
-	res, err := s.db.ExecContext(ctx, `DELETE FROM claims WHERE id IN (
-			SELECT id FROM claims WHERE `+finished+` ORDER BY coalesce(resolved_utc, failed_utc, processed_utc) LIMIT ?2)
-		AND `+finished, ago(olderThan), limit)
+	// A claim's history goes with it, in the same transaction.
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("purge claims: begin: %w", translate(err))
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `CREATE TEMP TABLE IF NOT EXISTS purged (id INTEGER PRIMARY KEY)`); err != nil {
+		return 0, fmt.Errorf("purge claims: %w", translate(err))
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM purged`); err != nil {
+		return 0, fmt.Errorf("purge claims: %w", translate(err))
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO purged (id)
+		SELECT id FROM claims WHERE `+finished+` ORDER BY coalesce(resolved_utc, failed_utc, processed_utc) LIMIT ?2`,
+		ago(olderThan), limit); err != nil {
+		return 0, fmt.Errorf("purge claims: %w", translate(err))
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM claim_history WHERE claim_id IN (SELECT id FROM purged)`); err != nil {
+		return 0, fmt.Errorf("purge claims: history: %w", translate(err))
+	}
+	res, err := tx.ExecContext(ctx, `DELETE FROM claims WHERE id IN (SELECT id FROM purged)`)
 	if err != nil {
 		return 0, fmt.Errorf("purge claims: %w", translate(err))
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
 		return 0, fmt.Errorf("purge claims: %w", translate(err))
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("purge claims: commit: %w", translate(err))
 	}
 	return n, nil
 }

@@ -3,6 +3,7 @@ package chaos
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
@@ -70,7 +71,7 @@ func (h *harness) planAnswers() {
 			id := h.ids[candidates[next]]
 			next++
 			h.answers[id] = a.reply
-			h.down.SetKeyReply(id, a.reply)
+			h.down.SetKeyReply(keyOf(id), a.reply)
 		}
 	}
 }
@@ -80,7 +81,23 @@ func (h *harness) answerOf(id string) fakedownstream.Reply { return h.answers[id
 
 // cachedFailureKey is the key an operator redrives a cached failure
 // under: the claim's first key revision.
-func cachedFailureKey(id string) string { return claim.RevisedKey(id, 1) }
+func cachedFailureKey(id string) string { return claim.KeyFor(claim.KeyFormScoped, Consumer, id, 1) }
+
+// keyOf is the idempotency key the harness's claims send for message id:
+// the routes keep the default form, scoped to the consumer.
+func keyOf(id string) string { return claim.KeyFor(claim.KeyFormScoped, Consumer, id, 0) }
+
+// idOfKey is the message a downstream request is for: its key is
+// "<Consumer>/<id>", ":r<N>" after a redrive under a new key (the
+// harness's message IDs and consumer need no escaping).
+func idOfKey(key string) string {
+	_, rest, ok := strings.Cut(key, "/")
+	if !ok {
+		return ""
+	}
+	id, _, _ := strings.Cut(rest, ":")
+	return id
+}
 
 // checkAnswers checks the keys the downstream answered otherwise, from
 // the claims (by message id) and the dead letters (by message id and
@@ -104,7 +121,7 @@ func (h *harness) checkAnswers(rep *Report, claims map[string]*claim.Claim, dead
 			rep.violate("%s (answered %s): no claim", id, h.answers[id])
 			continue
 		}
-		if n := h.down.Effects(id); n != 0 {
+		if n := h.down.Effects(keyOf(id)); n != 0 {
 			rep.violate("%s (answered %s): %d effects under its key (want 0)", id, h.answers[id], n)
 		}
 		switch h.answers[id] {
@@ -115,8 +132,8 @@ func (h *harness) checkAnswers(rep *Report, claims map[string]*claim.Claim, dead
 				rep.AnswerConflicts++
 			} else {
 				rep.Rejected++
-				if h.down.Rejections(id) != 1 {
-					rep.violate("%s (declined): the downstream recorded %d declines (want 1: repeats are replayed)", id, h.down.Rejections(id))
+				if h.down.Rejections(keyOf(id)) != 1 {
+					rep.violate("%s (declined): the downstream recorded %d declines (want 1: repeats are replayed)", id, h.down.Rejections(keyOf(id)))
 				}
 			}
 			if c.State != claim.StateFailed || c.FailReason != reason {

@@ -137,7 +137,8 @@ type noDedupStore struct{ claim.Store }
 func (s noDedupStore) ClaimBatch(_ context.Context, p *claim.ClaimBatchParams) ([]claim.ClaimResult, error) {
 	out := make([]claim.ClaimResult, len(p.Claims))
 	for i := range p.Claims {
-		out[i] = claim.ClaimResult{Outcome: claim.OutcomeWon, Claim: &claim.Claim{ID: int64(-i - 1), MessageID: p.Claims[i].MessageID, Consumer: p.Claims[i].Consumer, Owner: uuid.New(), State: claim.StateClaimed}}
+		out[i] = claim.ClaimResult{Outcome: claim.OutcomeWon, Claim: &claim.Claim{ID: int64(-i - 1), MessageID: p.Claims[i].MessageID, Consumer: p.Claims[i].Consumer, Owner: uuid.New(), State: claim.StateClaimed,
+			KeyForm: claim.KeyFormScoped}}
 	}
 	return out, nil
 }
@@ -223,7 +224,7 @@ func redriveWithoutHold(ctx context.Context, st claim.Store, p *reconciler.Redri
 	if err != nil {
 		return nil, err
 	}
-	if err := h.Effect.Perform(ctx, msg, c.MessageID); err != nil {
+	if err := h.Effect.Perform(ctx, msg, c.Key()); err != nil {
 		return nil, err
 	}
 	return st.Resolve(ctx, &claim.ResolveParams{ID: c.ID, Resolution: claim.ResolutionRedriven, By: p.By, Note: "no hold"})

@@ -417,15 +417,15 @@ func (h *harness) plan() {
 			h.book.assign(id, f, k >= per)
 			switch f {
 			case FaultResponseLost:
-				h.down.FailKey(id, 1, fakedownstream.FaultHang)
+				h.down.FailKey(keyOf(id), 1, fakedownstream.FaultHang)
 			case FaultLostThen503:
-				h.down.FailKey(id, 1, fakedownstream.FaultHang)
-				h.down.FailKey(id, 2, fakedownstream.FaultUnavailable) // the retries within the 3 s budget
+				h.down.FailKey(keyOf(id), 1, fakedownstream.FaultHang)
+				h.down.FailKey(keyOf(id), 2, fakedownstream.FaultUnavailable) // the retries within the 3 s budget
 			case FaultAckLost:
 				if k%2 == 1 {
 					// Every attempt of the first delivery is refused: the
 					// effect is not performed, the claim is released.
-					h.down.FailKey(id, 4, fakedownstream.FaultUnavailable)
+					h.down.FailKey(keyOf(id), 4, fakedownstream.FaultUnavailable)
 				}
 			}
 			k++
@@ -449,9 +449,8 @@ func (h *harness) serveDownstream(w http.ResponseWriter, r *http.Request) {
 	arrived := time.Now()
 	tw := &trackWriter{ResponseWriter: w}
 	h.down.ServeHTTP(tw, r)
-	// The message the request is for: a redrive under a new key sends
-	// <id>:r<N> (the harness's message IDs have no colon).
-	key, _, _ := strings.Cut(r.Header.Get("Idempotency-Key"), ":")
+	// The message the request is for (the key is scoped: see idOfKey).
+	key := idOfKey(r.Header.Get("Idempotency-Key"))
 	if f := h.book.planFor(key); tw.status == 0 && r.Context().Err() != nil && (f == FaultResponseLost || f == FaultLostThen503) {
 		h.book.count(f, 1)
 		h.book.markHit(key, f)
@@ -492,6 +491,7 @@ func (h *harness) serveDownstream(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *harness) noteTimeout(key string) {
+	key = idOfKey(key)
 	if key == "" {
 		return
 	}
@@ -1052,14 +1052,14 @@ func (h *harness) verify(ctx context.Context, rep *Report) {
 		if _, odd := h.answers[id]; odd {
 			continue // no effect under its key: checkAnswers
 		}
-		n := h.down.Effects(id)
+		n := h.down.Effects(keyOf(id))
 		rep.EffectsPerKey[n]++
 		if n != 1 {
 			rep.wrongKey("%s: %d effects (want 1)", id, n)
 		}
 	}
 	for _, id := range h.poison {
-		if n := h.down.Effects(id); n != 0 {
+		if n := h.down.Effects(keyOf(id)); n != 0 {
 			rep.wrongKey("%s (poison, no route): %d effects (want 0)", id, n)
 		}
 	}
@@ -1215,6 +1215,7 @@ func (h *harness) verify(ctx context.Context, rep *Report) {
 	}
 
 	h.checkAnswers(rep, byKey, answerDL)
+	h.checkHistory(ctx, rep, byKey)
 
 	for _, f := range h.cfg.Faults {
 		if rep.Happened[f] == 0 {

@@ -63,6 +63,9 @@ type Report struct {
 	// or releasing holder; the reconciler's recovery pass).
 	// FlaggedForOperators counts claims that were ever flagged.
 	RecoveredByRedelivery, RecoveredByReconciler, FlaggedForOperators int
+	// HistoryRows counts the history rows checked (checkHistory): one per
+	// change of a routed claim's owner or state.
+	HistoryRows int
 	// RecoveryExplained counts reconciler recoveries by what explains
 	// them (each must be explained, like a flag).
 	RecoveryExplained map[string]int
@@ -216,6 +219,7 @@ func (r *Report) Write(w io.Writer) {
 		fmt.Fprintf(w, " %s %d;", s, r.ClaimStates[s])
 	}
 	fmt.Fprintf(w, " reconciler flagged %d %s; operators' redrives at the end %d\n", r.Flagged, fmtMap(r.FlagReasons), r.Redriven)
+	fmt.Fprintf(w, "history: %d rows over %d claims, chained change by change, one per grant the harness traced\n", r.HistoryRows, r.Distinct)
 	fmt.Fprintf(w, "flagged claims explained by: %s (unexplained %d); reconciler recoveries explained by: %s\n",
 		fmtMap(r.FlagExplained), r.Unexplained, fmtMap(r.RecoveryExplained))
 

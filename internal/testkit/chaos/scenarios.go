@@ -364,7 +364,9 @@ func runTwoPhase(ctx context.Context, d *Database, cfg ScenarioConfig) (*Scenari
 	}
 	oc := outcomeCounts(metrics)
 	st := q.Stats()
-	res := &ScenarioResult{Scenario: ScenarioTwoPhase, Database: d.String(), Expected: 1, Effects: down.Effects(id), Requests: down.Requests(id)}
+	key := claim.KeyFor(claim.KeyFormScoped, "two-phase", id, 0) // the route keeps the default key form
+	res := &ScenarioResult{Scenario: ScenarioTwoPhase, Database: d.String(), Expected: 1,
+		Effects: down.Effects(key), Requests: down.Requests(key)}
 	res.Details = append(lines,
 		fmt.Sprintf("copies received: instance 1 %d, instance 2 %d (both held theirs before either claimed)", got[0].copies(), got[1].copies()),
 		fmt.Sprintf("processor outcomes: processed %d, duplicate %d (the loser completed its copy without calling the downstream)", oc[processor.ResultProcessed], oc[processor.ResultDuplicate]),

@@ -200,6 +200,13 @@ func (s *gateStore) Get(ctx context.Context, id int64) (*claim.Claim, error) {
 	return s.inner.Get(ctx, id)
 }
 
+func (s *gateStore) History(ctx context.Context, id int64) ([]claim.HistoryEntry, error) {
+	if err := s.pass(ctx, "History", id); err != nil {
+		return nil, err
+	}
+	return s.inner.History(ctx, id)
+}
+
 func (s *gateStore) Resolve(ctx context.Context, p *claim.ResolveParams) (*claim.Claim, error) {
 	if err := s.pass(ctx, "Resolve", 0); err != nil {
 		return nil, err
