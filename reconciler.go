@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sbclaim/sbclaim/internal/reconciler"
 )
@@ -46,6 +47,11 @@ type ReconcilerConfig struct {
 	Logger       *slog.Logger
 	// Registerer, when set, gets the reconciler's Prometheus metrics.
 	Registerer prometheus.Registerer
+	// TracerProvider makes the reconciler's OpenTelemetry spans (a
+	// reconcile span per tick, a span per pass and per recovered claim,
+	// with its effect attempts); nil: the global provider
+	// (otel.GetTracerProvider()).
+	TracerProvider trace.TracerProvider
 }
 
 // Reconciler runs the periodic passes over the claims table: recovery of
@@ -84,6 +90,7 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 		Retention:           cfg.Retention,
 		QueryTimeout:        cfg.QueryTimeout,
 		Schedule:            cfg.Schedule,
+		TracerProvider:      cfg.TracerProvider,
 	}, cfg.Logger, metrics)
 	if err != nil {
 		return nil, err

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // batcher collects concurrent callers' requests and hands them to flush in
@@ -38,6 +40,7 @@ type call[R any] struct {
 	req      R
 	deadline time.Time  // the caller's (zero: none)
 	done     chan error // buffered: the flush never blocks on a caller that left
+	span     trace.Span // the caller's, linked to its batch's (tracing.go)
 }
 
 var errClosed = errors.New("groupcommit: closed")
@@ -53,7 +56,7 @@ func newBatcher[R any](flush func(context.Context, []R) []error, key func(R) int
 // of its callers (at most timeout), so no caller waits past its own
 // deadline by more than the statement's reaction to it.
 func (b *batcher[R]) do(ctx context.Context, req R) error {
-	c := &call[R]{req: req, done: make(chan error, 1)}
+	c := &call[R]{req: req, done: make(chan error, 1), span: trace.SpanFromContext(ctx)}
 	c.deadline, _ = ctx.Deadline()
 	b.mu.Lock()
 	if b.closed {
@@ -119,7 +122,9 @@ func (b *batcher[R]) run(wait bool) {
 			}
 		}
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		endSpan := traceBatch(batch)
 		errs := b.flush(ctx, reqs)
+		endSpan(errs)
 		cancel()
 		b.mu.Lock()
 		b.releaseLocked(batch)

@@ -64,7 +64,7 @@ func (r *Reconciler) recoverPass(ctx context.Context, res *TickResult) error {
 			sem <- struct{}{}
 			go func() {
 				defer func() { <-sem; wg.Done() }()
-				outcome, flagged := r.recoverOne(ctx, c)
+				outcome, flagged := r.recoverTraced(ctx, c)
 				mu.Lock()
 				defer mu.Unlock()
 				switch outcome {

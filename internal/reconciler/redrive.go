@@ -12,6 +12,7 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/held"
@@ -123,6 +124,8 @@ type RedriveParams struct {
 	StoreTimeout time.Duration
 	Logger       *slog.Logger // may be nil
 	Metrics      *Metrics     // may be nil
+	// TracerProvider makes the redrive's spans; nil: the global one.
+	TracerProvider trace.TracerProvider
 }
 
 // Redrive re-runs the effect of a flagged claim with the same idempotency
@@ -143,7 +146,9 @@ type RedriveParams struct {
 // claim; when it fails otherwise it flags the claim again; either way an
 // *EffectError. When the effect succeeded but the resolution could not be
 // written, a *RecordError.
-func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (*claim.Claim, error) {
+func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (c *claim.Claim, err error) {
+	ctx, endSpan := startAction(ctx, p.TracerProvider, "redrive", p.ID)
+	defer func() { endSpan(c, err) }()
 	logger := cmp.Or(p.Logger, slog.New(slog.DiscardHandler))
 	timeout := cmp.Or(p.StoreTimeout, DefaultQueryTimeout)
 	if len(p.Routes) == 0 {
@@ -155,7 +160,7 @@ func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (*claim.C
 	if p.NewKey && strings.TrimSpace(p.Note) == "" {
 		return nil, errors.New("redrive: a new key needs a Note: what was checked on the downstream, for whoever reads this claim next")
 	}
-	c, err := get(ctx, store, timeout, p.ID)
+	c, err = get(ctx, store, timeout, p.ID)
 	if err != nil {
 		return nil, fmt.Errorf("redrive claim %d: %w", p.ID, err)
 	}
