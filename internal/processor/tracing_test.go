@@ -5,10 +5,13 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -119,12 +122,16 @@ func TestTraceOfOneMessage(t *testing.T) {
 		mu       sync.Mutex
 		received http.Header
 	)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// The downstream is instrumented too: its server span must be a
+	// child of the attempt's HTTP client span.
+	srv := httptest.NewServer(otelhttp.NewHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		received = r.Header.Clone()
 		mu.Unlock()
+		time.Sleep(20 * time.Millisecond) // a downstream's latency, for the waterfall
 		w.WriteHeader(http.StatusOK)
-	}))
+	}), "downstream", otelhttp.WithTracerProvider(tp), otelhttp.WithPropagators(propagation.TraceContext{}),
+		otelhttp.WithSpanNameFormatter(func(string, *http.Request) string { return "downstream POST /charges" })))
 	t.Cleanup(srv.Close)
 	router, err := sideeffects.ParseRoutes([]byte(`version: 1
 routes:
@@ -184,6 +191,10 @@ routes:
 		t.Errorf("HTTP span kind %s, want client", httpSpan.SpanKind())
 	}
 	wantAttrs(t, httpSpan, map[attribute.Key]any{"http.request.method": "POST", "http.response.status_code": 200, "server.address": "127.0.0.1"})
+	server := all.childrenOf(httpSpan).one(t, "downstream POST /charges")
+	if server.SpanKind() != trace.SpanKindServer {
+		t.Errorf("downstream span kind %s, want server", server.SpanKind())
+	}
 	mu.Lock()
 	got := received.Get("traceparent")
 	mu.Unlock()
@@ -206,6 +217,9 @@ routes:
 	// Nothing secret in any span: the header from the environment, the
 	// URL's path and query, the body.
 	for _, s := range all {
+		if s.SpanKind() == trace.SpanKindServer {
+			continue // the downstream's own instrumentation, not sbclaim's
+		}
 		kvs := append([]attribute.KeyValue{}, s.Attributes()...)
 		for _, e := range s.Events() {
 			kvs = append(kvs, e.Attributes...)
@@ -238,6 +252,9 @@ routes:
 	}
 	if !finished {
 		t.Error("no \"message finished\" log line")
+	}
+	if path := os.Getenv("SBCLAIM_TRACE_HTML"); path != "" {
+		writeWaterfall(t, path, all, proc)
 	}
 }
 

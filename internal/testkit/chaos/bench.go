@@ -88,7 +88,10 @@ type BenchParams struct {
 	// downstream keeps no state, so that nothing but the processor grows
 	// with the messages that went through.
 	Stream bool
-	Logger *slog.Logger
+	// Tracing (two-phase only) runs the processor with tracing on: the
+	// OpenTelemetry SDK, always-on sampler, batching into memory.
+	Tracing bool
+	Logger  *slog.Logger
 }
 
 // BenchResult is what one cell measured.
@@ -100,6 +103,8 @@ type BenchResult struct {
 	// PeakHeapInuse and PeakSys are the largest runtime.MemStats values
 	// sampled during the cell; TotalAlloc is the bytes allocated during it.
 	PeakHeapInuse, PeakSys, TotalAlloc uint64
+	// Spans is how many spans a Tracing cell recorded.
+	Spans int
 }
 
 // PerSecond is the cell's throughput in messages per second.
@@ -271,7 +276,9 @@ func benchTwoPhase(ctx context.Context, p BenchParams, env *benchEnv, run string
 		}
 	}
 	var trips atomic.Int64
+	tk := newTracingKit(p.Tracing)
 	proc, err := processor.New(processor.Options{
+		TracerProvider:     tk.provider(),
 		Consumer:           "bench-" + run,
 		Entity:             "bench",
 		Store:              CountingStore(p.DB.Store, &trips),
@@ -319,6 +326,7 @@ func benchTwoPhase(ctx context.Context, p BenchParams, env *benchEnv, run string
 	stop()
 	<-done
 	mem.finish(res)
+	res.Spans = len(tk.finish(ctx))
 	res.RoundTrips = trips.Load()
 	if st := q.Stats(); st.DeadLettered > 0 {
 		return fmt.Errorf("%d messages dead-lettered: %v", st.DeadLettered, st.DeadLetterReasons)
