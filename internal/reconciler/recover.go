@@ -100,7 +100,7 @@ const (
 // recoverOne decides what to do with one stale claim and does it, every
 // step guarded on the claim being as the scan saw it.
 func (r *Reconciler) recoverOne(ctx context.Context, c *claim.Claim) (recoveryOutcome, *claim.Claim) {
-	log := r.logger.With("claim_id", c.ID, "message_id", c.MessageID, "consumer", c.Consumer)
+	log := spanLogger(ctx, r.logger).With("claim_id", c.ID, "message_id", c.MessageID, "consumer", c.Consumer)
 	flag := func(reason string) (recoveryOutcome, *claim.Claim) {
 		return r.flagStale(ctx, c, reason)
 	}

@@ -195,7 +195,7 @@ func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (c *claim
 			Why: fmt.Sprintf("route %q does not allow a new idempotency key (allowNewKey: true in the routes file): a new key is a new request the downstream deduplicates nothing against; redrive it with its key %q", h.Name, c.Key())}
 	}
 
-	log := logger.With("claim_id", c.ID, "message_id", c.MessageID, "consumer", c.Consumer, "route", h.Name, "by", p.By)
+	log := spanLogger(ctx, logger).With("claim_id", c.ID, "message_id", c.MessageID, "consumer", c.Consumer, "route", h.Name, "by", p.By)
 	holder := "operator:" + p.By
 	reason := "redrive by " + p.By + ": " + cmp.Or(p.Note, "redriven")
 	if p.NewKey {

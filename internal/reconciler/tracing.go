@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"log/slog"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -80,4 +81,10 @@ func startAction(ctx context.Context, tp trace.TracerProvider, name string, id i
 		}
 		span.End()
 	}
+}
+
+// spanLogger is logger (its lines) carrying the trace of ctx's span, even
+// on lines logged without a context.
+func spanLogger(ctx context.Context, logger *slog.Logger) *slog.Logger {
+	return tracing.WithSpan(tracing.Logger(logger), trace.SpanContextFromContext(ctx))
 }
