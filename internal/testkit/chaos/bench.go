@@ -105,6 +105,16 @@ type BenchResult struct {
 	PeakHeapInuse, PeakSys, TotalAlloc uint64
 	// Spans is how many spans a Tracing cell recorded.
 	Spans int
+	// CPU is the process's CPU time (user + system) during the cell: the
+	// processor, the broker, the database and the downstream together.
+	// Unlike the wall time, a shared machine's other work does not
+	// inflate it.
+	CPU time.Duration
+}
+
+// CPUPerMessage is the cell's CPU time per message.
+func (r *BenchResult) CPUPerMessage() time.Duration {
+	return r.CPU / time.Duration(max(r.Done, 1))
 }
 
 // PerSecond is the cell's throughput in messages per second.
@@ -169,6 +179,7 @@ type memSampler struct {
 	stop              chan struct{}
 	done              chan struct{}
 	startAlloc        uint64
+	startCPU          time.Duration
 	peakHeap, peakSys uint64
 	endAlloc          uint64
 }
@@ -177,7 +188,7 @@ func startMemSampler() *memSampler {
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	s := &memSampler{stop: make(chan struct{}), done: make(chan struct{}), startAlloc: ms.TotalAlloc, peakHeap: ms.HeapInuse, peakSys: ms.Sys}
+	s := &memSampler{stop: make(chan struct{}), done: make(chan struct{}), startAlloc: ms.TotalAlloc, startCPU: cpuTime(), peakHeap: ms.HeapInuse, peakSys: ms.Sys}
 	go func() {
 		defer close(s.done)
 		t := time.NewTicker(25 * time.Millisecond)
@@ -200,6 +211,7 @@ func startMemSampler() *memSampler {
 func (s *memSampler) finish(r *BenchResult) {
 	close(s.stop)
 	<-s.done
+	r.CPU = cpuTime() - s.startCPU
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	r.PeakHeapInuse, r.PeakSys = max(s.peakHeap, ms.HeapInuse), max(s.peakSys, ms.Sys)

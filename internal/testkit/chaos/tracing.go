@@ -110,7 +110,15 @@ type TracingCost struct {
 }
 
 // TracingRounds is how many runs of each side TracingCost takes.
-const TracingRounds = 3
+const TracingRounds = 5
+
+// CPURatio is on/off CPU time per message.
+func (c *TracingCost) CPURatio() float64 {
+	if c == nil || c.Off.CPUPerMessage() == 0 {
+		return 0
+	}
+	return float64(c.On.CPUPerMessage()) / float64(c.Off.CPUPerMessage())
+}
 
 // Ratio is on/off throughput.
 func (c *TracingCost) Ratio() float64 {
@@ -149,10 +157,12 @@ func writeTracingCost(w io.Writer, rows []tracingRow) {
 		return
 	}
 	fmt.Fprintf(w, "\n### Tracing cost: the processor (a) with tracing off and on\n\nOn: the OpenTelemetry SDK with an always-on sampler and a batching span processor exporting to memory (every span of every message kept: a process span, its claim, effect attempt, HTTP client, outcome write and settle spans, and the group-commit batch spans). Off: no SDK (the global no-op provider), as sbclaim runs when no OTLP endpoint is set. Best of %d alternating runs of each.\n\n", TracingRounds)
-	fmt.Fprintf(w, "| db | latency | conc | off msg/s | on msg/s | on/off | spans/msg |\n|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(w, "| db | latency | conc | off msg/s | on msg/s | on/off | CPU/msg off | CPU/msg on | CPU on/off | spans/msg | alloc/msg off · on |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
-		fmt.Fprintf(w, "| %s | %s | %d | %.0f | %.0f | %.2f | %.1f |\n", r.dialect, r.latency, r.conc,
-			r.cost.Off.PerSecond(), r.cost.On.PerSecond(), r.cost.Ratio(), float64(r.cost.On.Spans)/float64(max(r.cost.On.Done, 1)))
+		fmt.Fprintf(w, "| %s | %s | %d | %.0f | %.0f | %.2f | %s | %s | %.2f | %.1f | %s · %s |\n", r.dialect, r.latency, r.conc,
+			r.cost.Off.PerSecond(), r.cost.On.PerSecond(), r.cost.Ratio(),
+			r.cost.Off.CPUPerMessage().Round(time.Microsecond), r.cost.On.CPUPerMessage().Round(time.Microsecond), r.cost.CPURatio(),
+			float64(r.cost.On.Spans)/float64(max(r.cost.On.Done, 1)), bytesText(r.cost.Off.AllocPerMessage()), bytesText(r.cost.On.AllocPerMessage()))
 	}
 }
 
