@@ -160,8 +160,8 @@ func (p *Processor) startOutcome(ctx context.Context, c *claim.Claim, kind strin
 	}
 }
 
-// settleName is messaging.operation.name (and the disposition) of a
-// settlement.
+// name is messaging.operation.name (and the disposition status) of a
+// settlement; "" for none.
 func (s settlement) name() string {
 	switch s {
 	case settleComplete:
@@ -174,8 +174,8 @@ func (s settlement) name() string {
 	return ""
 }
 
-// startSettle starts the settle span of d's verdict (nil end when there is
-// nothing to settle).
+// startSettle starts the settle span of d's verdict; end records the
+// settlement's error (a no-op when there is nothing to settle).
 func (p *Processor) startSettle(d *delivery, v verdict) (end func(err error)) {
 	op := v.settle.name()
 	if op == "" || d.tr == nil {
