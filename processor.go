@@ -8,6 +8,8 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sbclaim/sbclaim/internal/groupcommit"
 	"github.com/sbclaim/sbclaim/internal/processor"
@@ -139,6 +141,16 @@ type ProcessorConfig struct {
 	// Registerer, when set, gets the processor's Prometheus metrics
 	// (sbclaim_messages_total, ...).
 	Registerer prometheus.Registerer
+	// TracerProvider makes the processor's OpenTelemetry spans (a process
+	// span per delivery, with its claim, effect attempts, outcome write and
+	// settlement; see README "Tracing"); nil: the global provider
+	// (otel.GetTracerProvider()), which makes no-op spans until a program
+	// installs an SDK.
+	TracerProvider trace.TracerProvider
+	// MeterProvider gets the semantic-convention metrics
+	// messaging.process.duration and messaging.client.consumed.messages;
+	// nil: the global provider (otel.GetMeterProvider()).
+	MeterProvider metric.MeterProvider
 }
 
 // Processor receives messages, claims each, runs its route's handler with
@@ -190,10 +202,12 @@ func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
 		GroupCommit: groupcommit.Options{
 			MaxBatch: cfg.GroupCommit.MaxBatch, MaxInFlight: cfg.GroupCommit.MaxInFlight, Window: cfg.GroupCommit.Window,
 		},
-		NoGroupCommit: cfg.GroupCommit.Disabled,
-		Host:          cfg.Host,
-		Logger:        cfg.Logger,
-		Metrics:       processor.NewMetrics(cfg.Registerer),
+		NoGroupCommit:  cfg.GroupCommit.Disabled,
+		Host:           cfg.Host,
+		Logger:         cfg.Logger,
+		Metrics:        processor.NewMetrics(cfg.Registerer),
+		TracerProvider: cfg.TracerProvider,
+		MeterProvider:  cfg.MeterProvider,
 	}
 	p, err := processor.New(opts)
 	if err != nil {

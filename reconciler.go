@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sbclaim/sbclaim/internal/reconciler"
 )
@@ -62,6 +63,11 @@ type ReconcilerConfig struct {
 	Logger *slog.Logger
 	// Registerer, when set, gets the reconciler's Prometheus metrics.
 	Registerer prometheus.Registerer
+	// TracerProvider makes the reconciler's OpenTelemetry spans (a
+	// reconcile span per tick, a span per pass and per recovered claim,
+	// with its effect attempts); nil: the global provider
+	// (otel.GetTracerProvider()).
+	TracerProvider trace.TracerProvider
 }
 
 // The reconciler's defaults.
@@ -134,6 +140,7 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 		Schedule:            cfg.Schedule,
 		ShutdownTimeout:     cfg.ShutdownTimeout,
 		Host:                cfg.Host,
+		TracerProvider:      cfg.TracerProvider,
 	}, cfg.Logger, metrics)
 	if err != nil {
 		return nil, err

@@ -163,6 +163,15 @@ param retention string = '168h'
 @minValue(30)
 param logRetentionDays int = 30
 
+@description('Turn on the environment\'s managed OpenTelemetry agent with Application Insights (workspace-based, on the Log Analytics workspace) as the destination of traces and logs. The agent gives every app the OTEL_EXPORTER_OTLP_* variables, which turn the processor\'s and the reconciler\'s tracing on (README "Tracing"); OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG come from tracesSampler and tracesSamplerArg.')
+param openTelemetry bool = false
+
+@description('With openTelemetry: the OpenTelemetry sampler (OTEL_TRACES_SAMPLER), e.g. parentbased_traceidratio; parentbased_always_on keeps every trace.')
+param tracesSampler string = 'parentbased_traceidratio'
+
+@description('With openTelemetry: the sampler argument (OTEL_TRACES_SAMPLER_ARG), the fraction of traces kept by a ratio sampler.')
+param tracesSamplerArg string = '0.1'
+
 // ---- Operator console (pass 2, with deployConsole) -------------------------------
 
 @description('Deploy the operator console (reconciler console: review, redrive and resolve claims in a browser) as a container app with external ingress and Microsoft Entra sign-in (built-in authentication). Set it in both passes: pass 1 then prints the console identity\'s database user in sqlStatements and its URLs in consoleUrl and consoleRedirectUri.')
@@ -301,6 +310,16 @@ var routesVolume = {
 // high-entropy token.)
 var configHash = uniqueString(routesYaml, string(routeSecretEnv))
 
+// The OpenTelemetry SDK's own variables, with openTelemetry (the agent sets
+// the OTLP endpoint and protocol). Application Insights takes no metrics
+// from the agent: the semantic-convention metrics stay off, Prometheus
+// serves the rest.
+var otelEnv = openTelemetry ? [
+  { name: 'OTEL_TRACES_SAMPLER', value: tracesSampler }
+  { name: 'OTEL_TRACES_SAMPLER_ARG', value: tracesSamplerArg }
+  { name: 'OTEL_METRICS_EXPORTER', value: 'none' }
+] : []
+
 // ---- Monitoring and environment ------------------------------------------------
 
 resource logs 'Microsoft.OperationalInsights/workspaces@2023-09-01' = {
@@ -314,10 +333,37 @@ resource logs 'Microsoft.OperationalInsights/workspaces@2023-09-01' = {
   }
 }
 
+// Application Insights for the managed OpenTelemetry agent (openTelemetry):
+// one message's trace, from the producer through the claim to the
+// downstream, and the log lines that carry its trace_id.
+resource appInsights 'Microsoft.Insights/components@2020-02-02' = if (openTelemetry) {
+  name: 'appi-${namePrefix}'
+  location: location
+  kind: 'other'
+  properties: {
+    Application_Type: 'other'
+    WorkspaceResourceId: logs.id
+  }
+}
+
 resource containerAppsEnv 'Microsoft.App/managedEnvironments@2025-07-01' = {
   name: 'cae-${namePrefix}'
   location: location
   properties: {
+    // The managed OpenTelemetry agent: apps send OTLP to it (it sets their
+    // OTEL_EXPORTER_OTLP_* variables) and it forwards traces and logs to
+    // Application Insights, which takes no metrics from it.
+    appInsightsConfiguration: openTelemetry ? {
+      connectionString: appInsights!.properties.ConnectionString
+    } : null
+    openTelemetryConfiguration: openTelemetry ? {
+      tracesConfiguration: {
+        destinations: [ 'appInsights' ]
+      }
+      logsConfiguration: {
+        destinations: [ 'appInsights' ]
+      }
+    } : null
     appLogsConfiguration: {
       destination: 'log-analytics'
       logAnalyticsConfiguration: {
@@ -455,7 +501,7 @@ resource processor 'Microsoft.App/containerApps@2025-07-01' = if (deployApps) {
               // Not read by the processor: a change of the routes or their
               // secrets changes the template, so a new revision rolls out.
               { name: 'DEPLOY_CONFIG_HASH', value: configHash }
-            ], entityEnv, routeSecretEnvVars)
+            ], entityEnv, routeSecretEnvVars, otelEnv)
           volumeMounts: [
             {
               volumeName: 'routes'
@@ -577,7 +623,7 @@ resource reconcilerJob 'Microsoft.App/jobs@2025-07-01' = if (deployApps) {
               { name: 'SBCLAIM_LOCK_DURATION', value: entityLockDuration }
               { name: 'SBCLAIM_MAX_DELIVERY_COUNT', value: string(entityMaxDeliveryCount) }
               { name: 'SBCLAIM_LOG_FORMAT', value: 'json' }
-            ], routeSecretEnvVars)
+            ], routeSecretEnvVars, otelEnv)
           volumeMounts: [
             {
               volumeName: 'routes'
@@ -779,6 +825,7 @@ resource consoleAuth 'Microsoft.App/containerApps/authConfigs@2025-07-01' = if (
 // ---- Outputs (all available after pass 1) ------------------------------------------------
 
 output environmentName string = containerAppsEnv.name
+output appInsightsName string = openTelemetry ? appInsights.name : ''
 output processorAppName string = processorAppName
 output reconcilerJobName string = reconcilerJobName
 output processorIdentityName string = processorIdentity.name

@@ -61,6 +61,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		answers   = fs.String("answers", "normal", "how the downstream answers: normal (every key performed) or mixed (like a payment API, a share of keys gets a final decline, a key conflict or a failure stored under the key)")
 		handler   = fs.String("handler", "http", "the replicas' effect: http (the routes file's HTTP route) or go (a Go sbclaim.HandlerFunc calling the same downstream); both through sbclaim.NewProcessor")
 		recovery  = fs.String("recovery", "auto", "the routes' recovery: auto (the downstream honours Idempotency-Key: crash-left claims are repeated with the same key) or manual (they are flagged for operators)")
+		tracing   = fs.Bool("tracing", false, "run with OpenTelemetry tracing on (always-on sampler, spans kept in memory and checked); with -bench: also measure the processor's throughput with tracing on against off in each cell")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -124,6 +125,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			ScaleMessages: scale,
 			Logger:        logger,
 			Progress:      stderr,
+			Tracing:       *tracing,
 		}, stdout)
 		if err != nil {
 			fmt.Fprintf(stderr, "chaos: bench: %v\n", err)
@@ -155,6 +157,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		Answers:     ans,
 		Handler:     hk,
 		Logger:      logger,
+		Tracing:     *tracing,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "chaos: %v (after %s)\n", err, time.Since(start).Round(time.Millisecond))

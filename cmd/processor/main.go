@@ -72,6 +72,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 }
 
 func serve(ctx context.Context, cfg *Config, logger *slog.Logger, getenv func(string) string) error {
+	tel, flush, err := setupTelemetry(ctx, getenv)
+	if err != nil {
+		return fmt.Errorf("OpenTelemetry (OTEL_*): %w", err)
+	}
+	defer flush()
+	logger.Info("OpenTelemetry", "export", tel.String())
 	routes, err := sbclaim.LoadRoutesFile(cfg.Routes, &sbclaim.RoutesFileOptions{Getenv: getenv, Logger: logger})
 	if err != nil {
 		return fmt.Errorf("SBCLAIM_ROUTES: %w", err)

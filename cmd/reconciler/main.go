@@ -148,6 +148,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	errOut := redact.NewScrubber(redact.Secrets(cfg.DatabaseURL)...).Writer(stderr)
 	e := &env{cfg: cfg, logger: newLogger(errOut, cfg), stdout: stdout, stderr: errOut, getenv: getenv}
+	_, flush, err := setupTelemetry(ctx, getenv)
+	if err != nil {
+		fmt.Fprintf(errOut, "reconciler %s: OpenTelemetry (OTEL_*): %v\n", cmd.name, err)
+		return exitUsage
+	}
+	defer flush()
 	return exec(ctx, e, rest)
 }
 

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // batcher collects concurrent callers' requests and hands them to flush in
@@ -40,6 +42,7 @@ type call[R any] struct {
 	queued   time.Time  // when the caller queued it
 	deadline time.Time  // the caller's (zero: none)
 	done     chan error // buffered: the flush never blocks on a caller that left
+	span     trace.Span // the caller's, linked to its batch's (tracing.go)
 }
 
 var errClosed = errors.New("groupcommit: closed")
@@ -86,7 +89,7 @@ func newBatcher[R any](flush func(context.Context, []R) []error, key func(R) int
 // while its batch runs gets a *leftError (the batch may still commit its
 // write), as a single write whose statement outlives its deadline.
 func (b *batcher[R]) do(ctx context.Context, req R) error {
-	c := &call[R]{req: req, queued: time.Now(), done: make(chan error, 1)}
+	c := &call[R]{req: req, queued: time.Now(), done: make(chan error, 1), span: trace.SpanFromContext(ctx)}
 	c.deadline, _ = ctx.Deadline()
 	b.mu.Lock()
 	if b.closed {
@@ -172,7 +175,9 @@ func (b *batcher[R]) run(wait bool) {
 			reqs[i] = c.req
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+		endSpan := traceBatch(kept)
 		errs := b.flush(ctx, reqs)
+		endSpan(errs)
 		cancel()
 		b.mu.Lock()
 		b.releaseLocked(kept)

@@ -186,7 +186,10 @@ func Run(ctx context.Context, p Params) Result {
 		ctx, attemptAnswers = sideeffects.RecordAnswers(ctx)
 		ctx = sideeffects.WithCall(ctx, sideeffects.Call{ClaimID: p.Claim.ID, Consumer: p.Claim.Consumer,
 			DedupKey: p.Claim.MessageID, Attempt: p.Claim.Attempts + attempts})
-		return perform(ctx, p, log)
+		ctx, endSpan := startAttempt(ctx, p, p.Claim.Attempts+attempts)
+		err := perform(ctx, p, log)
+		endSpan(err)
+		return err
 	}, func(attempt int, err error) {
 		if isLost() {
 			return // the claim is someone else's now: write nothing

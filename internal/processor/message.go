@@ -51,6 +51,7 @@ type delivery struct {
 	// stopRenewal stops the message's lock renewal (set when renewal is
 	// on); settle calls it before settling.
 	stopRenewal func()
+	tr          *deliveryTrace // the process span (tracing.go)
 }
 
 // settlement is what happens to a delivery's message at the end.
@@ -96,6 +97,7 @@ func (p *Processor) handleBatch(ctx, work context.Context, lr *liveReceiver, msg
 		p.inflight.Add(1)
 		d := &delivery{msg: m, lr: lr, received: now, owner: uuid.New(), log: p.log.With(
 			"message_id", m.MessageID, "delivery_count", m.DeliveryCount)}
+		p.startProcess(d)
 		d.stopRenewal = p.renewLock(work, d)
 		ds[i] = d
 	}
@@ -120,7 +122,7 @@ func (p *Processor) handleBatch(ctx, work context.Context, lr *liveReceiver, msg
 			continue
 		}
 		if d.handler.TxEffect != nil {
-			run(d, func() verdict { return p.runTx(work, d) })
+			run(d, func() verdict { return p.runTx(d.traced(work), d) })
 			continue
 		}
 		batch = append(batch, d)
@@ -134,16 +136,18 @@ func (p *Processor) handleBatch(ctx, work context.Context, lr *liveReceiver, msg
 		params.Claims[i] = p.claimParams(d)
 	}
 	sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
+	endClaims := p.startClaims(batch)
 	results, err := p.opts.Store.ClaimBatch(sctx, params)
 	cancel()
 	if err == nil && len(results) != len(batch) {
 		err = fmt.Errorf("store returned %d results for %d claims", len(results), len(batch))
 	}
+	endClaims(results, err)
 	switch {
 	case err == nil:
 		for i, d := range batch {
 			res := results[i]
-			run(d, func() verdict { return p.afterClaim(ctx, work, d, res) })
+			run(d, func() verdict { return p.afterClaim(ctx, d.traced(work), d, res) })
 		}
 	case claim.StoreWide(err) || len(batch) == 1:
 		p.storeErr(err)
@@ -161,7 +165,7 @@ func (p *Processor) handleBatch(ctx, work context.Context, lr *liveReceiver, msg
 		// claimed goes back to the broker.
 		p.log.Warn("batch claim failed; claiming one by one", "error", err, "messages", len(batch))
 		for _, d := range batch {
-			run(d, func() verdict { return p.claimOne(ctx, work, d) })
+			run(d, func() verdict { return p.claimOne(ctx, d.traced(work), d) })
 		}
 	}
 }
@@ -169,8 +173,10 @@ func (p *Processor) handleBatch(ctx, work context.Context, lr *liveReceiver, msg
 // claimOne claims a single message (the fallback of a refused batch).
 func (p *Processor) claimOne(ctx, work context.Context, d *delivery) verdict {
 	sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
+	endClaim := p.startClaims([]*delivery{d})
 	results, err := p.opts.Store.ClaimBatch(sctx, &claim.ClaimBatchParams{Host: p.opts.Host, Claims: []claim.ClaimParams{p.claimParams(d)}})
 	cancel()
+	endClaim(results, err)
 	if err == nil && len(results) != 1 {
 		err = fmt.Errorf("store returned %d results for 1 claim", len(results))
 	}
@@ -449,6 +455,7 @@ func (p *Processor) takeOver(work context.Context, d *delivery, c *claim.Claim) 
 	if c.State == claim.StateClaimed {
 		reason = fmt.Sprintf("holder %s silent for %s", c.ClaimedBy, p.opts.TakeoverAfter)
 	}
+	work, endSpan := p.startTakeOver(work, d, c)
 	sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
 	defer cancel()
 	taken, err := p.opts.Store.TakeOver(sctx, &claim.TakeOverParams{
@@ -457,6 +464,7 @@ func (p *Processor) takeOver(work context.Context, d *delivery, c *claim.Claim) 
 		By: p.opts.Host, Reason: reason, DeliveryCount: int(d.msg.DeliveryCount),
 		Route: d.handler.Name, Fingerprint: d.handler.Fingerprint,
 	})
+	endSpan(taken, err)
 	if err == nil {
 		p.metrics.TakeOvers.WithLabelValues(string(claim.PathRedelivery)).Inc()
 		d.log.Info("took the claim over", "from", c.ClaimedBy, "claim_state", string(c.State), "why", reason)
@@ -856,24 +864,28 @@ func crashed(hook func(context.Context, *azservicebus.ReceivedMessage) error, ct
 // for a while (held.Write): the effect already happened, and recording it
 // now saves a take-over and a repeat.
 func (p *Processor) markProcessed(work context.Context, c *claim.Claim, answer *claim.Answer) error {
+	work, endSpan := p.startOutcome(work, c, "processed")
 	err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
 		return p.opts.Store.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: c.ID, Owner: c.Owner, Answer: answer})
 	})
 	if errors.Is(err, claim.ErrStateChanged) && p.ownState(work, c, claim.StateProcessed) {
-		return nil // an earlier try committed but its answer was lost
+		err = nil // an earlier try committed but its answer was lost
 	}
+	endSpan(err)
 	return err
 }
 
 // release marks the claim released: the effect was definitely not
 // performed, and the next delivery may take the claim over.
 func (p *Processor) release(work context.Context, c *claim.Claim, cause error, answer *claim.Answer) error {
+	work, endSpan := p.startOutcome(work, c, "released")
 	err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
 		return p.opts.Store.Release(ctx, &claim.ReleaseParams{ID: c.ID, Owner: c.Owner, Error: claim.ErrorText(cause), Answer: answer})
 	})
 	if errors.Is(err, claim.ErrStateChanged) && p.ownState(work, c, claim.StateReleased) {
-		return nil // an earlier try committed but its answer was lost
+		err = nil // an earlier try committed but its answer was lost
 	}
+	endSpan(err)
 	return err
 }
 
@@ -881,12 +893,14 @@ func (p *Processor) release(work context.Context, c *claim.Claim, cause error, a
 // outage for a while like markProcessed: the answer is final, and
 // recording it now saves a take-over and a repeat.
 func (p *Processor) fail(work context.Context, c *claim.Claim, params *claim.FailParams) error {
+	work, endSpan := p.startOutcome(work, c, "failed")
 	err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
 		return p.opts.Store.Fail(ctx, params)
 	})
 	if errors.Is(err, claim.ErrStateChanged) && p.ownState(work, c, claim.StateFailed) {
-		return nil // an earlier try committed but its answer was lost
+		err = nil // an earlier try committed but its answer was lost
 	}
+	endSpan(err)
 	return err
 }
 
@@ -976,17 +990,19 @@ func (p *Processor) settle(d *delivery, v verdict) {
 	defer cancel()
 	var err error
 	what := ""
+	endSettle := p.startSettle(d, v)
 	switch v.settle {
 	case settleComplete:
 		what, err = "complete", d.lr.r.CompleteMessage(ctx, d.msg, nil)
 	case settleAbandon:
-		what, err = "abandon", d.lr.r.AbandonMessage(ctx, d.msg, nil)
+		what, err = "abandon", d.lr.r.AbandonMessage(ctx, d.msg, d.abandonOptions())
 	case settleDeadLetter:
 		p.metrics.DeadLetters.WithLabelValues(v.reason).Inc()
 		desc := deadLetterText(v.description)
 		what, err = "dead-letter", d.lr.r.DeadLetterMessage(ctx, d.msg, &azservicebus.DeadLetterOptions{
 			Reason: &v.reason, ErrorDescription: &desc})
 	}
+	endSettle(err)
 	switch {
 	case err == nil:
 	case isLockLost(err):
@@ -1006,7 +1022,8 @@ func (p *Processor) settle(d *delivery, v verdict) {
 	if d.claimID == 0 {
 		args = append(args, "claim_id", nil)
 	}
-	d.log.Log(context.Background(), level, "message finished", args...)
+	d.log.Log(d.traced(context.Background()), level, "message finished", args...)
+	p.endProcess(d, v)
 	d.lr.pending.Done()
 	p.inflight.Done()
 }

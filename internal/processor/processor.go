@@ -14,10 +14,13 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/cenkalti/backoff/v5"
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/groupcommit"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/tracing"
 )
 
 // Options configure a Processor. Store, Router, NewReceiver and Consumer are
@@ -117,6 +120,10 @@ type Options struct {
 
 	Logger  *slog.Logger
 	Metrics *Metrics
+	// TracerProvider makes the processor's spans and MeterProvider its
+	// semantic-convention metrics; nil: the global ones (otel).
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
 
 	// Hooks are seams for fault injection (the chaos harness). nil hooks
 	// are skipped.
@@ -158,6 +165,7 @@ type Processor struct {
 	opts    Options
 	log     *slog.Logger
 	metrics *Metrics
+	tr      *procTracing
 
 	receiverOpen atomic.Bool  // a receiver is open
 	brokerOK     atomic.Bool  // the broker answered recently (a receive or a probe)
@@ -258,8 +266,9 @@ func New(opts Options) (*Processor, error) {
 	}
 	return &Processor{
 		opts:    opts,
-		log:     opts.Logger.With("consumer", opts.Consumer),
+		log:     tracing.Logger(opts.Logger).With("consumer", opts.Consumer),
 		metrics: opts.Metrics,
+		tr:      newProcTracing(opts),
 	}, nil
 }
 

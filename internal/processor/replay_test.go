@@ -46,16 +46,17 @@ routes:
 		}
 		// The key's first request failed inside the API, which stored the
 		// 500 under the key (an earlier attempt whose answer was lost).
-		fake.SetKeyReply("pay-1", fakedownstream.ReplyCachedFailure)
+		const key = "billing/pay-1" // the claim's key: scoped to the consumer
+		fake.SetKeyReply(key, fakedownstream.ReplyCachedFailure)
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", strings.NewReader(`{"amount":1000}`))
-		req.Header.Set("Idempotency-Key", "pay-1")
+		req.Header.Set("Idempotency-Key", key)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusInternalServerError || fake.CachedFailures("pay-1") != 1 {
-			t.Fatalf("seeding the stored failure: %d, %d stored", resp.StatusCode, fake.CachedFailures("pay-1"))
+		if resp.StatusCode != http.StatusInternalServerError || fake.CachedFailures(key) != 1 {
+			t.Fatalf("seeding the stored failure: %d, %d stored", resp.StatusCode, fake.CachedFailures(key))
 		}
 
 		opts := b.options()
@@ -65,7 +66,7 @@ routes:
 		b.send("pay-1", "payment", `{"amount":1000}`, nil)
 		b.waitIdle()
 
-		if got := fake.Requests("pay-1") - 1; got != 1 {
+		if got := fake.Requests(key) - 1; got != 1 {
 			t.Errorf("the delivery sent %d requests, want 1 (the replay is final for the key)", got)
 		}
 		c := b.claimOf("pay-1")
@@ -82,7 +83,7 @@ routes:
 		// A later copy completes against the flagged claim.
 		b.send("pay-1", "payment", `{"amount":1000}`, nil)
 		b.waitIdle()
-		if got := fake.Requests("pay-1") - 1; got != 1 {
+		if got := fake.Requests(key) - 1; got != 1 {
 			t.Errorf("after a second copy: %d requests, want still 1", got)
 		}
 		b.eventually("one flagged and one duplicate outcome", func() bool {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/held"
@@ -21,6 +22,8 @@ type HandOffParams struct {
 	Note string // why (required)
 	// StoreTimeout bounds each store call; default DefaultQueryTimeout.
 	StoreTimeout time.Duration
+	// TracerProvider makes the hand-off's span; nil: the global one.
+	TracerProvider trace.TracerProvider
 }
 
 // HandOff is the operator's redrive of a claim whose effect is code the
@@ -39,12 +42,14 @@ type HandOffParams struct {
 //
 // It refuses, changing nothing (a *RefusedError), a claim that is not
 // flagged or has no stored payload (the recovery pass needs it).
-func HandOff(ctx context.Context, store claim.Store, p *HandOffParams) (*claim.Claim, error) {
+func HandOff(ctx context.Context, store claim.Store, p *HandOffParams) (c *claim.Claim, err error) {
+	ctx, endSpan := startAction(ctx, p.TracerProvider, "handoff", p.ID)
+	defer func() { endSpan(c, err) }()
 	timeout := cmp.Or(p.StoreTimeout, DefaultQueryTimeout)
 	if p.By == "" || strings.TrimSpace(p.Note) == "" {
 		return nil, fmt.Errorf("hand off claim %d: who (By) and why (Note) are required", p.ID)
 	}
-	c, err := get(ctx, store, timeout, p.ID)
+	c, err = get(ctx, store, timeout, p.ID)
 	if err != nil {
 		return nil, fmt.Errorf("hand off claim %d: %w", p.ID, err)
 	}

@@ -9,8 +9,11 @@ import (
 	"os"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/tracing"
 )
 
 // LockName is the database lock a tick holds, so that one reconciler
@@ -84,6 +87,8 @@ type Config struct {
 	// ShutdownTimeout bounds how long Run waits for a running tick once
 	// its context ends; then the tick's context is cancelled.
 	ShutdownTimeout time.Duration
+	// TracerProvider makes the ticks' spans; nil: the global one.
+	TracerProvider trace.TracerProvider
 }
 
 func (c Config) withDefaults() Config {
@@ -179,7 +184,7 @@ func New(store claim.Store, cfg Config, logger *slog.Logger, metrics *Metrics) (
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Reconciler{store: store, cfg: cfg.withDefaults(), logger: logger, metrics: metrics}, nil
+	return &Reconciler{store: store, cfg: cfg.withDefaults(), logger: tracing.Logger(logger), metrics: metrics}, nil
 }
 
 // Config returns the configuration in effect (defaults filled in).
@@ -220,6 +225,8 @@ type TickResult struct {
 func (r *Reconciler) RunOnce(ctx context.Context) (res *TickResult, err error) {
 	start := time.Now()
 	res = &TickResult{}
+	ctx, endSpan := r.startTick(ctx)
+	defer func() { endSpan(res, err) }()
 	defer func() {
 		res.Duration = time.Since(start)
 		if r.metrics != nil {
@@ -258,13 +265,13 @@ func (r *Reconciler) RunOnce(ctx context.Context) (res *TickResult, err error) {
 
 	var flagErr error
 	if r.cfg.Recovering() {
-		flagErr = r.recoverPass(ctx, res)
+		flagErr = r.pass(ctx, "recover", func(ctx context.Context) error { return r.recoverPass(ctx, res) })
 	} else {
-		flagErr = r.flagPass(ctx, res)
+		flagErr = r.pass(ctx, "flag", func(ctx context.Context) error { return r.flagPass(ctx, res) })
 	}
 	var purgeErr error
 	if ctx.Err() == nil {
-		purgeErr = r.purgePass(ctx, res)
+		purgeErr = r.pass(ctx, "purge", func(ctx context.Context) error { return r.purgePass(ctx, res) })
 	}
 	r.readStats(ctx, res)
 

@@ -67,7 +67,7 @@ func (r *Reconciler) recoverPass(ctx context.Context, res *TickResult) error {
 			sem <- struct{}{}
 			go func() {
 				defer func() { <-sem; wg.Done() }()
-				outcome, flagged := r.recoverOne(ctx, c)
+				outcome, flagged := r.recoverTraced(ctx, c)
 				mu.Lock()
 				defer mu.Unlock()
 				switch outcome {
@@ -103,7 +103,7 @@ const (
 // recoverOne decides what to do with one stale claim and does it, every
 // step guarded on the claim being as the scan saw it.
 func (r *Reconciler) recoverOne(ctx context.Context, c *claim.Claim) (recoveryOutcome, *claim.Claim) {
-	log := r.logger.With("claim_id", c.ID, "message_id", c.MessageID, "consumer", c.Consumer)
+	log := spanLogger(ctx, r.logger).With("claim_id", c.ID, "message_id", c.MessageID, "consumer", c.Consumer)
 	flag := func(reason string) (recoveryOutcome, *claim.Claim) {
 		return r.flagStale(ctx, c, reason)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/held"
@@ -134,6 +135,8 @@ type RedriveParams struct {
 	StoreTimeout time.Duration
 	Logger       *slog.Logger // may be nil
 	Metrics      *Metrics     // may be nil
+	// TracerProvider makes the redrive's spans; nil: the global one.
+	TracerProvider trace.TracerProvider
 }
 
 // Redrive re-runs the effect of a flagged claim with the same idempotency
@@ -156,7 +159,9 @@ type RedriveParams struct {
 // claim; when it fails otherwise it flags the claim again; either way an
 // *EffectError. When the effect succeeded but the resolution could not be
 // written, a *RecordError.
-func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (*claim.Claim, error) {
+func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (c *claim.Claim, err error) {
+	ctx, endSpan := startAction(ctx, p.TracerProvider, "redrive", p.ID)
+	defer func() { endSpan(c, err) }()
 	logger := cmp.Or(p.Logger, slog.New(slog.DiscardHandler))
 	timeout := cmp.Or(p.StoreTimeout, DefaultQueryTimeout)
 	if len(p.Routes) == 0 {
@@ -168,7 +173,7 @@ func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (*claim.C
 	if p.NewKey && strings.TrimSpace(p.Note) == "" {
 		return nil, errors.New("redrive: a new key needs a Note: what was checked on the downstream, for whoever reads this claim next")
 	}
-	c, err := get(ctx, store, timeout, p.ID)
+	c, err = get(ctx, store, timeout, p.ID)
 	if err != nil {
 		return nil, fmt.Errorf("redrive claim %d: %w", p.ID, err)
 	}
@@ -220,7 +225,7 @@ func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (*claim.C
 		}
 	}
 
-	log := logger.With("claim_id", c.ID, "message_id", c.MessageID, "consumer", c.Consumer, "route", h.Name, "by", p.By)
+	log := spanLogger(ctx, logger).With("claim_id", c.ID, "message_id", c.MessageID, "consumer", c.Consumer, "route", h.Name, "by", p.By)
 	holder := "operator:" + p.By
 	reason := "redrive by " + p.By + ": " + cmp.Or(p.Note, "redriven")
 	if p.NewKey {

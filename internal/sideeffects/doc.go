@@ -83,7 +83,10 @@
 // (every retry would replay it), so the effect is finished — partially —
 // and the error names the steps that were performed.
 //
-// Application properties traceparent, tracestate and Diagnostic-Id are
+// Every request goes through an otelhttp transport (tracing.HTTPTransport):
+// when the attempt's context carries a span, the request gets a client span
+// (method, host and status only) and carries its traceparent; otherwise
+// the application properties traceparent, tracestate and Diagnostic-Id are
 // forwarded as headers when the message carries them. Redirects are never
 // followed. Each route has a timeout per request (default 10s).
 //

@@ -299,6 +299,9 @@ func (r *httpRoute) attempt(ctx context.Context, msg *azservicebus.ReceivedMessa
 	req.Header.Set("Content-Type", contentType)
 	req.Header.Set("Idempotency-Key", key)
 	for _, p := range forwardedProperties {
+		if traced(ctx) {
+			break // the transport sends the attempt's own traceparent
+		}
 		if v, ok := msg.ApplicationProperties[p]; ok {
 			if s := propertyText(v); s != "" && validHeaderValue(s) {
 				req.Header.Set(p, s)

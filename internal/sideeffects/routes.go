@@ -24,6 +24,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/redact"
+	"github.com/sbclaim/sbclaim/internal/tracing"
 )
 
 // RoutesSchema is the JSON Schema a routes file is validated against at
@@ -447,6 +448,7 @@ func buildRouter(file *routesFile, getenv func(string) string, client *http.Clie
 	}
 	c := *client // never follow redirects: a 3xx is classified, not chased
 	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	c.Transport = tracing.HTTPTransport(c.Transport) // a span per request; the downstream gets its traceparent
 
 	router := &HTTPRouter{logger: logger}
 	var errs []error

@@ -88,7 +88,10 @@ type BenchParams struct {
 	// downstream keeps no state, so that nothing but the processor grows
 	// with the messages that went through.
 	Stream bool
-	Logger *slog.Logger
+	// Tracing (two-phase only) runs the processor with tracing on: the
+	// OpenTelemetry SDK, always-on sampler, batching into memory.
+	Tracing bool
+	Logger  *slog.Logger
 }
 
 // BenchResult is what one cell measured.
@@ -100,6 +103,18 @@ type BenchResult struct {
 	// PeakHeapInuse and PeakSys are the largest runtime.MemStats values
 	// sampled during the cell; TotalAlloc is the bytes allocated during it.
 	PeakHeapInuse, PeakSys, TotalAlloc uint64
+	// Spans is how many spans a Tracing cell recorded.
+	Spans int
+	// CPU is the process's CPU time (user + system) during the cell: the
+	// processor, the broker, the database and the downstream together.
+	// Unlike the wall time, a shared machine's other work does not
+	// inflate it.
+	CPU time.Duration
+}
+
+// CPUPerMessage is the cell's CPU time per message.
+func (r *BenchResult) CPUPerMessage() time.Duration {
+	return r.CPU / time.Duration(max(r.Done, 1))
 }
 
 // PerSecond is the cell's throughput in messages per second.
@@ -164,6 +179,7 @@ type memSampler struct {
 	stop              chan struct{}
 	done              chan struct{}
 	startAlloc        uint64
+	startCPU          time.Duration
 	peakHeap, peakSys uint64
 	endAlloc          uint64
 }
@@ -172,7 +188,7 @@ func startMemSampler() *memSampler {
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	s := &memSampler{stop: make(chan struct{}), done: make(chan struct{}), startAlloc: ms.TotalAlloc, peakHeap: ms.HeapInuse, peakSys: ms.Sys}
+	s := &memSampler{stop: make(chan struct{}), done: make(chan struct{}), startAlloc: ms.TotalAlloc, startCPU: cpuTime(), peakHeap: ms.HeapInuse, peakSys: ms.Sys}
 	go func() {
 		defer close(s.done)
 		t := time.NewTicker(25 * time.Millisecond)
@@ -195,6 +211,7 @@ func startMemSampler() *memSampler {
 func (s *memSampler) finish(r *BenchResult) {
 	close(s.stop)
 	<-s.done
+	r.CPU = cpuTime() - s.startCPU
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	r.PeakHeapInuse, r.PeakSys = max(s.peakHeap, ms.HeapInuse), max(s.peakSys, ms.Sys)
@@ -271,7 +288,9 @@ func benchTwoPhase(ctx context.Context, p BenchParams, env *benchEnv, run string
 		}
 	}
 	var trips atomic.Int64
+	tk := newTracingKit(p.Tracing)
 	proc, err := processor.New(processor.Options{
+		TracerProvider:     tk.provider(),
 		Consumer:           "bench-" + run,
 		Entity:             "bench",
 		Store:              CountingStore(p.DB.Store, &trips),
@@ -319,6 +338,7 @@ func benchTwoPhase(ctx context.Context, p BenchParams, env *benchEnv, run string
 	stop()
 	<-done
 	mem.finish(res)
+	res.Spans = len(tk.finish(ctx))
 	res.RoundTrips = trips.Load()
 	if st := q.Stats(); st.DeadLettered > 0 {
 		return fmt.Errorf("%d messages dead-lettered: %v", st.DeadLettered, st.DeadLetterReasons)

@@ -33,8 +33,11 @@ type BenchConfig struct {
 	ScaleMessages []int
 	// CellDuration bounds each cell [4s].
 	CellDuration time.Duration
-	Logger       *slog.Logger
-	Progress     io.Writer // one line per cell; nil: none
+	// Tracing also runs the processor (a) with tracing on and off in each
+	// cell and reports the ratio (tracing.go).
+	Tracing  bool
+	Logger   *slog.Logger
+	Progress io.Writer // one line per cell; nil: none
 }
 
 // cellMessages sizes a cell so that it runs about a second or more when
@@ -91,6 +94,7 @@ func RunBenchmarks(ctx context.Context, cfg BenchConfig, w io.Writer) error {
 		res     []ScanResult
 	}
 	var scans []scanRow
+	var traced []tracingRow
 	for _, url := range dbs {
 		db, err := OpenDatabase(ctx, url)
 		if err != nil {
@@ -121,6 +125,17 @@ func RunBenchmarks(ctx context.Context, cfg BenchConfig, w io.Writer) error {
 					r.res[v] = res
 				}
 				rows = append(rows, r)
+				if cfg.Tracing {
+					cost, err := benchTracing(ctx, BenchParams{DB: db, Concurrency: conc, Latency: lat,
+						Messages: cellMessages(VariantTwoPhase, conc, lat), MaxDuration: cfg.CellDuration, Logger: cfg.Logger})
+					if err != nil {
+						db.Close()
+						return fmt.Errorf("%s conc %d latency %s: %w", db.Dialect, conc, lat, err)
+					}
+					fmt.Fprintf(progress, "bench %-8s latency %-4s conc %-3d tracing: off %.0f msg/s, on %.0f msg/s, on/off %.2f\n",
+						db.Dialect, lat, conc, cost.Off.PerSecond(), cost.On.PerSecond(), cost.Ratio())
+					traced = append(traced, tracingRow{dialect: string(db.Dialect), latency: lat, conc: conc, cost: cost})
+				}
 			}
 		}
 		db.Close()
@@ -190,6 +205,8 @@ func RunBenchmarks(ctx context.Context, cfg BenchConfig, w io.Writer) error {
 		}
 	}
 
+	writeTracingCost(w, traced)
+
 	fmt.Fprintf(w, "\n### Reconciler stale scan (FlagStale, nothing stale, %d fresh unfinished claims)\n\n", scanUnfinished)
 	fmt.Fprintf(w, "| db | rows | build (bulk insert) | scan vs smallest |\n|---|---|---|---|\n")
 	for _, s := range scans {
@@ -218,6 +235,11 @@ func RunBenchmarks(ctx context.Context, cfg BenchConfig, w io.Writer) error {
 			fmt.Fprintf(w, "- %s, 20 ms, conc 64: (a) = %.2f x (e), target >= 0.8: %s\n", r.dialect, ae, hit(ae >= 0.8))
 			ad := a.PerSecond() / d.PerSecond()
 			fmt.Fprintf(w, "- %s, 20 ms, conc 64, pool %d: (a) = %.2f x (d), target >= 3: %s\n", r.dialect, TxPoolSize, ad, hit(ad >= 3))
+		}
+	}
+	for _, t := range traced {
+		if t.latency == 20*time.Millisecond && t.conc == 64 {
+			fmt.Fprintf(w, "- %s, 20 ms, conc 64: (a) with tracing on (always-on sampler) = %.2f x tracing off, target >= 0.9: %s\n", t.dialect, t.cost.Ratio(), hit(t.cost.Ratio() >= 0.9))
 		}
 	}
 	if len(scale) >= 2 {

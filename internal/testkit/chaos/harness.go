@@ -91,6 +91,9 @@ type Config struct {
 	DrainTimeout   time.Duration // bound on draining the queue [90s]
 
 	Logger *slog.Logger // nil: discard
+	// Tracing records every replica's and the reconciler's spans
+	// (always-on sampler, in memory) and checks them (tracing.go).
+	Tracing bool
 
 	// wrapStore, when set, wraps each replica's store (tests use it to
 	// break deduplication and check that the harness notices).
@@ -154,6 +157,7 @@ func (c Config) Validate() error {
 // harness is one run's state.
 type harness struct {
 	cfg     Config
+	tk      *tracingKit // nil: tracing off
 	log     *slog.Logger
 	rng     *rand.Rand
 	db      *Database
@@ -248,6 +252,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		timedOut:    map[string]bool{},
 		firstSend:   map[string]time.Time{}, firstDelivery: map[string]time.Time{}, effectAt: map[string]time.Time{},
 		recMetrics: reconciler.NewMetrics(prometheus.NewRegistry()),
+		tk:         newTracingKit(cfg.Tracing),
 	}
 	db, err := OpenDatabase(ctx, cfg.DatabaseURL)
 	if err != nil {
@@ -325,6 +330,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	h.reconcile(ctx, rec, rep)
 	rep.ReconcileTime = time.Since(recStart)
 	h.verify(ctx, rep)
+	h.tk.report(ctx, rep)
 	rep.Duration = time.Since(start)
 	return rep, nil
 }
@@ -665,6 +671,7 @@ func (h *harness) startReplica() {
 		Host:               r.host,
 		Logger:             log,
 		Registerer:         prometheus.WrapRegistererWith(prometheus.Labels{"replica": r.host}, h.metrics),
+		TracerProvider:     h.tk.provider(),
 	})
 	if err != nil {
 		panic("chaos: processor: " + err.Error())
@@ -830,6 +837,7 @@ func (h *harness) newReconciler() (*reconciler.Reconciler, error) {
 	}
 	st := &traceStore{Store: &gateStore{inner: h.db.Store, gate: h.out.gate}, host: reconcilerHost, hist: h.hist, led: h.led}
 	return reconciler.New(st, reconciler.Config{
+		TracerProvider:      h.tk.provider(),
 		StaleAfter:          h.cfg.StaleAfter,
 		HeartbeatInterval:   h.cfg.HeartbeatInterval,
 		Retention:           30 * 24 * time.Hour,

@@ -27,6 +27,8 @@ type Report struct {
 
 	Sent, Distinct, Poison, Conflicts int
 	Replicas, ReplicasStarted, Kills  int
+	// Tracing summarises the spans of a run with Config.Tracing.
+	Tracing *TracingSummary
 
 	// EffectsPerKey maps an effect count to how many routed keys had it
 	// (all keys must be at 1).
@@ -209,6 +211,7 @@ func (r *Report) Write(w io.Writer) {
 	fmt.Fprintf(w, "effects performed by a delivery: %d keys; by the reconciler's recovery: %d keys; only by an operator's redrive: %d keys\n",
 		r.EffectsByProcessor, r.EffectsByReconciler, r.EffectsByRedrive)
 	fmt.Fprintln(w, r.RecoveryLine())
+	r.Tracing.write(w)
 
 	q := r.Queue
 	fmt.Fprintf(w, "queue: sent %d, completed %d, dead-lettered %d %s, still in queue %d; deliveries %d (redeliveries %d), lock expiries %d, lock losses %d\n",

@@ -1,0 +1,168 @@
+package tracing
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+)
+
+var (
+	producerTrace = "0af7651916cd43dd8448eb211c80319c"
+	producerSpan  = "b7ad6b7169203331"
+	producer      = "00-" + producerTrace + "-" + producerSpan + "-01"
+)
+
+func TestProducerContext(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		props map[string]any
+		want  string // trace id, "" for none
+	}{
+		{"traceparent", map[string]any{"traceparent": producer}, producerTrace},
+		{"Diagnostic-Id fallback", map[string]any{"Diagnostic-Id": producer}, producerTrace},
+		{"traceparent wins", map[string]any{"traceparent": producer, "Diagnostic-Id": "00-11111111111111111111111111111111-2222222222222222-01"}, producerTrace},
+		{"bytes", map[string]any{"traceparent": []byte(producer)}, producerTrace},
+		{"garbage", map[string]any{"traceparent": "not a traceparent"}, ""},
+		{"none", nil, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sc := ProducerContext(&azservicebus.ReceivedMessage{ApplicationProperties: tc.props})
+			got := ""
+			if sc.IsValid() {
+				got = sc.TraceID().String()
+				if sc.SpanID().String() != producerSpan || !sc.IsRemote() {
+					t.Errorf("span %s remote %t, want %s remote", sc.SpanID(), sc.IsRemote(), producerSpan)
+				}
+			}
+			if got != tc.want {
+				t.Errorf("trace %q, want %q", got, tc.want)
+			}
+		})
+	}
+	if sc := PreviousAttempt(&azservicebus.ReceivedMessage{ApplicationProperties: map[string]any{PreviousAttemptProperty: producer}}); sc.TraceID().String() != producerTrace {
+		t.Errorf("PreviousAttempt = %v", sc)
+	}
+	if got := Traceparent(ProducerContext(&azservicebus.ReceivedMessage{ApplicationProperties: map[string]any{"traceparent": producer}})); got != producer {
+		t.Errorf("Traceparent round trip = %q, want %q", got, producer)
+	}
+}
+
+func TestLogHandlerAddsTraceIDs(t *testing.T) {
+	var buf bytes.Buffer
+	log := Logger(slog.New(slog.NewJSONHandler(&buf, nil))).With("consumer", "billing")
+	if Logger(log) != log {
+		t.Error("Logger wrapped a wrapped logger again")
+	}
+	tp := sdktrace.NewTracerProvider()
+	ctx, span := tp.Tracer("t").Start(context.Background(), "s")
+	defer span.End()
+	bound := WithSpan(log, span.SpanContext())
+	_, child := tp.Tracer("t").Start(ctx, "child")
+	defer child.End()
+
+	log.InfoContext(ctx, "in span")
+	log.Info("no span")
+	bound.Info("bound")
+	bound.InfoContext(trace.ContextWithSpan(context.Background(), child), "child wins")
+
+	var lines []map[string]any
+	for l := range strings.Lines(buf.String()) {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatal(err)
+		}
+		lines = append(lines, m)
+	}
+	sc, cc := span.SpanContext(), child.SpanContext()
+	want := []struct{ trace, span any }{
+		{sc.TraceID().String(), sc.SpanID().String()},
+		{nil, nil},
+		{sc.TraceID().String(), sc.SpanID().String()},
+		{cc.TraceID().String(), cc.SpanID().String()},
+	}
+	for i, w := range want {
+		if lines[i]["trace_id"] != w.trace || lines[i]["span_id"] != w.span || lines[i]["consumer"] != "billing" {
+			t.Errorf("line %d (%s): trace_id %v span_id %v consumer %v, want %v %v billing", i, lines[i]["msg"], lines[i]["trace_id"], lines[i]["span_id"], lines[i]["consumer"], w.trace, w.span)
+		}
+	}
+}
+
+// TestHTTPTransportScrubs: the client span keeps the method, host, port,
+// scheme and status, never the path, query, headers or an error text;
+// the request carries the client span's traceparent.
+func TestHTTPTransportScrubs(t *testing.T) {
+	var got string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = r.Header.Get("traceparent")
+		w.WriteHeader(http.StatusTeapot)
+	}))
+	defer srv.Close()
+	sr := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
+	ctx, parent := tp.Tracer("t").Start(context.Background(), "attempt")
+	client := &http.Client{Transport: HTTPTransport(nil)}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/hook/s3cret?code=k3y", strings.NewReader("{}"))
+	req.Header.Set("Authorization", "Bearer tok")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	// A failing request: its error quotes the URL.
+	req, _ = http.NewRequestWithContext(ctx, http.MethodPost, "http://127.0.0.1:1/hook/s3cret?code=k3y", nil)
+	if _, err := client.Do(req); err == nil {
+		t.Fatal("request to port 1 succeeded")
+	}
+	parent.End()
+
+	var spans []sdktrace.ReadOnlySpan
+	for _, s := range sr.Ended() {
+		if s.Name() == "POST" {
+			spans = append(spans, s)
+		}
+	}
+	if len(spans) != 2 {
+		t.Fatalf("%d POST spans, want 2", len(spans))
+	}
+	ok := spans[0]
+	if ok.Parent().SpanID() != parent.SpanContext().SpanID() || ok.SpanKind() != trace.SpanKindClient {
+		t.Errorf("HTTP span parent %s kind %s, want the attempt, client", ok.Parent().SpanID(), ok.SpanKind())
+	}
+	if !strings.Contains(got, ok.SpanContext().SpanID().String()) {
+		t.Errorf("downstream got traceparent %q, want the HTTP span %s", got, ok.SpanContext().SpanID())
+	}
+	keys := map[attribute.Key]bool{}
+	for _, s := range spans {
+		for _, kv := range s.Attributes() {
+			keys[kv.Key] = true
+			if v := kv.Value.Emit(); strings.Contains(v, "s3cret") || strings.Contains(v, "k3y") || strings.Contains(v, "tok") {
+				t.Errorf("attribute %s = %q leaks the URL or a header", kv.Key, v)
+			}
+		}
+		if d := s.Status().Description; strings.Contains(d, "s3cret") {
+			t.Errorf("status %q leaks the URL", d)
+		}
+		for _, e := range s.Events() {
+			t.Errorf("event %q recorded (an error text may quote the URL)", e.Name)
+		}
+	}
+	for _, k := range []attribute.Key{"http.request.method", "http.response.status_code", "server.address", "server.port"} {
+		if !keys[k] {
+			t.Errorf("no %s on the HTTP spans", k)
+		}
+	}
+	if keys["url.full"] || keys["url.path"] || keys["url.query"] {
+		t.Error("url.full, url.path or url.query kept")
+	}
+}
