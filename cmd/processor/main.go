@@ -77,7 +77,7 @@ func serve(ctx context.Context, cfg *Config, logger *slog.Logger, getenv func(st
 		return fmt.Errorf("OpenTelemetry (OTEL_*): %w", err)
 	}
 	defer flush()
-	logger.Info("OpenTelemetry", "export", tel.String())
+	logger.Info("OpenTelemetry", "export", tel)
 	routes, err := sbclaim.LoadRoutesFile(cfg.Routes, &sbclaim.RoutesFileOptions{Getenv: getenv, Logger: logger})
 	if err != nil {
 		return fmt.Errorf("SBCLAIM_ROUTES: %w", err)
