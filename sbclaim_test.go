@@ -291,15 +291,66 @@ func TestHandOffRedrivesUserCodeWithTheSameKey(t *testing.T) {
 
 	// The console has no handler: it hands the claim off. A second
 	// operator acting at once is refused.
-	handed, err := st.HandOff(ctx, cl.ID, "alice", "checked the PSP: no refund")
-	if err != nil || handed.State != sbclaim.StateReleased {
-		t.Fatalf("HandOff: %+v, %v; want released", handed, err)
+	// Two operators hand it off at once: one wins, the other is refused
+	// (the take-over is guarded on the claim still being flagged).
+	type res struct {
+		c   *sbclaim.Claim
+		err error
 	}
-	if _, err := st.HandOff(ctx, cl.ID, "bob", "me too"); !errors.Is(err, sbclaim.ErrNotFlagged) {
-		t.Errorf("second HandOff: %v, want ErrNotFlagged", err)
+	results := make(chan res, 2)
+	for _, who := range []string{"alice", "bob"} {
+		go func() {
+			c, err := st.HandOff(ctx, cl.ID, who, "checked the PSP: no refund")
+			results <- res{c, err}
+		}()
+	}
+	var handed *sbclaim.Claim
+	refused := 0
+	for range 2 {
+		r := <-results
+		switch {
+		case r.err == nil && r.c.State == sbclaim.StateReleased:
+			handed = r.c
+		case errors.Is(r.err, sbclaim.ErrNotFlagged) || errors.Is(r.err, sbclaim.ErrStateChanged):
+			refused++
+		default:
+			t.Fatalf("HandOff: %+v, %v", r.c, r.err)
+		}
+	}
+	if handed == nil || refused != 1 {
+		t.Fatalf("concurrent hand-offs: one released (%v), %d refused; want one each", handed != nil, refused)
+	}
+	h, err := st.History(ctx, cl.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var audit []string
+	for _, e := range h {
+		if strings.HasPrefix(e.By, "operator:") {
+			audit = append(audit, e.What+" by "+e.By+": "+e.Reason)
+		}
+	}
+	if len(audit) != 2 || !strings.HasPrefix(audit[0], "redriven") || !strings.HasPrefix(audit[1], "released") ||
+		!strings.Contains(audit[0], "checked the PSP") {
+		t.Errorf("the hand-off's history %q: want the operator's take-over and release, with the note", audit)
 	}
 	if _, err := st.Resolve(ctx, cl.ID, sbclaim.ResolutionDiscarded, "bob", "too late"); !errors.Is(err, sbclaim.ErrStateChanged) {
 		t.Errorf("Resolve after the hand-off: %v, want ErrStateChanged", err)
+	}
+
+	// A reconciler that does not run the route (a deployment's standalone
+	// one) leaves the handed-off claim to the one that does.
+	standalone, err := sbclaim.NewReconciler(sbclaim.ReconcilerConfig{Store: st, Routers: map[string]*sbclaim.Router{"billing": router},
+		HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond) // released for longer than StaleAfter
+	if res, err := standalone.RunOnce(ctx); err != nil || res.Flagged != 0 || res.Recovered != 0 {
+		t.Fatalf("a reconciler without the route: %+v, %v; want the handed-off claim left alone", res, err)
+	}
+	if cl, _ := st.Claim(ctx, handed.ID); cl.State != sbclaim.StateReleased {
+		t.Fatalf("after a reconciler without the route: %s, want still released", cl.State)
 	}
 
 	tick(func(r sbclaim.TickResult) bool { return r.Recovered == 1 })

@@ -108,7 +108,15 @@ func (r *Reconciler) recoverOne(ctx context.Context, c *claim.Claim) (recoveryOu
 		return r.flagStale(ctx, c, reason)
 	}
 	router := r.cfg.Routes.For(c.Consumer)
+	// An operator's hand-off (HandOff) released the claim for the
+	// reconciler that runs its route, in the user's binary. One without
+	// the route leaves it to that one for HandOffGrace, then flags it
+	// saying so, guarded on the claim's silence by the database clock.
+	handedOff := c.State == claim.StateReleased && c.TakeOverPath == claim.PathOperator
 	if router == nil {
+		if handedOff {
+			return r.flagHandedOff(ctx, c)
+		}
 		return flag(fmt.Sprintf(reasonNoRoutes, c.Consumer))
 	}
 	if c.State == claim.StateClaimed && c.TakeOverPath == claim.PathOperator {
@@ -120,6 +128,8 @@ func (r *Reconciler) recoverOne(ctx context.Context, c *claim.Claim) (recoveryOu
 	msg := MessageFromClaim(c)
 	h, err := router.Route(msg)
 	switch {
+	case err != nil && handedOff:
+		return r.flagHandedOff(ctx, c)
 	case err != nil:
 		return flag(fmt.Sprintf(reasonNoRoute, err))
 	case h.Effect == nil:
@@ -246,6 +256,22 @@ func (r *Reconciler) recoverOne(ctx context.Context, c *claim.Claim) (recoveryOu
 		r.metrics.Failed.Inc()
 	}
 	return failedFinal, nil
+}
+
+// HandOffGrace is how many stale windows a reconciler that does not run
+// a handed-off claim's route leaves it to the one that does before it
+// flags it.
+const HandOffGrace = 10
+
+// flagHandedOff flags a handed-off claim this reconciler cannot run, once
+// it has been released for HandOffGrace stale windows (the guard is the
+// Flag's own, by the database clock); until then it is skipped.
+func (r *Reconciler) flagHandedOff(ctx context.Context, c *claim.Claim) (recoveryOutcome, *claim.Claim) {
+	reason := fmt.Sprintf("handed off by an operator (%s) for the reconciler that runs route %q, but none re-ran it within %s: "+
+		"run the reconciler passes in the binary that has the route's handler (sbclaim.NewReconciler with its routers), then hand it off again",
+		c.TakeOverReason, c.Route, HandOffGrace*r.cfg.StaleAfter)
+	return r.flag(ctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: c.State, SilentFor: HandOffGrace * r.cfg.StaleAfter,
+		Reason: reason, By: r.cfg.Host})
 }
 
 // flagStale flags a stale claim the pass will not recover, guarded on its
