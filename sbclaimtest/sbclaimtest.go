@@ -123,12 +123,16 @@ type options struct {
 // recorded: no write, no settlement. The claim's holder goes silent, the
 // message's lock expires, and its redelivery takes the claim over after
 // TakeoverAfter and repeats the effect with the same idempotency key,
-// which the handler must be ready for.
+// which the handler must be ready for. It applies to HandlerFunc routes;
+// a TxHandlerFunc's effect commits with its claim, so there is no "after"
+// to crash in.
 func CrashAfterEffect(n int) Option { return func(o *options) { o.crashes = n } }
 
 // Start runs a processor on queue until the test ends. cfg.NewReceiver is
-// set to the queue's; zero timings get short test values (heartbeat
-// 100ms, take-over after 300ms, a 1s retry budget).
+// set to the queue's; zero timings get short test values: heartbeat
+// 100ms, take-over after 2s (long enough that a loaded machine running
+// -race never takes a live holder's claim over, short enough for
+// CrashAfterEffect), a 1s retry budget.
 func Start(t testing.TB, cfg sbclaim.ProcessorConfig, queue *Queue, opts ...Option) {
 	t.Helper()
 	var o options
@@ -140,7 +144,7 @@ func Start(t testing.TB, cfg sbclaim.ProcessorConfig, queue *Queue, opts ...Opti
 		cfg.HeartbeatInterval = 100 * time.Millisecond
 	}
 	if cfg.TakeoverAfter == 0 {
-		cfg.TakeoverAfter = 3 * cfg.HeartbeatInterval
+		cfg.TakeoverAfter = max(2*time.Second, 3*cfg.HeartbeatInterval)
 	}
 	if cfg.Retry.Budget == 0 {
 		cfg.Retry.Budget = time.Second

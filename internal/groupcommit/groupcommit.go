@@ -114,6 +114,11 @@ func (s *Store) write(ctx context.Context, w claim.OutcomeWrite) error {
 		// report on it), so this is one call aborted, not a store-wide
 		// failure: retried, it is expected to succeed.
 		return fmt.Errorf("%s claim %d: %w (%w)", w.Kind(), id, err, claim.ErrAborted)
+	case errors.As(err, &left) && errors.Is(left.err, context.Canceled):
+		// The caller gave up (a shutdown): nothing is known about the
+		// store, so this is not a store-wide failure; the outcome of the
+		// write is unknown, as any cancelled call's.
+		return fmt.Errorf("%s claim %d: %w", w.Kind(), id, err)
 	case errors.As(err, &left):
 		// Written in a batch that outlived the caller's deadline, which
 		// had at least as long as it waited: as a single write whose
