@@ -224,9 +224,8 @@ func (s *slowQueue) WriteOutcomes(ctx context.Context, w []claim.OutcomeWrite) (
 // deadline: nothing store-wide, nothing for a breaker to trip on.
 func TestASpentWriterDoesNotFailItsBatch(t *testing.T) {
 	inner := testdb.SQLite(t)
-	spentCtx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	slow := &slowQueue{Store: inner, bw: inner, release: make(chan struct{}), gate: spentCtx.Done()}
+	gate := make(chan struct{}) // the second batch waits for the spent writer's deadline
+	slow := &slowQueue{Store: inner, bw: inner, release: make(chan struct{}), gate: gate}
 	st, err := groupcommit.New(slow, groupcommit.Options{MaxInFlight: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -238,6 +237,11 @@ func TestASpentWriterDoesNotFailItsBatch(t *testing.T) {
 	}()
 	eventually(t, "the first batch to be held", func() bool { slow.mu.Lock(); defer slow.mu.Unlock(); return slow.batches == 1 })
 
+	// The spent writer's deadline starts now, after the set-up, so a
+	// loaded machine cannot spend it before the writes have queued.
+	spentCtx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	go func() { <-spentCtx.Done(); close(gate) }()
 	queued := time.Now()
 	spent := make(chan error)
 	go func() {
@@ -257,7 +261,12 @@ func TestASpentWriterDoesNotFailItsBatch(t *testing.T) {
 	eventually(t, "the writes to queue", func() bool { return st.Pending() == len(cs)-1 })
 	// The spent writer has now waited longer than it has left.
 	deadline, _ := spentCtx.Deadline()
-	eventually(t, "the spent writer to wait most of its time", func() bool { return time.Since(queued) > time.Until(deadline) })
+	// A margin for the batcher's own queue time, a little later than
+	// queued: when the batch is taken, it has waited longer than it has
+	// left.
+	eventually(t, "the spent writer to wait most of its time", func() bool {
+		return time.Since(queued) > time.Until(deadline)+500*time.Millisecond
+	})
 	close(slow.release)
 
 	err = <-spent
