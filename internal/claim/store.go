@@ -264,6 +264,11 @@ type TakeOverParams struct {
 	// recorded) gets these.
 	Route       string
 	Fingerprint string
+	// Seq (PathRedelivery) is the broker sequence number of the taking
+	// delivery. A claim whose message is deferred under another sequence
+	// number (DeferredSeq) is refused: that message carries the claim. A
+	// take-over clears DeferredSeq and DueAt.
+	Seq *int64
 	// NewKey (PathOperator only) moves the claim to a new idempotency key
 	// in the same guarded write: KeyRevision + 1, EffectKey
 	// RevisedKey(MessageID, KeyRevision+1), KeyRevisedBy By,

@@ -22,6 +22,7 @@ func claimRow(id int64, state string) []driver.Value {
 		[]byte{1}, nil, int64(2), "h", dbNow, dbNow, dbNow, nil, int64(1), "e", nil, "", nil, "", "", "",
 		"route", "fp", int64(1), dbNow, "redelivery", "why", wire, "host-0", int64(0), nil, nil, "",
 		nil, "", nil, `{"status":402,"fields":{"/id":"ch_1"}}`, dbNow, int64(1), "m:r1", "operator:ann", dbNow, "cached 500",
+		int64(42), dbNow, int64(1), dbNow,
 	}
 }
 

@@ -66,6 +66,7 @@ var columnNames = []string{
 	"PreviousOwner", "PreviousHolder", "Recoveries", "NextAttemptUtc", "LateSuccessUtc", "LateSuccessBy",
 	"FailedUtc", "FailReason", "DeadLetterSeq", "Answer", "AnswerUtc",
 	"KeyRevision", "EffectKey", "KeyRevisedBy", "KeyRevisedUtc", "KeyRevisionNote",
+	"DeferredSeq", "DueUtc", "Postponements", "PostponedUtc",
 }
 
 // cols returns the column list with each name prefixed ("c.", "INSERTED.").
@@ -109,8 +110,9 @@ func scanClaim(r interface{ Scan(...any) error }) (*claim.Claim, error) {
 		processed, released, flagged, resolved sql.NullTime
 		takenOver, nextAttempt, lateSuccess    sql.NullTime
 		failed, answerAt, keyRevised           sql.NullTime
-		deadLetterSeq                          sql.NullInt64
+		deadLetterSeq, deferredSeq             sql.NullInt64
 		answer                                 sql.NullString
+		due, postponed                         sql.NullTime
 	)
 	err := r.Scan(&c.ID, &c.MessageID, &c.Consumer, &owner, &state, &c.Entity, &c.Subject, &c.ContentType,
 		&props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &c.ClaimedAt,
@@ -119,10 +121,15 @@ func scanClaim(r interface{ Scan(...any) error }) (*claim.Claim, error) {
 		&c.Route, &c.Fingerprint, &c.TakeOvers, &takenOver, &path, &c.TakeOverReason,
 		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy,
 		&failed, &c.FailReason, &deadLetterSeq, &answer, &answerAt,
-		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote)
+		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote,
+		&deferredSeq, &due, &c.Postponements, &postponed)
 	if err != nil {
 		return nil, err
 	}
+	if deferredSeq.Valid {
+		c.DeferredSeq = &deferredSeq.Int64
+	}
+	c.DueAt, c.PostponedAt = nullTime(due), nullTime(postponed)
 	if answer.Valid {
 		if c.Answer, err = sqlstore.DecodeAnswer(&answer.String); err != nil {
 			return nil, fmt.Errorf("claim %d: %w", c.ID, err)
@@ -377,7 +384,12 @@ func laterSQL(a *args, d time.Duration) string {
 func takeOverPath(a *args, p *claim.TakeOverParams) string {
 	switch p.Path {
 	case claim.PathRedelivery:
-		return "(State = 'released' OR (State = 'claimed' AND HeartbeatUtc < " + agoSQL(a, p.SilentFor) + "))"
+		var seq any = sql.NullInt64{}
+		if p.Seq != nil {
+			seq = *p.Seq
+		}
+		return "(State = 'released' OR (State = 'claimed' AND HeartbeatUtc < " + agoSQL(a, p.SilentFor) + "))" +
+			" AND (DeferredSeq IS NULL OR DeferredSeq = " + a.add(seq, declID) + " OR (State = 'released' AND DueUtc IS NULL))"
 	case claim.PathReconciler:
 		return unfinished + " AND HeartbeatUtc < " + agoSQL(a, p.SilentFor) +
 			" AND (NextAttemptUtc IS NULL OR NextAttemptUtc <= SYSUTCDATETIME())"
@@ -415,7 +427,8 @@ SET State = 'claimed', Owner = `+owner+`, ClaimedBy = `+by+`,
     EffectKey = CASE WHEN `+newKey+` = 1 THEN MessageId + N':r' + CAST(KeyRevision + 1 AS nvarchar(11)) ELSE EffectKey END,
     KeyRevisedBy = CASE WHEN `+newKey+` = 1 THEN `+by+` ELSE KeyRevisedBy END,
     KeyRevisedUtc = CASE WHEN `+newKey+` = 1 THEN @now ELSE KeyRevisedUtc END,
-    KeyRevisionNote = CASE WHEN `+newKey+` = 1 THEN `+reason+` ELSE KeyRevisionNote END
+    KeyRevisionNote = CASE WHEN `+newKey+` = 1 THEN `+reason+` ELSE KeyRevisionNote END,
+    DeferredSeq = NULL, DueUtc = NULL
 OUTPUT `+insertedColumns+`
 WHERE Id = `+id+` AND Owner = `+previous+`
   AND (Route = N'' OR (Route = `+route+` AND Fingerprint = `+print+`))

@@ -158,7 +158,8 @@ const columns = `id, message_id, consumer, owner, state, entity, subject, conten
 	route, fingerprint, take_overs, taken_over_utc, take_over_path, take_over_reason,
 	previous_owner, previous_holder, recoveries, next_attempt_utc, late_success_utc, late_success_by,
 	failed_utc, fail_reason, dead_letter_seq, answer, answer_utc,
-	key_revision, effect_key, key_revised_by, key_revised_utc, key_revision_note`
+	key_revision, effect_key, key_revised_by, key_revised_utc, key_revision_note,
+	deferred_seq, due_utc, postponements, postponed_utc`
 
 const insertColumns = `message_id, consumer, owner, state, entity, subject, content_type,
 	properties, payload_hash, payload, delivery_count, route, fingerprint, claimed_by, claimed_utc, heartbeat_utc, processed_utc`
@@ -172,8 +173,9 @@ func scanClaim(r sqlstore.Scanner) (*claim.Claim, error) {
 		takenOver, nextAttempt, lateSuccess    sql.NullString
 		previousOwner                          sql.NullString
 		failed, answerAt, keyRevised           sql.NullString
-		deadLetterSeq                          sql.NullInt64
+		deadLetterSeq, deferredSeq             sql.NullInt64
 		answer                                 *string
+		due, postponed                         sql.NullString
 	)
 	err := r.Scan(&c.ID, &c.MessageID, &c.Consumer, &owner, &state, &c.Entity, &c.Subject, &c.ContentType,
 		&props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &claimed,
@@ -182,9 +184,13 @@ func scanClaim(r sqlstore.Scanner) (*claim.Claim, error) {
 		&c.Route, &c.Fingerprint, &c.TakeOvers, &takenOver, &path, &c.TakeOverReason,
 		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy,
 		&failed, &c.FailReason, &deadLetterSeq, &answer, &answerAt,
-		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote)
+		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote,
+		&deferredSeq, &due, &c.Postponements, &postponed)
 	if err != nil {
 		return nil, err
+	}
+	if deferredSeq.Valid {
+		c.DeferredSeq = &deferredSeq.Int64
 	}
 	if deadLetterSeq.Valid {
 		c.DeadLetterSeq = &deadLetterSeq.Int64
@@ -214,7 +220,8 @@ func scanClaim(r sqlstore.Scanner) (*claim.Claim, error) {
 		src sql.NullString
 	}{{&c.ProcessedAt, processed}, {&c.ReleasedAt, released}, {&c.FlaggedAt, flagged}, {&c.ResolvedAt, resolved},
 		{&c.TakenOverAt, takenOver}, {&c.NextAttemptAt, nextAttempt}, {&c.LateSuccessAt, lateSuccess},
-		{&c.FailedAt, failed}, {&c.AnswerAt, answerAt}, {&c.KeyRevisedAt, keyRevised}} {
+		{&c.FailedAt, failed}, {&c.AnswerAt, answerAt}, {&c.KeyRevisedAt, keyRevised},
+		{&c.DueAt, due}, {&c.PostponedAt, postponed}} {
 		*p.dst, err = parseNullTime(p.src)
 		errs = append(errs, err)
 	}
@@ -388,7 +395,8 @@ func later(d time.Duration) string { return fmt.Sprintf("+%.3f seconds", d.Secon
 // takeOverPaths is the precondition of each take-over path beyond owner
 // and route; ?8 is the SilentFor modifier (see ago).
 var takeOverPaths = map[claim.TakeOverPath]string{
-	claim.PathRedelivery: `(state = 'released' OR (state = 'claimed' AND heartbeat_utc < strftime('%Y-%m-%dT%H:%M:%f','now',?8)))`,
+	claim.PathRedelivery: `(state = 'released' OR (state = 'claimed' AND heartbeat_utc < strftime('%Y-%m-%dT%H:%M:%f','now',?8)))
+		AND (deferred_seq IS NULL OR deferred_seq = ?12 OR (state = 'released' AND due_utc IS NULL))`,
 	claim.PathReconciler: `state IN ('claimed', 'released') AND heartbeat_utc < strftime('%Y-%m-%dT%H:%M:%f','now',?8)
 		AND (next_attempt_utc IS NULL OR next_attempt_utc <= ` + nowSQL + `)`,
 	claim.PathOperator: `state = 'flagged'`,
@@ -413,12 +421,14 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 		effect_key = CASE WHEN ?11 = 1 THEN message_id || ':r' || (key_revision + 1) ELSE effect_key END,
 		key_revised_by = CASE WHEN ?11 = 1 THEN ?2 ELSE key_revised_by END,
 		key_revised_utc = CASE WHEN ?11 = 1 THEN `+nowSQL+` ELSE key_revised_utc END,
-		key_revision_note = CASE WHEN ?11 = 1 THEN ?5 ELSE key_revision_note END
+		key_revision_note = CASE WHEN ?11 = 1 THEN ?5 ELSE key_revision_note END,
+		deferred_seq = NULL, due_utc = NULL
 		WHERE id = ?9 AND owner = ?10 AND (route = '' OR (route = ?6 AND fingerprint = ?7))
 		AND `+takeOverPaths[params.Path]+`
 		RETURNING `+columns,
 		params.Owner.String(), params.By, params.DeliveryCount, string(params.Path), sqlstore.Bound(params.Reason, sqlstore.MaxReasonLength),
-		params.Route, params.Fingerprint, ago(params.SilentFor), params.ID, params.PreviousOwner.String(), boolInt(params.NewKey))
+		params.Route, params.Fingerprint, ago(params.SilentFor), params.ID, params.PreviousOwner.String(), boolInt(params.NewKey),
+		sqlstore.NullInt64(params.Seq))
 	c, err := scanClaim(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		now, gerr := s.Get(ctx, params.ID)
