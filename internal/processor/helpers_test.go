@@ -417,3 +417,11 @@ func (f *flakyStore) Heartbeat(ctx context.Context, p *claim.HeartbeatParams) er
 }
 
 func testutilCounter(m *processor.Metrics) float64 { return testutil.ToFloat64(m.Receivers) }
+
+// noDeferral turns delayed retries off: a retryable outcome releases the
+// claim and abandons the message (the behaviour of a store without
+// claim.Deferrer, and of Options.NoDeferral).
+func noDeferral(o processor.Options) processor.Options {
+	o.NoDeferral = true
+	return o
+}

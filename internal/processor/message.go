@@ -51,6 +51,9 @@ type delivery struct {
 	// stopRenewal stops the message's lock renewal (set when renewal is
 	// on); settle calls it before settling.
 	stopRenewal func()
+	// fetched: the message was fetched by its sequence number (a deferred
+	// message whose claim this delivery took with TakeDeferred).
+	fetched bool
 }
 
 // settlement is what happens to a delivery's message at the end.
@@ -61,6 +64,7 @@ const (
 	settleComplete                     // done, or a duplicate of finished work
 	settleAbandon                      // redeliver
 	settleDeadLetter                   // never processable
+	settleDefer                        // set aside until its claim is due (deferral.go)
 )
 
 // verdict is how a protocol step ends a delivery: how to settle the message
@@ -318,6 +322,12 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 		case claim.StateFailed:
 			return p.failedCopy(work, d, c, "waited", waited)
 		}
+		if carried, why := deferredElsewhere(d, c); carried {
+			// The claim's own message waits at the broker (or a replica
+			// holds it): it carries the work, and this copy would be a
+			// second message moving for one claim.
+			return completed(ResultDuplicate, "claim_state", string(c.State), "why", why, "waited", waited)
+		}
 		released := c.State == claim.StateReleased
 		routeChanged := c.RouteDiffers(d.handler.Name, d.handler.Fingerprint)
 		// Whether the holder is silent: a released claim has none; for a
@@ -424,7 +434,7 @@ func (p *Processor) takeOver(work context.Context, d *delivery, c *claim.Claim) 
 		ID: c.ID, PreviousOwner: c.Owner, Owner: uuid.New(),
 		Path: claim.PathRedelivery, SilentFor: p.opts.TakeoverAfter,
 		By: p.opts.Host, Reason: reason, DeliveryCount: int(d.msg.DeliveryCount),
-		Route: d.handler.Name, Fingerprint: d.handler.Fingerprint,
+		Route: d.handler.Name, Fingerprint: d.handler.Fingerprint, Seq: d.msg.SequenceNumber,
 	})
 	if err == nil {
 		p.metrics.TakeOvers.WithLabelValues(string(claim.PathRedelivery)).Inc()
@@ -526,6 +536,9 @@ func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) v
 		return completed(ResultProcessed)
 
 	case sideeffects.OutcomeRetryable:
+		if v, ok := p.postpone(work, d, c, res); ok {
+			return v
+		}
 		relErr := p.release(work, c, res.Err, res.Answer)
 		switch {
 		case errors.Is(relErr, claim.ErrStateChanged):
@@ -543,6 +556,18 @@ func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) v
 		return p.failHeld(work, d, c, res)
 
 	default: // unknown: keep the claim with its last error
+		if !d.handler.Manual() {
+			// The route lets the key be repeated: retry it later, like a
+			// retryable outcome.
+			if v, ok := p.postpone(work, d, c, res); ok {
+				return v
+			}
+		} else if d.fetched {
+			// A deferred message's holder may not leave the claim
+			// silent: the poller would fetch the message again and
+			// repeat what a manual route forbids. Hand it to operators.
+			return p.flagHeld(work, d, c, fmt.Sprintf("route %q (recovery manual): effect outcome unknown after a delayed retry: %s", d.handler.Name, claim.ErrorText(res.Err)))
+		}
 		why := "effect outcome unknown after retries; the next delivery takes the claim over once it is silent"
 		if d.handler.Manual() {
 			why = "effect outcome unknown on a manual route; the reconciler flags the claim for an operator"
@@ -884,6 +909,8 @@ func (p *Processor) settle(d *delivery, v verdict) {
 		what, err = "complete", d.lr.r.CompleteMessage(ctx, d.msg, nil)
 	case settleAbandon:
 		what, err = "abandon", d.lr.r.AbandonMessage(ctx, d.msg, nil)
+	case settleDefer:
+		what, err = "defer", d.lr.r.DeferMessage(ctx, d.msg, nil)
 	case settleDeadLetter:
 		p.metrics.DeadLetters.WithLabelValues(v.reason).Inc()
 		desc := deadLetterText(v.description)
@@ -902,7 +929,7 @@ func (p *Processor) settle(d *delivery, v verdict) {
 	p.metrics.Messages.WithLabelValues(string(v.result)).Inc()
 	level := slog.LevelInfo
 	switch v.result {
-	case ResultUnknown, ResultConflict, ResultDeadLettered, ResultFailed, ResultFlagged, ResultAbandoned, ResultLost:
+	case ResultUnknown, ResultConflict, ResultDeadLettered, ResultFailed, ResultFlagged, ResultAbandoned, ResultLost, ResultHandedOff:
 		level = slog.LevelWarn
 	}
 	args := append(v.attrs, "outcome", string(v.result), "duration_ms", time.Since(d.received).Milliseconds())

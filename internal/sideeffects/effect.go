@@ -76,6 +76,8 @@ type Handler struct {
 	// repeats every step, performed ones included. Routes file:
 	// allowNewKey: true (default false).
 	AllowNewKey bool
+	// Backoff is the route's delayed-retry schedule (zero: DefaultBackoff).
+	Backoff Backoff
 }
 
 // Manual reports whether the handler's route is RecoveryManual.

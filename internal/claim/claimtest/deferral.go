@@ -246,6 +246,15 @@ func (s *suite) deferredNotStale(t *testing.T) {
 		Path: claim.PathReconciler, SilentFor: time.Minute, By: "reconciler", Reason: "stale",
 		Route: c.Route, Fingerprint: c.Fingerprint})
 	wantErr(t, "recovery inside the grace", err, claim.ErrStateChanged)
+	flagged, err := st.FlagStale(ctxT(t), &claim.FlagStaleParams{StaleAfter: time.Minute, Limit: 100})
+	if err != nil {
+		t.Fatalf("FlagStale: %v", err)
+	}
+	for _, fc := range flagged {
+		if fc.ID == c.ID {
+			t.Fatal("FlagStale flagged a deferred claim inside its grace")
+		}
+	}
 	s.backdate(t, st, c.ID, 2*time.Hour) // past the grace
 	if _, err := st.TakeOver(ctxT(t), &claim.TakeOverParams{ID: c.ID, PreviousOwner: c.Owner, Owner: uuid.New(),
 		Path: claim.PathReconciler, SilentFor: time.Minute, By: "reconciler", Reason: "stale",

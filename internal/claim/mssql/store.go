@@ -719,6 +719,7 @@ func (s *Store) FlagStale(ctx context.Context, params *claim.FlagStaleParams) ([
     FROM dbo.Claims WITH (ROWLOCK, UPDLOCK, READPAST, READCOMMITTEDLOCK)
     WHERE ` + unfinished + `
       AND HeartbeatUtc < ` + cutoff + `
+      AND (DueUtc IS NULL OR NextAttemptUtc <= SYSUTCDATETIME()) -- a deferred message's grace (claim.Deferrer)
     ORDER BY HeartbeatUtc
 )
 UPDATE stale

@@ -636,7 +636,11 @@ func (s *Store) TakeDeadLetter(ctx context.Context, params *claim.TakeDeadLetter
 // COMMITTED re-checks it on the latest row version) and in its candidate
 // scan (which the partial index ix_claims_unfinished serves). $1 is
 // StaleAfter in seconds.
-const stalePredicate = `state IN ('claimed', 'released') AND heartbeat_utc < now() - make_interval(secs => $1)`
+//
+// A claim whose message is deferred (due_utc set) is left to its message
+// until its grace ran out (next_attempt_utc: claim.Deferrer).
+const stalePredicate = `state IN ('claimed', 'released') AND heartbeat_utc < now() - make_interval(secs => $1)
+	AND (due_utc IS NULL OR next_attempt_utc <= now())`
 
 // FlagStale flags at most Limit stale claims in one UPDATE.
 func (s *Store) FlagStale(ctx context.Context, params *claim.FlagStaleParams) ([]*claim.Claim, error) {

@@ -647,7 +647,11 @@ func (s *Store) RecordAttempt(ctx context.Context, params *claim.RecordAttemptPa
 // stalePredicate is the staleness test, in the UPDATE itself and in its
 // candidate scan (served by ix_claims_unfinished). ?1 is the StaleAfter
 // modifier.
-const stalePredicate = `state IN ('claimed', 'released') AND heartbeat_utc < ` + agoSQL
+//
+// A claim whose message is deferred (due_utc set) is left to its message
+// until its grace ran out (next_attempt_utc: claim.Deferrer).
+const stalePredicate = `state IN ('claimed', 'released') AND heartbeat_utc < ` + agoSQL + `
+	AND (due_utc IS NULL OR next_attempt_utc <= ` + nowSQL + `)`
 
 // FlagStale flags at most Limit stale claims in one UPDATE.
 func (s *Store) FlagStale(ctx context.Context, params *claim.FlagStaleParams) ([]*claim.Claim, error) {
