@@ -178,11 +178,15 @@ func deferredElsewhere(d *delivery, c *claim.Claim) (bool, string) {
 }
 
 // pollDeferred looks for due claims every DeferPollInterval until ctx
-// ends, and fetches their messages (pollOnce).
-func (p *Processor) pollDeferred(ctx, work context.Context, slots chan struct{}) {
+// ends, and fetches their messages (pollOnce). Fetched messages run on
+// workers of their own, at most MaxConcurrentCalls at once: the receive
+// loop holds its free slots while it waits for messages, so sharing them
+// would starve the poller on an idle entity.
+func (p *Processor) pollDeferred(ctx, work context.Context) {
 	if p.deferrer == nil {
 		return
 	}
+	slots := make(chan struct{}, p.opts.MaxConcurrentCalls)
 	t := time.NewTicker(p.opts.DeferPollInterval)
 	defer t.Stop()
 	for {

@@ -142,6 +142,9 @@ type router struct {
 	// fp, when set, is the default route's fingerprint (a routes file
 	// changed under a claim); "fp-effect" otherwise.
 	fp atomic.Value
+	// backoff is the delayed-retry schedule of the default and manual
+	// routes (set before the processor starts).
+	backoff sideeffects.Backoff
 }
 
 func (r *router) fingerprint() string {
@@ -163,9 +166,9 @@ func (r *router) Route(msg *azservicebus.ReceivedMessage) (sideeffects.Handler, 
 		}
 		return sideeffects.Handler{Name: "json", Effect: r.eff, Fingerprint: "fp-json"}, nil
 	case "manual":
-		return sideeffects.Handler{Name: "manual", Effect: r.eff, Recovery: sideeffects.RecoveryManual, Fingerprint: "fp-manual"}, nil
+		return sideeffects.Handler{Name: "manual", Effect: r.eff, Recovery: sideeffects.RecoveryManual, Fingerprint: "fp-manual", Backoff: r.backoff}, nil
 	default:
-		return sideeffects.Handler{Name: "effect", Effect: r.eff, Fingerprint: r.fingerprint()}, nil
+		return sideeffects.Handler{Name: "effect", Effect: r.eff, Fingerprint: r.fingerprint(), Backoff: r.backoff}, nil
 	}
 }
 

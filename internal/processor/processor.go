@@ -330,7 +330,7 @@ func (p *Processor) Run(ctx context.Context) error {
 	probeDone := make(chan struct{})
 	go func() { defer close(probeDone); p.probeBroker(ctx, probeNow) }()
 	pollDone := make(chan struct{})
-	go func() { defer close(pollDone); p.pollDeferred(ctx, work, slots) }()
+	go func() { defer close(pollDone); p.pollDeferred(ctx, work) }()
 	defer func() { <-pollDone }()
 	defer func() {
 		p.receiverOpen.Store(false)

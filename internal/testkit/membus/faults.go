@@ -83,7 +83,7 @@ func (q *Queue) WaitIdle(ctx context.Context) error {
 	for {
 		q.mu.Lock()
 		q.expireLocked(time.Now())
-		if len(q.available) == 0 && len(q.locked) == 0 {
+		if len(q.available) == 0 && len(q.locked) == 0 && len(q.deferred) == 0 {
 			q.mu.Unlock()
 			return nil
 		}
