@@ -50,7 +50,7 @@ func (r *HTTPRouter) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 				return Handler{}, err
 			}
 		}
-		return Handler{Name: rt.name, Effect: rt, Recovery: rt.recovery, Fingerprint: rt.fingerprint, AllowNewKey: rt.allowNewKey}, nil
+		return Handler{Name: rt.name, Effect: rt, Recovery: rt.recovery, Fingerprint: rt.fingerprint, AllowNewKey: rt.allowNewKey, Backoff: rt.backoff}, nil
 	}
 	return Handler{}, noRoute(msg)
 }
@@ -82,6 +82,7 @@ type httpRoute struct {
 	contentType string
 	recovery    Recovery
 	allowNewKey bool
+	backoff     Backoff
 	excerpt     bool   // put a response excerpt in error messages
 	fingerprint string // Fingerprint of the steps' names, methods and URLs
 	steps       []*httpStep

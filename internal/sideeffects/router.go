@@ -83,6 +83,8 @@ type Route struct {
 	Version string
 	// AllowNewKey is Handler.AllowNewKey.
 	AllowNewKey bool
+	// Backoff is Handler.Backoff.
+	Backoff Backoff
 }
 
 // Routes is an in-code Router: the first route whose Match selects the
@@ -133,7 +135,7 @@ func (rs Routes) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 			}
 		}
 		return Handler{Name: r.Name, Effect: r.Effect, TxEffect: r.TxEffect,
-			Recovery: cmp.Or(r.Recovery, RecoveryAuto), Fingerprint: Fingerprint("go", r.Name, r.Version), AllowNewKey: r.AllowNewKey}, nil
+			Recovery: cmp.Or(r.Recovery, RecoveryAuto), Fingerprint: Fingerprint("go", r.Name, r.Version), AllowNewKey: r.AllowNewKey, Backoff: r.Backoff}, nil
 	}
 	return Handler{}, noRoute(msg)
 }
