@@ -102,6 +102,15 @@ func TestEveryQueryNumbersItsParameters(t *testing.T) {
 	check("Stats", err)
 	now, err := st.Now(ctx)
 	check("Now", err)
+	seq43 := int64(43)
+	_, err = st.TakeOver(ctx, &claim.TakeOverParams{ID: 7, PreviousOwner: owner, Owner: uuid.New(), Path: claim.PathRedelivery,
+		SilentFor: time.Minute, By: "h", Reason: "r", Route: "route", Fingerprint: "fp", Seq: &seq43})
+	check("TakeOver by a delivery with a sequence number", err)
+	check("Defer", st.Defer(ctx, &claim.DeferParams{ID: 7, Owner: owner, Seq: 43, DueIn: 90 * time.Second, Grace: time.Hour, Error: "e", Answer: answer}))
+	_, err = st.FindDue(ctx, &claim.FindDueParams{Consumer: "c", Entity: "orders", SilentFor: time.Minute, Limit: 5})
+	check("FindDue", err)
+	_, err = st.TakeDeferred(ctx, &claim.TakeDeferredParams{ID: 7, PreviousOwner: owner, Owner: uuid.New(), Seq: 43, SilentFor: time.Minute, By: "h", Reason: "due"})
+	check("TakeDeferred", err)
 	unlock, ok, err := st.TryLock(ctx, "reconciler")
 	check("TryLock", err)
 	if ok {
