@@ -251,7 +251,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer h.srv.Close()
 	h.base = &http.Transport{MaxIdleConns: 512, MaxIdleConnsPerHost: 512, IdleConnTimeout: 30 * time.Second}
 	defer h.base.(*http.Transport).CloseIdleConnections()
-	h.routes = fmt.Appendf(nil, "version: 1\nroutes:\n  - name: chaos\n    match: {subject: %s}\n    url: %s/effects\n    timeout: %s\n    recovery: %s\n",
+	h.routes = fmt.Appendf(nil, "version: 1\nroutes:\n  - name: chaos\n    match: {subject: %s}\n    url: %s/effects\n    timeout: %s\n    recovery: %s\n    backoff: {first: 100ms, max: 1s}\n",
 		EffectSubject, h.srv.URL, cfg.EffectTimeout, cfg.Recovery)
 	if cfg.Answers == AnswersMixed {
 		h.down.SetConflictStyle(fakedownstream.ConflictStripe)
@@ -641,6 +641,8 @@ func (h *harness) startReplica() {
 		StaleAfter:         h.cfg.StaleAfter,
 		Retry:              sideeffects.RetryPolicy{MaxAttempts: 4, InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond, Budget: 3 * time.Second},
 		StorePayload:       true,
+		MaxDeliveryCount:   h.cfg.MaxDeliveryCount,
+		DeferPollInterval:  50 * time.Millisecond,
 		SettleTimeout:      2 * time.Second,
 		StoreTimeout:       5 * time.Second,
 		ShutdownTimeout:    10 * time.Second,
@@ -1060,8 +1062,8 @@ func (h *harness) verify(ctx context.Context, rep *Report) {
 	// Queue.
 	st := h.queue.Stats()
 	rep.Queue = st
-	if st.Active+st.Locked != 0 {
-		rep.violate("%d messages still in the queue (%d active, %d locked)", st.Active+st.Locked, st.Active, st.Locked)
+	if st.Active+st.Locked+st.Deferred != 0 {
+		rep.violate("%d messages still in the queue (%d active, %d locked, %d deferred)", st.Active+st.Locked+st.Deferred, st.Active, st.Locked, st.Deferred)
 	}
 	if st.Completed+st.DeadLettered != st.Sent {
 		rep.violate("sent %d but completed %d + dead-lettered %d", st.Sent, st.Completed, st.DeadLettered)
