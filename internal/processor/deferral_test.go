@@ -368,3 +368,63 @@ func TestDeferralInOneSubscriptionAddsNoCopyToAnother(t *testing.T) {
 		}
 	})
 }
+
+// expiringReceiver runs out the time to live of every message it defers.
+type expiringReceiver struct {
+	*membus.Receiver
+	q *membus.Queue
+}
+
+func (r expiringReceiver) DeferMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.DeferMessageOptions) error {
+	if err := r.Receiver.DeferMessage(ctx, m, o); err != nil {
+		return err
+	}
+	r.q.ExpireDeferred(*m.SequenceNumber)
+	return nil
+}
+
+// TestDeferredMessageGoneIsRecoveredFromThePayload: the deferred message's
+// time to live runs out before it is due. The fetch finds nothing (the
+// broker dead-letters the expired message on access, as Service Bus does);
+// the processor releases the claim with the reason, and the reconciler's
+// recovery performs the effect once from the stored payload.
+func TestDeferredMessageGoneIsRecoveredFromThePayload(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		b.eff.behave = func(_, _ string, call int) error {
+			if call == 1 {
+				return sideeffects.Retryable(errors.New("downstream 503"))
+			}
+			return nil
+		}
+		opts := b.deferOptions()
+		opts.NewReceiver = func(context.Context) (processor.Receiver, error) {
+			return expiringReceiver{Receiver: b.q.NewReceiver(), q: b.q}, nil
+		}
+		b.start(opts)
+		b.send("m1", "pay", `{}`, nil)
+		b.eventually("the fetch finding the message gone", func() bool { return fetches(opts.Metrics, "gone") == 1 })
+		b.eventually("the claim released", func() bool { return b.claimOf("m1").State == claim.StateReleased })
+		c := b.claimOf("m1")
+		if !strings.Contains(c.LastError, "could not be fetched") || c.Payload == nil {
+			t.Fatalf("claim: last error %q, payload %v; want the reason and the payload", c.LastError, c.Payload != nil)
+		}
+		if got := b.deadLetterReasons()["m1"]; got != "TTLExpiredException" {
+			t.Fatalf("dead letter reason %q, want the broker's TTLExpiredException", got)
+		}
+		rec, err := reconciler.New(b.store, reconciler.Config{StaleAfter: 30 * time.Millisecond, HeartbeatInterval: 10 * time.Millisecond,
+			Routes: reconciler.Routes{"billing": b.router}}, slog.New(slog.DiscardHandler), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.eventually("the reconciler's recovery performs the claim", func() bool {
+			if _, err := rec.RunOnce(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			return b.claimOf("m1").State == claim.StateProcessed
+		})
+		if calls, done := b.eff.Calls("m1"), b.eff.Performed("m1"); calls != 2 || done != 1 {
+			t.Fatalf("calls %d, performed %d; want 2 and 1", calls, done)
+		}
+	})
+}
