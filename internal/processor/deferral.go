@@ -55,7 +55,12 @@ import (
 // claim from it).
 const ReasonRetryHorizon = "RetryHorizonExceeded"
 
-// postpone defers a held claim's message for a delayed retry. ok is false
+// postpone defers a held claim's message for a delayed retry. It is also
+// the way for anything that decides not to attempt an effect now (a
+// per-route breaker): call it holding the claim with a retryable result
+// whose *sideeffects.Error carries the wanted delay as RetryAfter (the
+// delay is at least that), and the claim waits like any postponed one,
+// horizon included. ok is false
 // when deferral does not apply (off, the store cannot, the route turned
 // it off, no sequence number, or the deliveries are spent without a
 // stored payload): the caller releases and abandons as before.
