@@ -309,7 +309,13 @@ func (p *Processor) fetch(ctx, work context.Context, lr *liveReceiver, c *claim.
 	}
 	p.metrics.DeferredFetches.WithLabelValues("fetched").Inc()
 
-	lr.pending.Add(1)
+	if !lr.acquire() {
+		// The receiver was retired meanwhile: the message's lock runs
+		// out, it goes back to deferred, and the claim's silent holder
+		// is taken again by the next poll after TakeoverAfter.
+		log.Warn("the receiver was replaced while fetching a deferred message; it is fetched again later")
+		return false
+	}
 	p.inflight.Add(1)
 	d := &delivery{msg: m, lr: lr, received: time.Now(), owner: taken.Owner, fetched: true,
 		log: p.log.With("message_id", m.MessageID, "delivery_count", m.DeliveryCount, "sequence_number", seq)}

@@ -331,10 +331,10 @@ func (p *Processor) Run(ctx context.Context) error {
 	go func() { defer close(probeDone); p.probeBroker(ctx, probeNow) }()
 	pollDone := make(chan struct{})
 	go func() { defer close(pollDone); p.pollDeferred(ctx, work) }()
-	defer func() { <-pollDone }()
 	defer func() {
 		p.receiverOpen.Store(false)
 		<-probeDone
+		<-pollDone // it starts workers: no more once it returned
 		p.inflight.Wait()
 		if cur != nil {
 			cur.retire(p.opts.SettleTimeout)
@@ -403,9 +403,9 @@ func (p *Processor) Run(ctx context.Context) error {
 				p.log.Warn("receiver lost, recreating", "error", err)
 				p.setReceiver(nil)
 				p.setBrokerOK(false, err)
+				p.live.Store(nil)
 				cur.retire(p.opts.SettleTimeout)
 				cur = nil
-				p.live.Store(nil)
 				continue
 			}
 			p.log.Error("receive failed", "error", err)
@@ -424,9 +424,27 @@ func (p *Processor) Run(ctx context.Context) error {
 type liveReceiver struct {
 	r       Receiver
 	pending sync.WaitGroup
+
+	mu      sync.Mutex
+	retired bool // set by retire; the deferral poller then starts no more work on it
+}
+
+// acquire counts one more delivery settled on l, unless l was retired
+// (the deferral poller, which runs beside the loop that retires it).
+func (l *liveReceiver) acquire() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.retired {
+		return false
+	}
+	l.pending.Add(1)
+	return true
 }
 
 func (l *liveReceiver) retire(timeout time.Duration) {
+	l.mu.Lock()
+	l.retired = true
+	l.mu.Unlock()
 	go func() {
 		l.pending.Wait()
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
