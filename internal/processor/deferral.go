@@ -176,8 +176,14 @@ func deferredElsewhere(d *delivery, c *claim.Claim) (bool, string) {
 	if c.DeferredSeq == nil || (d.msg.SequenceNumber != nil && *d.msg.SequenceNumber == *c.DeferredSeq) {
 		return false, ""
 	}
-	if c.State == claim.StateReleased && c.DueAt != nil {
+	switch {
+	case c.State == claim.StateReleased && c.DueAt != nil:
 		return true, fmt.Sprintf("the claim's message (sequence number %d) is deferred until %s and carries the work", *c.DeferredSeq, c.DueAt.Format(time.RFC3339))
+	case c.State == claim.StateClaimed:
+		// Its holder fetched the claim's deferred message. If it died, the
+		// message goes back to deferred when its lock ends and a poller
+		// takes the claim again once the holder is silent.
+		return true, fmt.Sprintf("the claim's deferred message (sequence number %d) was fetched by %s and carries the work", *c.DeferredSeq, c.ClaimedBy)
 	}
 	return false, ""
 }
@@ -317,7 +323,7 @@ func (p *Processor) fetch(ctx, work context.Context, lr *liveReceiver, c *claim.
 		return false
 	}
 	p.inflight.Add(1)
-	d := &delivery{msg: m, lr: lr, received: time.Now(), owner: taken.Owner, fetched: true,
+	d := &delivery{msg: m, lr: lr, received: time.Now(), owner: taken.Owner, fetched: true, fromSilent: c.State == claim.StateClaimed,
 		log: p.log.With("message_id", m.MessageID, "delivery_count", m.DeliveryCount, "sequence_number", seq)}
 	d.stopRenewal = p.renewLock(work, d)
 	go func() {
@@ -351,6 +357,11 @@ func (p *Processor) runFetched(work context.Context, d *delivery, c *claim.Claim
 	case c.RouteDiffers(d.handler.Name, d.handler.Fingerprint):
 		return p.flagHeld(work, d, c, fmt.Sprintf("route changed: the claim was taken for route %q (fingerprint %s), its deferred message routes to %q (fingerprint %s)",
 			c.Route, c.Fingerprint, d.handler.Name, d.handler.Fingerprint))
+	case d.fromSilent && d.handler.Manual():
+		// The previous holder went silent with the effect possibly
+		// performed; a manual route's downstream does not honour the key.
+		return p.flagHeld(work, d, c, fmt.Sprintf("route %q (recovery manual): the holder of the deferred message (%s) went silent; its effect's outcome is unknown",
+			d.handler.Name, c.PreviousHolder))
 	}
 	return p.runHeld(work, d, c)
 }

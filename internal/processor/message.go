@@ -52,8 +52,9 @@ type delivery struct {
 	// on); settle calls it before settling.
 	stopRenewal func()
 	// fetched: the message was fetched by its sequence number (a deferred
-	// message whose claim this delivery took with TakeDeferred).
-	fetched bool
+	// message whose claim this delivery took with TakeDeferred);
+	// fromSilent: taken from a holder that had fetched it and went silent.
+	fetched, fromSilent bool
 }
 
 // settlement is what happens to a delivery's message at the end.

@@ -523,6 +523,9 @@ func (h *harness) checkCompletion(m *azservicebus.ReceivedMessage, host string) 
 	if c.State != claim.StateClaimed {
 		return
 	}
+	if c.DeferredSeq != nil && (m.SequenceNumber == nil || *c.DeferredSeq != *m.SequenceNumber) {
+		return // the claim's deferred message carries the work (the holder fetched it; it returns to deferred if the holder died)
+	}
 	now := time.Now()
 	holder, silent := h.led.holder(m.MessageID, now)
 	h.mu.Lock()
