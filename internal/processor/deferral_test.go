@@ -428,3 +428,44 @@ func TestDeferredMessageGoneIsRecoveredFromThePayload(t *testing.T) {
 		}
 	})
 }
+
+// TestCopyOfAKeyWhoseDeferredMessageIsHeldCompletes: a producer's second
+// copy of a key arrives while a replica holds the claim with the key's
+// deferred message it fetched. The copy completes at once (the deferred
+// message carries the work) instead of waiting out its lock for the
+// holder; the effect is performed once.
+func TestCopyOfAKeyWhoseDeferredMessageIsHeldCompletes(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		holding, release := make(chan struct{}), make(chan struct{})
+		b.eff.behaveCtx = func(ctx context.Context, _ string, call int) error {
+			switch call {
+			case 1:
+				return sideeffects.Retryable(errors.New("downstream 503"))
+			case 2:
+				close(holding)
+				select {
+				case <-release:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			return nil
+		}
+		opts := b.deferOptions()
+		b.start(opts)
+		b.send("m1", "pay", `{}`, nil)
+		<-holding // the fetched deferred message's effect runs
+		b.send("m1", "pay", `{}`, nil)
+		b.eventually("the second copy completed while the holder works", func() bool { return countCompleted(b.q, "m1") == 1 })
+		if got := outcomes(opts.Metrics, processor.ResultDuplicate); got != 1 {
+			t.Fatalf("duplicate outcomes %d, want the copy's", got)
+		}
+		close(release)
+		b.waitCompleted(b.q, "m1", 2)
+		b.waitIdle()
+		if calls, done := b.eff.Calls("m1"), b.eff.Performed("m1"); calls != 2 || done != 1 {
+			t.Fatalf("calls %d, performed %d; want 2 and 1", calls, done)
+		}
+	})
+}
