@@ -29,18 +29,27 @@ import (
 // (or a wrapper that does not pass it on) keeps the abandon behaviour.
 type Deferrer interface {
 	// Defer moves a claimed claim held by Owner to released, recording
-	// the deferred message's sequence number (DeferredSeq), its due time
-	// (DueAt: the database clock plus DueIn), NextAttemptAt (DueAt plus
+	// the sequence number of the message about to be deferred
+	// (DeferredSeq), NextAttemptAt (the database clock plus DueIn plus
 	// Grace), the error and the answer; it counts one postponement
-	// (Postponements, PostponedAt set on the first). ErrStateChanged when
-	// the claim is not claimed by Owner.
+	// (Postponements, PostponedAt set on the first). DueAt stays NULL
+	// until SetDue: the message is not deferred yet, and no processor may
+	// look for it. ErrStateChanged when the claim is not claimed by Owner.
 	Defer(ctx context.Context, params *DeferParams) error
+
+	// SetDue records, once the message is deferred at the broker, when it
+	// is due (DueAt: the database clock plus DueIn). Guarded on the claim
+	// being released by Owner with DeferredSeq Seq and no DueAt yet.
+	// ErrStateChanged otherwise.
+	SetDue(ctx context.Context, params *SetDueParams) error
 
 	// FindDue returns, earliest due first, the claims of Consumer and
 	// Entity whose deferred message a processor should fetch: released
-	// with DueAt passed, or claimed with a DeferredSeq by a holder silent
-	// for SilentFor (a processor that took it and died). It changes
-	// nothing.
+	// with DueAt passed; released with a DeferredSeq but no DueAt for
+	// SilentFor (the holder died between Defer and SetDue: its message may
+	// be deferred, or was never); or claimed with a DeferredSeq by a
+	// holder silent for SilentFor (a processor that fetched it and died).
+	// It changes nothing.
 	FindDue(ctx context.Context, params *FindDueParams) ([]*Claim, error)
 
 	// TakeDeferred gives a claim found by FindDue to a new owner, guarded
@@ -59,13 +68,23 @@ type DeferParams struct {
 	Owner uuid.UUID
 	// Seq is the broker sequence number of the message being deferred.
 	Seq int64
-	// DueIn is how long from now (database clock) the message is due.
+	// DueIn is how long from now (database clock) the message will be
+	// due (SetDue records the due time once it is deferred); with Grace it
+	// sets NextAttemptAt.
 	DueIn time.Duration
 	// Grace is how long after DueAt the reconciler's recovery may take
 	// the claim over from its deferred message (NextAttemptAt).
 	Grace  time.Duration
 	Error  string  // why the effect was not performed
 	Answer *Answer // the downstream's answer; nil keeps the claim's
+}
+
+// SetDueParams is the input of SetDue.
+type SetDueParams struct {
+	ID    int64
+	Owner uuid.UUID
+	Seq   int64
+	DueIn time.Duration
 }
 
 // FindDueParams is the input of FindDue.

@@ -265,9 +265,10 @@ type TakeOverParams struct {
 	Route       string
 	Fingerprint string
 	// Seq (PathRedelivery) is the broker sequence number of the taking
-	// delivery. A claim whose message is deferred under another sequence
-	// number (DeferredSeq) is refused: that message carries the claim. A
-	// take-over clears DeferredSeq and DueAt.
+	// delivery. A claim that names another message (DeferredSeq: deferred,
+	// being deferred, or fetched by its holder) is refused: that message
+	// carries the claim. A take-over, like a Release, clears DeferredSeq
+	// and DueAt.
 	Seq *int64
 	// NewKey (PathOperator only) moves the claim to a new idempotency key
 	// in the same guarded write: KeyRevision + 1, EffectKey

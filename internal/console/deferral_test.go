@@ -20,6 +20,9 @@ func TestDeferredClaimShowsWhenItsMessageIsDue(t *testing.T) {
 		Grace: time.Hour, Error: "HTTP 503"}); err != nil {
 		t.Fatal(err)
 	}
+	if err := f.store.SetDue(context.Background(), &claim.SetDueParams{ID: c.ID, Owner: c.Owner, Seq: 4242, DueIn: 10 * time.Minute}); err != nil {
+		t.Fatal(err)
+	}
 	page := f.client(alice, aliceID).getPage(fmt.Sprintf("/claims/%d", c.ID))
 	mustStatus(t, "deferred claim", page, http.StatusOK)
 	mustContain(t, "deferred claim", page, `id="due"`, "sequence number 4242, deferred at Service Bus; a processor fetches it then",

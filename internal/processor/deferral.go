@@ -118,6 +118,7 @@ func (p *Processor) postpone(work context.Context, d *delivery, c *claim.Claim, 
 		return verdict{result: ResultCrashed}, true
 	}
 	p.metrics.Postponed.WithLabelValues(d.handler.Name).Inc()
+	d.deferral = &claim.SetDueParams{ID: c.ID, Owner: c.Owner, Seq: *d.msg.SequenceNumber, DueIn: delay}
 	return verdict{result: ResultPostponed, settle: settleDefer,
 		attrs: []any{"due_in", delay.Round(time.Millisecond).String(), "postponements", c.Postponements + 1, "error", res.Err}}, true
 }
@@ -179,6 +180,8 @@ func deferredElsewhere(d *delivery, c *claim.Claim) (bool, string) {
 	switch {
 	case c.State == claim.StateReleased && c.DueAt != nil:
 		return true, fmt.Sprintf("the claim's message (sequence number %d) is deferred until %s and carries the work", *c.DeferredSeq, c.DueAt.Format(time.RFC3339))
+	case c.State == claim.StateReleased:
+		return true, fmt.Sprintf("the claim's message (sequence number %d) is being deferred and carries the work", *c.DeferredSeq)
 	case c.State == claim.StateClaimed:
 		// Its holder fetched the claim's deferred message. If it died, the
 		// message goes back to deferred when its lock ends and a poller
@@ -304,8 +307,12 @@ func (p *Processor) fetch(ctx, work context.Context, lr *liveReceiver, c *claim.
 		p.metrics.DeferredFetches.WithLabelValues("error").Inc()
 		log.Warn("fetching a deferred message failed; due again at the next poll", "error", err)
 		werr := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
-			return p.deferrer.Defer(ctx, &claim.DeferParams{ID: taken.ID, Owner: taken.Owner, Seq: seq, DueIn: p.opts.DeferPollInterval,
+			err := p.deferrer.Defer(ctx, &claim.DeferParams{ID: taken.ID, Owner: taken.Owner, Seq: seq, DueIn: p.opts.DeferPollInterval,
 				Grace: p.opts.DeferGrace, Error: "fetching the deferred message failed: " + claim.ErrorText(err)})
+			if err != nil {
+				return err
+			}
+			return p.deferrer.SetDue(ctx, &claim.SetDueParams{ID: taken.ID, Owner: taken.Owner, Seq: seq, DueIn: p.opts.DeferPollInterval})
 		})
 		if werr != nil {
 			p.storeErr(werr)
@@ -364,4 +371,18 @@ func (p *Processor) runFetched(work context.Context, d *delivery, c *claim.Claim
 			d.handler.Name, c.PreviousHolder))
 	}
 	return p.runHeld(work, d, c)
+}
+
+// deferred records, once settle deferred the message, when it is due
+// (SetDue). Until then no poller looks for it: the message may not be
+// deferred yet. When this write fails, a poller finds the claim once its
+// holder (this delivery) is silent for TakeoverAfter, and fetches it then.
+func (p *Processor) deferred(d *delivery) {
+	err := held.Write(context.Background(), p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
+		return p.deferrer.SetDue(ctx, d.deferral)
+	})
+	if err != nil {
+		p.storeErr(err)
+		d.log.Warn("message deferred but recording its due time failed; it is fetched once this holder is silent", "error", err)
+	}
 }

@@ -55,6 +55,9 @@ type delivery struct {
 	// message whose claim this delivery took with TakeDeferred);
 	// fromSilent: taken from a holder that had fetched it and went silent.
 	fetched, fromSilent bool
+	// deferral is the due time to record once the message is deferred
+	// (set by postpone).
+	deferral *claim.SetDueParams
 }
 
 // settlement is what happens to a delivery's message at the end.
@@ -912,6 +915,9 @@ func (p *Processor) settle(d *delivery, v verdict) {
 		what, err = "abandon", d.lr.r.AbandonMessage(ctx, d.msg, nil)
 	case settleDefer:
 		what, err = "defer", d.lr.r.DeferMessage(ctx, d.msg, nil)
+		if err == nil && d.deferral != nil {
+			p.deferred(d)
+		}
 	case settleDeadLetter:
 		p.metrics.DeadLetters.WithLabelValues(v.reason).Inc()
 		desc := deadLetterText(v.description)

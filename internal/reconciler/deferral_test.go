@@ -32,6 +32,9 @@ func TestRecoveryLeavesADeferredClaimToItsMessage(t *testing.T) {
 			if err := d.Defer(ctx, &claim.DeferParams{ID: c.ID, Owner: c.Owner, Seq: int64(100 + i), DueIn: 0, Grace: grace, Error: "HTTP 503"}); err != nil {
 				t.Fatal(err)
 			}
+			if err := d.SetDue(ctx, &claim.SetDueParams{ID: c.ID, Owner: c.Owner, Seq: int64(100 + i)}); err != nil {
+				t.Fatal(err)
+			}
 		}
 		tdb.backdateHeartbeat(t, time.Hour, waiting.ID, abandoned.ID)
 

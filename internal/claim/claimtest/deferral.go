@@ -30,6 +30,8 @@ func (s *suite) deferralTests() []struct {
 		{"TakeDeferredRetakesFromASilentHolder", s.takeDeferredSilent},
 		{"RedeliveryOfAnotherMessageIsRefusedWhileDeferred", s.deferredRefusesOtherRedelivery},
 		{"RecoveryLeavesADeferredClaimUntilItsGrace", s.deferredNotStale},
+		{"DeferringClaimIsFetchedOnlyOnceItsHolderIsSilent", s.deferringSilent},
+		{"ReleaseForgetsTheDeferredMessage", s.releaseForgets},
 	}
 }
 
@@ -50,6 +52,12 @@ func deferOne(t *testing.T, st claim.Store, d claim.Deferrer, consumer string, s
 	if err := d.Defer(ctxT(t), &claim.DeferParams{ID: c.ID, Owner: c.Owner, Seq: seq, DueIn: dueIn, Grace: grace,
 		Error: "HTTP 503", Answer: &claim.Answer{Status: 503}}); err != nil {
 		t.Fatalf("Defer: %v", err)
+	}
+	if got := mustGet(t, st, c.ID); got.DueAt != nil || got.Deferred() {
+		t.Fatalf("after Defer, before SetDue: DueAt %v; want none (the message is not deferred yet)", got.DueAt)
+	}
+	if err := d.SetDue(ctxT(t), &claim.SetDueParams{ID: c.ID, Owner: c.Owner, Seq: seq, DueIn: dueIn}); err != nil {
+		t.Fatalf("SetDue: %v", err)
 	}
 	return mustGet(t, st, c.ID)
 }
@@ -260,5 +268,61 @@ func (s *suite) deferredNotStale(t *testing.T) {
 		Path: claim.PathReconciler, SilentFor: time.Minute, By: "reconciler", Reason: "stale",
 		Route: c.Route, Fingerprint: c.Fingerprint}); err != nil {
 		t.Fatalf("recovery past the grace: %v", err)
+	}
+}
+
+func (s *suite) deferringSilent(t *testing.T) {
+	st, d := s.deferrer(t)
+	c := mustWin(t, st, msg("", "billing", "body"))
+	if err := d.Defer(ctxT(t), &claim.DeferParams{ID: c.ID, Owner: c.Owner, Seq: 21, Grace: time.Hour}); err != nil {
+		t.Fatalf("Defer: %v", err)
+	}
+	find := func() []*claim.Claim {
+		got, err := d.FindDue(ctxT(t), &claim.FindDueParams{Consumer: "billing", Entity: c.Entity, SilentFor: time.Minute})
+		if err != nil {
+			t.Fatalf("FindDue: %v", err)
+		}
+		return got
+	}
+	if got := find(); len(got) != 0 {
+		t.Fatal("FindDue returned a claim whose holder is deferring its message right now")
+	}
+	err := d.SetDue(ctxT(t), &claim.SetDueParams{ID: c.ID, Owner: uuid.New(), Seq: 21})
+	wantErr(t, "SetDue by another owner", err, claim.ErrStateChanged)
+	err = d.SetDue(ctxT(t), &claim.SetDueParams{ID: c.ID, Owner: c.Owner, Seq: 22})
+	wantErr(t, "SetDue naming another message", err, claim.ErrStateChanged)
+	// The holder died between Defer and SetDue: once silent, the claim is
+	// found, and taken, so its message is looked for.
+	s.backdate(t, st, c.ID, 10*time.Minute)
+	if got := find(); len(got) != 1 {
+		t.Fatalf("FindDue after the holder went silent = %d claims, want it", len(got))
+	}
+	if _, err := d.TakeDeferred(ctxT(t), &claim.TakeDeferredParams{ID: c.ID, PreviousOwner: c.Owner, Owner: uuid.New(),
+		Seq: 21, SilentFor: time.Minute, By: "host-b"}); err != nil {
+		t.Fatalf("TakeDeferred of a silent deferring claim: %v", err)
+	}
+}
+
+func (s *suite) releaseForgets(t *testing.T) {
+	st, d := s.deferrer(t)
+	c := deferOne(t, st, d, "billing", 31, 0, time.Hour)
+	taken, err := d.TakeDeferred(ctxT(t), &claim.TakeDeferredParams{ID: c.ID, PreviousOwner: c.Owner, Owner: uuid.New(),
+		Seq: 31, SilentFor: time.Minute, By: "host-b"})
+	if err != nil {
+		t.Fatalf("TakeDeferred: %v", err)
+	}
+	err = d.SetDue(ctxT(t), &claim.SetDueParams{ID: c.ID, Owner: taken.Owner, Seq: 31})
+	wantErr(t, "SetDue of a claimed claim", err, claim.ErrStateChanged)
+	if err := st.Release(ctxT(t), &claim.ReleaseParams{ID: c.ID, Owner: taken.Owner, Error: "gone"}); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	got := mustGet(t, st, c.ID)
+	if got.DeferredSeq != nil || got.DueAt != nil {
+		t.Fatalf("after Release: DeferredSeq %v, DueAt %v; want both cleared (any delivery may take it)", got.DeferredSeq, got.DueAt)
+	}
+	if _, err := st.TakeOver(ctxT(t), &claim.TakeOverParams{ID: c.ID, PreviousOwner: taken.Owner, Owner: uuid.New(),
+		Path: claim.PathRedelivery, SilentFor: time.Minute, By: "host-c", Reason: "released", Seq: ptr(int64(99)),
+		Route: c.Route, Fingerprint: c.Fingerprint}); err != nil {
+		t.Fatalf("redelivery of another message after the release: %v", err)
 	}
 }

@@ -24,14 +24,25 @@ func (s *Store) Defer(ctx context.Context, params *claim.DeferParams) error {
 	}
 	a := args{{params.ID, declID}, {guid(params.Owner), declGUID}, {text(truncate(params.Error, maxLastError)), declLongText},
 		{answer, declAnswer}, {params.Seq, declID}}
-	due := laterSQL(&a, params.DueIn)
 	next := laterSQL(&a, params.DueIn+params.Grace)
 	return s.execGuarded(ctx, "defer", params.ID, declareNow+`UPDATE dbo.Claims
 SET State = 'released', ReleasedUtc = @now, HeartbeatUtc = @now, LastError = @p3, DeferredSeq = @p5,
-    DueUtc = `+due+`, NextAttemptUtc = `+next+`,
+    DueUtc = NULL, NextAttemptUtc = `+next+`,
     Postponements = Postponements + 1, PostponedUtc = COALESCE(PostponedUtc, @now), `+setAnswer("@p4")+`
 OUTPUT INSERTED.Id
 WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`, a...)
+}
+
+// SetDue records when a deferred message is due (see claim.Deferrer).
+func (s *Store) SetDue(ctx context.Context, params *claim.SetDueParams) error {
+	if params.DueIn < 0 {
+		return fmt.Errorf("set due: DueIn cannot be negative")
+	}
+	a := args{{params.ID, declID}, {guid(params.Owner), declGUID}, {params.Seq, declID}}
+	due := laterSQL(&a, params.DueIn)
+	return s.execGuarded(ctx, "set the due time of", params.ID, `UPDATE dbo.Claims SET DueUtc = `+due+`
+OUTPUT INSERTED.Id
+WHERE Id = @p1 AND Owner = @p2 AND State = 'released' AND DeferredSeq = @p3 AND DueUtc IS NULL;`, a...)
 }
 
 // duePredicate is FindDue's and TakeDeferred's test, adding the SilentFor
@@ -39,7 +50,7 @@ WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`, a...)
 // so the optimizer matches the filtered index.
 func duePredicate(a *args, silentFor time.Duration) string {
 	return "DeferredSeq IS NOT NULL AND State IN ('claimed', 'released')" +
-		" AND ((State = 'released' AND DueUtc <= SYSUTCDATETIME()) OR (State = 'claimed' AND HeartbeatUtc < " + agoSQL(a, silentFor) + "))"
+		" AND ((State = 'released' AND DueUtc <= SYSUTCDATETIME()) OR ((State = 'claimed' OR DueUtc IS NULL) AND HeartbeatUtc < " + agoSQL(a, silentFor) + "))"
 }
 
 // FindDue lists the claims whose deferred message is due, earliest first.

@@ -107,6 +107,7 @@ func TestEveryQueryNumbersItsParameters(t *testing.T) {
 		SilentFor: time.Minute, By: "h", Reason: "r", Route: "route", Fingerprint: "fp", Seq: &seq43})
 	check("TakeOver by a delivery with a sequence number", err)
 	check("Defer", st.Defer(ctx, &claim.DeferParams{ID: 7, Owner: owner, Seq: 43, DueIn: 90 * time.Second, Grace: time.Hour, Error: "e", Answer: answer}))
+	check("SetDue", st.SetDue(ctx, &claim.SetDueParams{ID: 7, Owner: owner, Seq: 43, DueIn: 90 * time.Second}))
 	_, err = st.FindDue(ctx, &claim.FindDueParams{Consumer: "c", Entity: "orders", SilentFor: time.Minute, Limit: 5})
 	check("FindDue", err)
 	_, err = st.TakeDeferred(ctx, &claim.TakeDeferredParams{ID: 7, PreviousOwner: owner, Owner: uuid.New(), Seq: 43, SilentFor: time.Minute, By: "h", Reason: "due"})

@@ -389,7 +389,7 @@ func takeOverPath(a *args, p *claim.TakeOverParams) string {
 			seq = *p.Seq
 		}
 		return "(State = 'released' OR (State = 'claimed' AND HeartbeatUtc < " + agoSQL(a, p.SilentFor) + "))" +
-			" AND (DeferredSeq IS NULL OR DeferredSeq = " + a.add(seq, declID) + " OR (State = 'released' AND DueUtc IS NULL))"
+			" AND (DeferredSeq IS NULL OR DeferredSeq = " + a.add(seq, declID) + ")"
 	case claim.PathReconciler:
 		return unfinished + " AND HeartbeatUtc < " + agoSQL(a, p.SilentFor) +
 			" AND (NextAttemptUtc IS NULL OR NextAttemptUtc <= SYSUTCDATETIME())"
@@ -579,7 +579,8 @@ func (s *Store) Release(ctx context.Context, params *claim.ReleaseParams) error 
 		next = laterSQL(&a, params.NextAttemptIn)
 	}
 	return s.execGuarded(ctx, "release", params.ID, declareNow+`UPDATE dbo.Claims
-SET State = 'released', ReleasedUtc = @now, HeartbeatUtc = @now, LastError = @p3, NextAttemptUtc = `+next+`, `+setAnswer("@p4")+`
+SET State = 'released', ReleasedUtc = @now, HeartbeatUtc = @now, LastError = @p3, NextAttemptUtc = `+next+`,
+    DeferredSeq = NULL, DueUtc = NULL, `+setAnswer("@p4")+`
 OUTPUT INSERTED.Id
 WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`, a...)
 }
@@ -628,6 +629,7 @@ FROM dbo.Claims AS c JOIN @w AS w ON w.Id = c.Id
 WHERE w.Kind = ` + kindAttempt + ` AND c.Owner = w.Owner AND c.State = 'claimed';
 UPDATE c SET State = 'released', ReleasedUtc = @now, HeartbeatUtc = @now, LastError = w.Err,
 	NextAttemptUtc = CASE WHEN w.NextSec > 0 OR w.NextUs > 0 THEN DATEADD(microsecond, w.NextUs, DATEADD(second, w.NextSec, @now)) END,
+	DeferredSeq = NULL, DueUtc = NULL,
 	Answer = COALESCE(w.Answer, c.Answer), AnswerUtc = CASE WHEN w.Answer IS NULL THEN c.AnswerUtc ELSE @now END
 OUTPUT INSERTED.Id INTO @done
 FROM dbo.Claims AS c JOIN @w AS w ON w.Id = c.Id
@@ -719,7 +721,7 @@ func (s *Store) FlagStale(ctx context.Context, params *claim.FlagStaleParams) ([
     FROM dbo.Claims WITH (ROWLOCK, UPDLOCK, READPAST, READCOMMITTEDLOCK)
     WHERE ` + unfinished + `
       AND HeartbeatUtc < ` + cutoff + `
-      AND (DueUtc IS NULL OR NextAttemptUtc <= SYSUTCDATETIME()) -- a deferred message's grace (claim.Deferrer)
+      AND (DeferredSeq IS NULL OR NextAttemptUtc IS NULL OR NextAttemptUtc <= SYSUTCDATETIME()) -- a deferred message's grace (claim.Deferrer)
     ORDER BY HeartbeatUtc
 )
 UPDATE stale

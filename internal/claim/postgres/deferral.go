@@ -23,18 +23,27 @@ func (s *Store) Defer(ctx context.Context, params *claim.DeferParams) error {
 		return fmt.Errorf("defer claim %d: %w", params.ID, err)
 	}
 	return s.execGuarded(ctx, "defer", params.ID, `UPDATE claims SET state = 'released', released_utc = now(),
-		heartbeat_utc = now(), last_error = $1, deferred_seq = $5,
-		due_utc = now() + make_interval(secs => $6), next_attempt_utc = now() + make_interval(secs => $7),
+		heartbeat_utc = now(), last_error = $1, deferred_seq = $5, due_utc = NULL,
+		next_attempt_utc = now() + make_interval(secs => $6),
 		postponements = postponements + 1, postponed_utc = coalesce(postponed_utc, now()), `+setAnswer(4)+`
 		WHERE id = $2 AND owner = $3 AND state = 'claimed'`,
-		params.Error, params.ID, params.Owner, answer, params.Seq,
-		secs(params.DueIn), secs(params.DueIn+params.Grace))
+		params.Error, params.ID, params.Owner, answer, params.Seq, secs(params.DueIn+params.Grace))
+}
+
+// SetDue records when a deferred message is due (see claim.Deferrer).
+func (s *Store) SetDue(ctx context.Context, params *claim.SetDueParams) error {
+	if params.DueIn < 0 {
+		return errors.New("set due: DueIn cannot be negative")
+	}
+	return s.execGuarded(ctx, "set the due time of", params.ID, `UPDATE claims SET due_utc = now() + make_interval(secs => $4)
+		WHERE id = $1 AND owner = $2 AND state = 'released' AND deferred_seq = $3 AND due_utc IS NULL`,
+		params.ID, params.Owner, params.Seq, secs(params.DueIn))
 }
 
 // duePredicate is FindDue's and TakeDeferred's test; $1 is SilentFor in
 // seconds.
 const duePredicate = `deferred_seq IS NOT NULL AND ((state = 'released' AND due_utc <= now())
-	OR (state = 'claimed' AND heartbeat_utc < now() - make_interval(secs => $1)))`
+	OR ((state = 'claimed' OR due_utc IS NULL) AND heartbeat_utc < now() - make_interval(secs => $1)))`
 
 // FindDue lists the claims whose deferred message is due, earliest first.
 func (s *Store) FindDue(ctx context.Context, params *claim.FindDueParams) ([]*claim.Claim, error) {

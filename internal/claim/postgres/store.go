@@ -356,7 +356,7 @@ func (s *Store) ClaimTx(ctx context.Context, params *claim.ClaimTxParams, fn fun
 // version when a concurrent writer (a heartbeat) committed first.
 var takeOverPaths = map[claim.TakeOverPath]string{
 	claim.PathRedelivery: `(state = 'released' OR (state = 'claimed' AND heartbeat_utc < now() - make_interval(secs => $8)))
-		AND (deferred_seq IS NULL OR deferred_seq = $12::bigint OR (state = 'released' AND due_utc IS NULL))`,
+		AND (deferred_seq IS NULL OR deferred_seq = $12::bigint)`,
 	claim.PathReconciler: `state IN ('claimed', 'released') AND heartbeat_utc < now() - make_interval(secs => $8)
 		AND (next_attempt_utc IS NULL OR next_attempt_utc <= now())`,
 	// The operator path does not test silence; the cast only gives the
@@ -495,7 +495,8 @@ func setProcessed(answer string) string {
 
 func setReleased(err, next, answer string) string {
 	return `state = 'released', released_utc = now(), heartbeat_utc = now(), last_error = ` + err + `,
-		next_attempt_utc = CASE WHEN ` + next + ` > 0 THEN now() + make_interval(secs => ` + next + `) END, ` + setAnswerTo(answer)
+		next_attempt_utc = CASE WHEN ` + next + ` > 0 THEN now() + make_interval(secs => ` + next + `) END,
+		deferred_seq = NULL, due_utc = NULL, ` + setAnswerTo(answer)
 }
 
 func setAttempt(err, next, answer string) string {
@@ -637,10 +638,10 @@ func (s *Store) TakeDeadLetter(ctx context.Context, params *claim.TakeDeadLetter
 // scan (which the partial index ix_claims_unfinished serves). $1 is
 // StaleAfter in seconds.
 //
-// A claim whose message is deferred (due_utc set) is left to its message
-// until its grace ran out (next_attempt_utc: claim.Deferrer).
+// A claim whose message is deferred (deferred_seq set) is left to its
+// message until its grace ran out (next_attempt_utc: claim.Deferrer).
 const stalePredicate = `state IN ('claimed', 'released') AND heartbeat_utc < now() - make_interval(secs => $1)
-	AND (due_utc IS NULL OR next_attempt_utc <= now())`
+	AND (deferred_seq IS NULL OR next_attempt_utc IS NULL OR next_attempt_utc <= now())`
 
 // FlagStale flags at most Limit stale claims in one UPDATE.
 func (s *Store) FlagStale(ctx context.Context, params *claim.FlagStaleParams) ([]*claim.Claim, error) {

@@ -396,7 +396,7 @@ func later(d time.Duration) string { return fmt.Sprintf("+%.3f seconds", d.Secon
 // and route; ?8 is the SilentFor modifier (see ago).
 var takeOverPaths = map[claim.TakeOverPath]string{
 	claim.PathRedelivery: `(state = 'released' OR (state = 'claimed' AND heartbeat_utc < strftime('%Y-%m-%dT%H:%M:%f','now',?8)))
-		AND (deferred_seq IS NULL OR deferred_seq = ?12 OR (state = 'released' AND due_utc IS NULL))`,
+		AND (deferred_seq IS NULL OR deferred_seq = ?12)`,
 	claim.PathReconciler: `state IN ('claimed', 'released') AND heartbeat_utc < strftime('%Y-%m-%dT%H:%M:%f','now',?8)
 		AND (next_attempt_utc IS NULL OR next_attempt_utc <= ` + nowSQL + `)`,
 	claim.PathOperator: `state = 'flagged'`,
@@ -541,7 +541,7 @@ func outcomeSQL(w claim.OutcomeWrite) (string, []any, error) {
 	case claim.WriteRelease:
 		next, args := nextAttempt(args, v.NextAttemptIn, "NULL")
 		return `UPDATE claims SET state = 'released', released_utc = ` + nowSQL + `, heartbeat_utc = ` + nowSQL + `, last_error = ?1,
-		next_attempt_utc = ` + next + `, ` + setAnswer(4) + guard, args, nil
+		next_attempt_utc = ` + next + `, deferred_seq = NULL, due_utc = NULL, ` + setAnswer(4) + guard, args, nil
 	case claim.WriteRecordAttempt:
 		next, args := nextAttempt(args, v.NextAttemptIn, "next_attempt_utc")
 		return `UPDATE claims SET attempts = attempts + 1, last_error = ?1, next_attempt_utc = ` + next + `, ` + setAnswer(4) + guard, args, nil
@@ -648,10 +648,10 @@ func (s *Store) RecordAttempt(ctx context.Context, params *claim.RecordAttemptPa
 // candidate scan (served by ix_claims_unfinished). ?1 is the StaleAfter
 // modifier.
 //
-// A claim whose message is deferred (due_utc set) is left to its message
-// until its grace ran out (next_attempt_utc: claim.Deferrer).
+// A claim whose message is deferred (deferred_seq set) is left to its
+// message until its grace ran out (next_attempt_utc: claim.Deferrer).
 const stalePredicate = `state IN ('claimed', 'released') AND heartbeat_utc < ` + agoSQL + `
-	AND (due_utc IS NULL OR next_attempt_utc <= ` + nowSQL + `)`
+	AND (deferred_seq IS NULL OR next_attempt_utc IS NULL OR next_attempt_utc <= ` + nowSQL + `)`
 
 // FlagStale flags at most Limit stale claims in one UPDATE.
 func (s *Store) FlagStale(ctx context.Context, params *claim.FlagStaleParams) ([]*claim.Claim, error) {

@@ -42,6 +42,17 @@ func (s *gateStore) Defer(ctx context.Context, p *claim.DeferParams) error {
 	return d.Defer(ctx, p)
 }
 
+func (s *gateStore) SetDue(ctx context.Context, p *claim.SetDueParams) error {
+	if err := s.pass(ctx, "SetDue", p.ID); err != nil {
+		return err
+	}
+	d, err := deferrerOf(s.inner)
+	if err != nil {
+		return err
+	}
+	return d.SetDue(ctx, p)
+}
+
 func (s *gateStore) FindDue(ctx context.Context, p *claim.FindDueParams) ([]*claim.Claim, error) {
 	if err := s.pass(ctx, "FindDue", 0); err != nil {
 		return nil, err
@@ -78,6 +89,16 @@ func (s *traceStore) Defer(ctx context.Context, p *claim.DeferParams) error {
 	return err
 }
 
+func (s *traceStore) SetDue(ctx context.Context, p *claim.SetDueParams) error {
+	d, err := deferrerOf(s.Store)
+	if err != nil {
+		return err
+	}
+	err = d.SetDue(ctx, p)
+	s.hist.add(s.hist.keyOf(p.ID), "%s SetDue claim %d (seq %d, due in %s): %s", s.host, p.ID, p.Seq, p.DueIn.Round(time.Millisecond), errText(err))
+	return err
+}
+
 func (s *traceStore) FindDue(ctx context.Context, p *claim.FindDueParams) ([]*claim.Claim, error) {
 	d, err := deferrerOf(s.Store)
 	if err != nil {
@@ -109,6 +130,14 @@ func (s *lostAckStore) Defer(ctx context.Context, p *claim.DeferParams) error {
 		return err
 	}
 	return d.Defer(ctx, p)
+}
+
+func (s *lostAckStore) SetDue(ctx context.Context, p *claim.SetDueParams) error {
+	d, err := deferrerOf(s.Store)
+	if err != nil {
+		return err
+	}
+	return d.SetDue(ctx, p)
 }
 
 func (s *lostAckStore) FindDue(ctx context.Context, p *claim.FindDueParams) ([]*claim.Claim, error) {
