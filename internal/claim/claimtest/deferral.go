@@ -297,10 +297,23 @@ func (s *suite) deferringSilent(t *testing.T) {
 	if got := find(); len(got) != 1 {
 		t.Fatalf("FindDue after the holder went silent = %d claims, want it", len(got))
 	}
-	if _, err := d.TakeDeferred(ctxT(t), &claim.TakeDeferredParams{ID: c.ID, PreviousOwner: c.Owner, Owner: uuid.New(),
-		Seq: 21, SilentFor: time.Minute, By: "host-b"}); err != nil {
+	taken, err := d.TakeDeferred(ctxT(t), &claim.TakeDeferredParams{ID: c.ID, PreviousOwner: c.Owner, Owner: uuid.New(),
+		Seq: 21, SilentFor: time.Minute, By: "host-b"})
+	if err != nil {
 		t.Fatalf("TakeDeferred of a silent deferring claim: %v", err)
 	}
+	// Finished, the claim is never found again, however old: it keeps
+	// the sequence number of the message it was fetched with.
+	if err := st.MarkProcessed(ctxT(t), &claim.MarkProcessedParams{ID: c.ID, Owner: taken.Owner}); err != nil {
+		t.Fatalf("MarkProcessed: %v", err)
+	}
+	s.backdate(t, st, c.ID, time.Hour)
+	if got := find(); len(got) != 0 {
+		t.Fatalf("FindDue returned a processed claim (state %s)", got[0].State)
+	}
+	_, err = d.TakeDeferred(ctxT(t), &claim.TakeDeferredParams{ID: c.ID, PreviousOwner: taken.Owner, Owner: uuid.New(),
+		Seq: 21, SilentFor: time.Minute, By: "host-c"})
+	wantErr(t, "TakeDeferred of a processed claim", err, claim.ErrStateChanged)
 }
 
 func (s *suite) releaseForgets(t *testing.T) {
