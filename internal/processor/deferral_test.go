@@ -171,6 +171,8 @@ func TestRetryAfterIsHonoured(t *testing.T) {
 		b.start(b.deferOptions())
 		b.send("m1", "pay", `{}`, nil)
 		b.eventually("the message deferred", func() bool { return b.q.Stats().Deferred == 1 })
+		// SetDue follows DeferMessage.
+		b.eventually("the due time recorded", func() bool { return b.claimOf("m1").DueAt != nil })
 		c := b.claimOf("m1")
 		if !c.Deferred() || c.ReleasedAt == nil {
 			t.Fatalf("claim: state %s, due %v; want released and deferred", c.State, c.DueAt)
