@@ -146,6 +146,19 @@ type Claim struct {
 	// KeyFormNote says it in words, with the revision when there is one.
 	KeyFormNote string
 
+	// Delayed retries (Route.Backoff): DeferredSeq is the sequence number
+	// of the claim's message while it is deferred at Service Bus (nil:
+	// none); DueAt when it is fetched again (nil: not waiting);
+	// Postponements how many times the effect was postponed, PostponedAt
+	// the first time.
+	DeferredSeq   *int64
+	DueAt         *time.Time
+	Postponements int
+	PostponedAt   *time.Time
+	// Deferred is true while the claim waits for its deferred message to
+	// be due.
+	Deferred bool
+
 	// How the claim was resolved (by an operator, or a redrive), by whom
 	// and why.
 	ResolvedAt     *time.Time
@@ -181,7 +194,8 @@ func publicClaim(c *claim.Claim) *Claim {
 		DeadLetterSeq: c.DeadLetterSeq, KeyRevision: c.KeyRevision, KeyRevisedBy: c.KeyRevisedBy,
 		KeyRevisedAt: c.KeyRevisedAt, KeyRevisionNote: c.KeyRevisionNote, ResolvedAt: c.ResolvedAt,
 		Resolution: Resolution(c.Resolution), ResolvedBy: c.ResolvedBy, ResolutionNote: c.ResolutionNote,
-		KeyForm: string(c.KeyForm), KeyFormNote: c.FormNote()}
+		KeyForm: string(c.KeyForm), KeyFormNote: c.FormNote(),
+		DeferredSeq: c.DeferredSeq, DueAt: c.DueAt, Postponements: c.Postponements, PostponedAt: c.PostponedAt, Deferred: c.Deferred()}
 	if c.PreviousOwner != uuid.Nil {
 		pc.PreviousOwner = c.PreviousOwner.String()
 	}

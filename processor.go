@@ -25,6 +25,11 @@ type Receiver interface {
 	AbandonMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.AbandonMessageOptions) error
 	DeadLetterMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.DeadLetterOptions) error
 	RenewMessageLock(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.RenewMessageLockOptions) error
+	// DeferMessage and ReceiveDeferredMessages carry delayed retries (see
+	// Backoff): a message whose effect must wait is deferred and fetched
+	// again by its sequence number when due.
+	DeferMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.DeferMessageOptions) error
+	ReceiveDeferredMessages(ctx context.Context, sequenceNumbers []int64, options *azservicebus.ReceiveDeferredMessagesOptions) ([]*azservicebus.ReceivedMessage, error)
 	PeekMessages(ctx context.Context, maxMessageCount int, options *azservicebus.PeekMessagesOptions) ([]*azservicebus.ReceivedMessage, error)
 	Close(ctx context.Context) error
 }
@@ -126,6 +131,18 @@ type ProcessorConfig struct {
 	NoPayload bool
 	// MaxPayloadBytes dead-letters larger bodies (default 256 KiB).
 	MaxPayloadBytes int
+	// Delayed retries (Route.Backoff). MaxDeliveryCount is the entity's
+	// MaxDeliveryCount (default 10): each fetch of a deferred message
+	// counts as a delivery, so a message that reached it is not deferred
+	// again — its claim is handed to the reconciler with its stored
+	// payload and the message completed. DeferPollInterval is how often a
+	// processor looks for due claims (default 5s); DeferGrace how long
+	// past due the reconciler leaves a deferred claim to its message
+	// (default 1h). NoDeferral turns delayed retries off for every route.
+	MaxDeliveryCount  int
+	DeferPollInterval time.Duration
+	DeferGrace        time.Duration
+	NoDeferral        bool
 	// StoreTimeout bounds each claims-store call (default 5s);
 	// SettleTimeout each settlement (default 5s); ShutdownTimeout how long
 	// effects in flight may run after Run's context ends (default 15s).
@@ -195,6 +212,10 @@ func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
 		Retry:                  cfg.Retry.internal(),
 		StorePayload:           !cfg.NoPayload,
 		MaxPayloadBytes:        cfg.MaxPayloadBytes,
+		MaxDeliveryCount:       cfg.MaxDeliveryCount,
+		DeferPollInterval:      cfg.DeferPollInterval,
+		DeferGrace:             cfg.DeferGrace,
+		NoDeferral:             cfg.NoDeferral,
 		StoreTimeout:           cfg.StoreTimeout,
 		SettleTimeout:          cfg.SettleTimeout,
 		ShutdownTimeout:        cfg.ShutdownTimeout,

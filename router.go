@@ -80,6 +80,9 @@ type Route struct {
 	// JSONBody dead-letters a message whose body is not JSON
 	// (MalformedBody) before it is claimed.
 	JSONBody bool
+	// Backoff is the route's delayed-retry schedule (zero:
+	// DefaultBackoff).
+	Backoff Backoff
 }
 
 // Router picks a message's route: the first registered route whose Match
@@ -120,6 +123,9 @@ func (r *Router) Add(rt Route) error {
 		return fmt.Errorf("sbclaim: route %q: KeyLifetime cannot be negative, got %s", rt.Name, rt.KeyLifetime)
 	case rt.Recovery != "" && rt.Recovery != RecoveryAuto && rt.Recovery != RecoveryManual:
 		return fmt.Errorf("sbclaim: route %q: Recovery must be %q or %q, got %q", rt.Name, RecoveryAuto, RecoveryManual, rt.Recovery)
+	}
+	if err := rt.Backoff.internal().Validate(); err != nil {
+		return fmt.Errorf("sbclaim: route %q: Backoff: %w", rt.Name, err)
 	}
 	r.init()
 	r.names[rt.Name] = true
@@ -166,7 +172,7 @@ type goRoute struct {
 func newGoRoute(rt Route) goRoute {
 	in := sideeffects.Route{Name: rt.Name, Match: sideeffects.Match{Subject: sideeffects.AnySubject},
 		JSONBody: rt.JSONBody, Recovery: sideeffects.Recovery(cmp.Or(rt.Recovery, RecoveryAuto)), Version: rt.Version, AllowNewKey: rt.AllowNewKey,
-		KeyLifetime: rt.KeyLifetime}
+		KeyLifetime: rt.KeyLifetime, Backoff: rt.Backoff.internal()}
 	if rt.Handler != nil {
 		in.Effect = rt.Handler.effect()
 	} else {

@@ -38,9 +38,14 @@ type Config struct {
 	Key                sbclaim.DedupKeyFunc
 	StorePayload       bool
 	MaxPayloadBytes    int
-	Routes             string
-	EffectMaxAttempts  int
-	EffectBudget       time.Duration
+	// Delayed retries (the routes file's backoff per route).
+	MaxDeliveryCount  int
+	DeferPollInterval time.Duration
+	DeferGrace        time.Duration
+	Deferral          bool
+	Routes            string
+	EffectMaxAttempts int
+	EffectBudget      time.Duration
 	// GroupCommit and the three after it tune the group commit of outcome
 	// writes (see internal/groupcommit).
 	GroupCommit            bool
@@ -132,6 +137,10 @@ func configSettings(c *Config) []settings.Setting {
 			}},
 		settings.Bool("SBCLAIM_STORE_PAYLOAD", "store-payload", "true", "keep the body on unfinished claims so flagged claims can be redriven (turn off for PII)", &c.StorePayload),
 		settings.Int("SBCLAIM_MAX_PAYLOAD_BYTES", "max-payload-bytes", "262144", "dead-letter bodies larger than this", 1, 100<<20, &c.MaxPayloadBytes),
+		settings.Bool("SBCLAIM_DEFERRAL", "deferral", "true", "delayed retries: a request the downstream did not perform is retried later (the routes file's backoff) by deferring the message, instead of abandoning it (an immediate redelivery that burns a delivery)", &c.Deferral),
+		settings.Int("SBCLAIM_MAX_DELIVERY_COUNT", "max-delivery-count", "10", "the entity's MaxDeliveryCount: a message whose deliveries are spent is not deferred again; its claim is handed to the reconciler with its stored payload", 1, 2000, &c.MaxDeliveryCount),
+		settings.Duration("SBCLAIM_DEFER_POLL_INTERVAL", "defer-poll-interval", "5s", "how often the processor looks for claims whose deferred message is due", 10*time.Millisecond, &c.DeferPollInterval),
+		settings.Duration("SBCLAIM_DEFER_GRACE", "defer-grace", "1h", "how long past its due time the reconciler leaves a deferred claim to its message before recovering it from the stored payload", time.Second, &c.DeferGrace),
 		settings.Int("SBCLAIM_EFFECT_MAX_ATTEMPTS", "effect-max-attempts", "5", "attempts per effect, with the same idempotency key", 1, 100, &c.EffectMaxAttempts),
 		settings.Duration("SBCLAIM_EFFECT_RETRY_BUDGET", "effect-retry-budget", "2m", "time budget for an effect's attempts; must be below SBCLAIM_MAX_LOCK_RENEWAL", time.Millisecond, &c.EffectBudget),
 		settings.Bool("SBCLAIM_GROUP_COMMIT", "group-commit", "true", "write the outcomes (processed, released, attempts, heartbeats) of messages finishing together in one statement and one commit; a lone write is never delayed", &c.GroupCommit),

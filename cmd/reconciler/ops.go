@@ -188,6 +188,11 @@ func writeClaimFields(tw io.Writer, c *sbclaim.Claim, now time.Time) {
 	row("take-overs:", strconv.Itoa(c.TakeOvers))
 	row("recoveries:", strconv.Itoa(c.Recoveries))
 	row("next attempt:", stamp(now, c.NextAttemptAt))
+	if c.DeferredSeq != nil || c.Postponements > 0 {
+		row("deferred message:", deferredNote(c))
+		row("due at:", stamp(now, c.DueAt))
+		row("postponements:", strconv.Itoa(c.Postponements)+", first at "+stamp(now, c.PostponedAt))
+	}
 	row("delivery count:", strconv.Itoa(c.DeliveryCount))
 	row("claimed at:", stamp(now, &c.ClaimedAt))
 	row("heartbeat at:", stamp(now, &c.HeartbeatAt)+heartbeatNote(c))
@@ -641,6 +646,10 @@ type claimJSON struct {
 	KeyRevisedAt    *time.Time         `json:"key_revised_at"`
 	KeyRevisionNote string             `json:"key_revision_note"`
 	KeyForm         string             `json:"key_form"`
+	DeferredSeq     *int64             `json:"deferred_seq"` // the deferred message's sequence number; null: none
+	DueAt           *time.Time         `json:"due_at"`       // when the deferred message is fetched; null: not waiting
+	Postponements   int                `json:"postponements"`
+	PostponedAt     *time.Time         `json:"postponed_at"` // the first postponement
 	// History is the claim's history (show only).
 	History []entryJSON `json:"history,omitempty"`
 }
@@ -676,7 +685,8 @@ func toJSON(claims ...*sbclaim.Claim) []claimJSON {
 			Recoveries: c.Recoveries, NextAttemptAt: c.NextAttemptAt, LateSuccessAt: c.LateSuccessAt, LateSuccessBy: c.LateSuccessBy,
 			FailedAt: c.FailedAt, FailReason: c.FailReason, DeadLetterSeq: c.DeadLetterSeq, Answer: toAnswerJSON(c.Answer), AnswerAt: c.AnswerAt,
 			Key: c.IdempotencyKey, KeyRevision: c.KeyRevision, KeyRevisedBy: c.KeyRevisedBy, KeyRevisedAt: c.KeyRevisedAt, KeyRevisionNote: c.KeyRevisionNote,
-			KeyForm: c.KeyForm,
+			KeyForm:     c.KeyForm,
+			DeferredSeq: c.DeferredSeq, DueAt: c.DueAt, Postponements: c.Postponements, PostponedAt: c.PostponedAt,
 		}
 		if c.Payload != nil {
 			n := len(c.Payload)
@@ -757,4 +767,17 @@ func age(now, t time.Time) string {
 		return d.Round(time.Second).String()
 	}
 	return fmt.Sprintf("%dd%s", d/(24*time.Hour), (d % (24 * time.Hour)).Round(time.Minute))
+}
+
+// deferredNote explains a claim's deferred message.
+func deferredNote(c *sbclaim.Claim) string {
+	switch {
+	case c.DeferredSeq == nil:
+		return "-  (none now)"
+	case c.Deferred:
+		return fmt.Sprintf("sequence number %d, deferred at Service Bus until it is due", *c.DeferredSeq)
+	case c.State == sbclaim.StateClaimed:
+		return fmt.Sprintf("sequence number %d, fetched by %s", *c.DeferredSeq, printable(c.ClaimedBy, 0))
+	}
+	return fmt.Sprintf("sequence number %d (not waiting: fetched, gone or settled)", *c.DeferredSeq)
 }

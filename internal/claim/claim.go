@@ -227,6 +227,16 @@ type Claim struct {
 	ResolvedBy     string
 	Resolution     Resolution
 	ResolutionNote string
+
+	// Delayed retries (Deferrer): DeferredSeq is the broker sequence
+	// number of the claim's message while it is deferred (or fetched by a
+	// holder), DueAt when it is due to be fetched (nil once fetched).
+	// Postponements counts the deferrals, PostponedAt is the first one
+	// (the start of the route's horizon).
+	DeferredSeq   *int64
+	DueAt         *time.Time
+	Postponements int
+	PostponedAt   *time.Time
 }
 
 // Key is the idempotency key the claim's effect is sent with: EffectKey

@@ -285,6 +285,12 @@ type TakeOverParams struct {
 	// recorded) gets these.
 	Route       string
 	Fingerprint string
+	// Seq (PathRedelivery) is the broker sequence number of the taking
+	// delivery. A claim that names another message (DeferredSeq: deferred,
+	// being deferred, or fetched by its holder) is refused: that message
+	// carries the claim. A take-over, like a Release, clears DeferredSeq
+	// and DueAt.
+	Seq *int64
 	// NewKey (PathOperator only) moves the claim to a new idempotency key
 	// in the same guarded write: KeyRevision + 1, EffectKey the claim's
 	// NextKey() (revision KeyRevision+1 in its KeyForm), KeyRevisedBy By,

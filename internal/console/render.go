@@ -24,9 +24,15 @@ var funcs = template.FuncMap{
 	"stamp": stamp,
 	"when":  when,
 	"age":   age,
-	"dur":   humanDuration,
-	"f1":    func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
-	"inc":   func(i int) int { return i + 1 },
+	"seq": func(p *int64) string {
+		if p == nil {
+			return "—"
+		}
+		return strconv.FormatInt(*p, 10)
+	},
+	"dur": humanDuration,
+	"f1":  func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
+	"inc": func(i int) int { return i + 1 },
 	// baseline and right are the bottom and right edges of a chart's plot.
 	"baseline": func(c Chart) float64 { return c.PY + c.PH },
 	"right":    func(c Chart) float64 { return c.PX + c.PW },

@@ -146,6 +146,9 @@ type router struct {
 	// effects per message id, so their routes opt out (raw) unless a test
 	// of the key forms sets it before starting the processors.
 	form claim.KeyForm
+	// backoff is the delayed-retry schedule of the default and manual
+	// routes (set before the processor starts).
+	backoff sideeffects.Backoff
 }
 
 func (r *router) keyForm() claim.KeyForm {
@@ -174,9 +177,9 @@ func (r *router) Route(msg *azservicebus.ReceivedMessage) (sideeffects.Handler, 
 		}
 		return sideeffects.Handler{Name: "json", Effect: r.eff, Fingerprint: "fp-json", KeyForm: claim.KeyFormRaw}, nil
 	case "manual":
-		return sideeffects.Handler{Name: "manual", Effect: r.eff, Recovery: sideeffects.RecoveryManual, Fingerprint: "fp-manual", KeyForm: claim.KeyFormRaw}, nil
+		return sideeffects.Handler{Name: "manual", Effect: r.eff, Recovery: sideeffects.RecoveryManual, Fingerprint: "fp-manual", KeyForm: claim.KeyFormRaw, Backoff: r.backoff}, nil
 	default:
-		return sideeffects.Handler{Name: "effect", Effect: r.eff, Fingerprint: r.fingerprint(), KeyForm: r.keyForm()}, nil
+		return sideeffects.Handler{Name: "effect", Effect: r.eff, Fingerprint: r.fingerprint(), KeyForm: r.keyForm(), Backoff: r.backoff}, nil
 	}
 }
 
@@ -435,3 +438,11 @@ func (f *flakyStore) Heartbeat(ctx context.Context, p *claim.HeartbeatParams) er
 }
 
 func testutilCounter(m *processor.Metrics) float64 { return testutil.ToFloat64(m.Receivers) }
+
+// noDeferral turns delayed retries off: a retryable outcome releases the
+// claim and abandons the message (the behaviour of a store without
+// claim.Deferrer, and of Options.NoDeferral).
+func noDeferral(o processor.Options) processor.Options {
+	o.NoDeferral = true
+	return o
+}

@@ -52,6 +52,13 @@ type delivery struct {
 	// on); settle calls it before settling.
 	stopRenewal func()
 	tr          *deliveryTrace // the process span (tracing.go)
+	// fetched: the message was fetched by its sequence number (a deferred
+	// message whose claim this delivery took with TakeDeferred);
+	// fromSilent: taken from a holder that had fetched it and went silent.
+	fetched, fromSilent bool
+	// deferral is the due time to record once the message is deferred
+	// (set by postpone).
+	deferral *claim.SetDueParams
 }
 
 // settlement is what happens to a delivery's message at the end.
@@ -62,6 +69,7 @@ const (
 	settleComplete                     // done, or a duplicate of finished work
 	settleAbandon                      // redeliver
 	settleDeadLetter                   // never processable
+	settleDefer                        // set aside until its claim is due (deferral.go)
 )
 
 // verdict is how a protocol step ends a delivery: how to settle the message
@@ -326,6 +334,12 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 		case claim.StateFailed:
 			return p.failedCopy(work, d, c, "waited", waited)
 		}
+		if carried, why := deferredElsewhere(d, c); carried {
+			// The claim's own message waits at the broker (or a replica
+			// holds it): it carries the work, and this copy would be a
+			// second message moving for one claim.
+			return completed(ResultDuplicate, "claim_state", string(c.State), "why", why, "waited", waited)
+		}
 		released := c.State == claim.StateReleased
 		routeChanged := c.RouteDiffers(d.handler.Name, d.handler.Fingerprint)
 		// Whether the holder is silent: a released claim has none; for a
@@ -462,7 +476,7 @@ func (p *Processor) takeOver(work context.Context, d *delivery, c *claim.Claim) 
 		ID: c.ID, PreviousOwner: c.Owner, Owner: uuid.New(),
 		Path: claim.PathRedelivery, SilentFor: p.opts.TakeoverAfter,
 		By: p.opts.Host, Reason: reason, DeliveryCount: int(d.msg.DeliveryCount),
-		Route: d.handler.Name, Fingerprint: d.handler.Fingerprint,
+		Route: d.handler.Name, Fingerprint: d.handler.Fingerprint, Seq: d.msg.SequenceNumber,
 	})
 	endSpan(taken, err)
 	if err == nil {
@@ -561,6 +575,9 @@ func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) v
 		return completed(ResultProcessed)
 
 	case sideeffects.OutcomeRetryable:
+		if v, ok := p.postpone(work, d, c, res); ok {
+			return v
+		}
 		relErr := p.release(work, c, res.Err, res.Answer)
 		switch {
 		case errors.Is(relErr, claim.ErrStateChanged):
@@ -581,6 +598,18 @@ func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) v
 		if sideeffects.ForOperator(res.Err) {
 			return p.flagHeld(work, d, c, res)
 		}
+		if !d.handler.Manual() {
+			// The route lets the key be repeated: retry it later, like a
+			// retryable outcome.
+			if v, ok := p.postpone(work, d, c, res); ok {
+				return v
+			}
+		} else if d.fetched {
+			// A deferred message's holder may not leave the claim
+			// silent: the poller would fetch the message again and
+			// repeat what a manual route forbids. Hand it to operators.
+			return p.flagHeldFor(work, d, c, fmt.Sprintf("route %q (recovery manual): effect outcome unknown after a delayed retry: %s", d.handler.Name, claim.ErrorText(res.Err)))
+		}
 		why := "effect outcome unknown after retries; the next delivery takes the claim over once it is silent"
 		if d.handler.Manual() {
 			why = "effect outcome unknown on a manual route; the reconciler flags the claim for an operator"
@@ -600,7 +629,7 @@ func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) v
 func (p *Processor) flagHeld(work context.Context, d *delivery, c *claim.Claim, res held.Result) verdict {
 	reason := held.OperatorReason(res.Err)
 	err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
-		_, err := p.opts.Store.Flag(ctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: claim.StateClaimed, Reason: reason})
+		_, err := p.opts.Store.Flag(ctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: claim.StateClaimed, Reason: reason, By: p.opts.Host})
 		return err
 	})
 	if errors.Is(err, claim.ErrStateChanged) && p.ownState(work, c, claim.StateFlagged) {
@@ -638,7 +667,7 @@ func (p *Processor) flagKeyExpired(work context.Context, d *delivery, c *claim.C
 	}
 	sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
 	defer cancel()
-	_, err := p.opts.Store.Flag(sctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: c.State, SilentFor: silent, Reason: reason})
+	_, err := p.opts.Store.Flag(sctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: c.State, SilentFor: silent, Reason: reason, By: p.opts.Host})
 	switch {
 	case err == nil:
 		d.log.Warn("claim flagged for operators instead of taken over: its key is older than the downstream keeps keys",
@@ -996,6 +1025,11 @@ func (p *Processor) settle(d *delivery, v verdict) {
 		what, err = "complete", d.lr.r.CompleteMessage(ctx, d.msg, nil)
 	case settleAbandon:
 		what, err = "abandon", d.lr.r.AbandonMessage(ctx, d.msg, d.abandonOptions())
+	case settleDefer:
+		what, err = "defer", d.lr.r.DeferMessage(ctx, d.msg, nil)
+		if err == nil && d.deferral != nil {
+			p.deferred(d)
+		}
 	case settleDeadLetter:
 		p.metrics.DeadLetters.WithLabelValues(v.reason).Inc()
 		desc := deadLetterText(v.description)
@@ -1015,7 +1049,7 @@ func (p *Processor) settle(d *delivery, v verdict) {
 	p.metrics.Messages.WithLabelValues(string(v.result)).Inc()
 	level := slog.LevelInfo
 	switch v.result {
-	case ResultUnknown, ResultConflict, ResultDeadLettered, ResultFailed, ResultFlagged, ResultAbandoned, ResultLost:
+	case ResultUnknown, ResultConflict, ResultDeadLettered, ResultFailed, ResultFlagged, ResultAbandoned, ResultLost, ResultHandedOff:
 		level = slog.LevelWarn
 	}
 	args := append(v.attrs, "outcome", string(v.result), "duration_ms", time.Since(d.received).Milliseconds())

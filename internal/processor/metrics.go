@@ -25,6 +25,12 @@ type Metrics struct {
 	StoreBreakerOpen    prometheus.Gauge
 	StoreBreakerTrips   *prometheus.CounterVec // class
 	BrokerReachable     prometheus.Gauge
+	// Delayed retries: postponements by route, the due claims the last
+	// poll found, and what became of each fetch of a deferred message
+	// (fetched, guard: another replica took it first, gone, error).
+	Postponed       *prometheus.CounterVec // route
+	DeferredDue     prometheus.Gauge
+	DeferredFetches *prometheus.CounterVec // result
 }
 
 // NewMetrics creates the collectors and registers them with reg (nil: not
@@ -93,6 +99,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sbclaim_servicebus_reachable",
 			Help: "1 while Service Bus answered the last receive or probe.",
 		}),
+		Postponed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sbclaim_postponed_total",
+			Help: "Messages deferred for a delayed retry (their effect not performed, or unknown on a recovery-auto route), by route.",
+		}, []string{"route"}),
+		DeferredDue: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sbclaim_deferred_claims_due",
+			Help: "Claims of this consumer whose deferred message was due at the last poll (at most one page).",
+		}),
+		DeferredFetches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sbclaim_deferred_fetches_total",
+			Help: "Due claims this replica tried to take and fetch, by result (fetched, guard: another replica took it first, gone: the message was not deferred any more, error).",
+		}, []string{"result"}),
 	}
 	if reg != nil {
 		// Shared with other processors (and the reconciler's take-overs)
@@ -113,6 +131,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.StoreBreakerOpen = metricreg.Register(reg, m.StoreBreakerOpen)
 		m.StoreBreakerTrips = metricreg.Register(reg, m.StoreBreakerTrips)
 		m.BrokerReachable = metricreg.Register(reg, m.BrokerReachable)
+		m.Postponed = metricreg.Register(reg, m.Postponed)
+		m.DeferredDue = metricreg.Register(reg, m.DeferredDue)
+		m.DeferredFetches = metricreg.Register(reg, m.DeferredFetches)
 	}
 	return m
 }

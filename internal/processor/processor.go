@@ -70,6 +70,20 @@ type Options struct {
 	// Retry bounds effect retries. Its Budget should stay inside the lock
 	// renewal window.
 	Retry sideeffects.RetryPolicy
+
+	// Delayed retries (deferral.go). NoDeferral turns them off: a
+	// retryable outcome releases the claim and abandons the message, as
+	// before. MaxDeliveryCount is the entity's (default 10): a message
+	// whose DeliveryCount has reached it cannot be deferred again (the
+	// broker would dead-letter it), so its claim is handed to the
+	// reconciler with its stored payload. DeferPollInterval is how often
+	// the processor looks for due claims (default 5s); DeferGrace how long
+	// past due the reconciler leaves a deferred claim to its message
+	// (default 1h).
+	NoDeferral        bool
+	MaxDeliveryCount  int
+	DeferPollInterval time.Duration
+	DeferGrace        time.Duration
 	// StorePayload keeps the body on the claim until it is processed, so a
 	// flagged claim can be redriven.
 	StorePayload bool
@@ -141,10 +155,15 @@ type Hooks struct {
 	// AfterFail: the claim is failed (a final answer), the message not yet
 	// dead-lettered; its redelivery dead-letters it.
 	AfterFail func(ctx context.Context, msg *azservicebus.ReceivedMessage) error
+	// AfterDeferRecorded: the claim records that its message is deferred
+	// (released, DeferredSeq, DueAt), the message not yet deferred at the
+	// broker; its lock runs out and the broker redelivers it, and that
+	// delivery takes its claim back.
+	AfterDeferRecorded func(ctx context.Context, msg *azservicebus.ReceivedMessage) error
 }
 
 func (h Hooks) set() bool {
-	return h.AfterClaim != nil || h.AfterEffect != nil || h.AfterMarkProcessed != nil || h.AfterFail != nil
+	return h.AfterClaim != nil || h.AfterEffect != nil || h.AfterMarkProcessed != nil || h.AfterFail != nil || h.AfterDeferRecorded != nil
 }
 
 type hooksKey struct{}
@@ -180,6 +199,9 @@ type Processor struct {
 	cur Receiver // the open receiver, for the broker probe
 
 	inflight sync.WaitGroup // per-message workers
+
+	deferrer claim.Deferrer               // the store's delayed retries; nil: off
+	live     atomic.Pointer[liveReceiver] // the open receiver, for the deferral poller
 }
 
 // New checks opts and fills defaults.
@@ -247,6 +269,19 @@ func New(opts Options) (*Processor, error) {
 				opts.ShutdownTimeout, opts.SettleTimeout, opts.StoreTimeout, need, g)
 		}
 	}
+	opts.MaxDeliveryCount = cmp.Or(opts.MaxDeliveryCount, 10)
+	opts.DeferPollInterval = cmp.Or(opts.DeferPollInterval, 5*time.Second)
+	opts.DeferGrace = cmp.Or(opts.DeferGrace, time.Hour)
+	if opts.MaxDeliveryCount < 0 || opts.DeferPollInterval < 0 || opts.DeferGrace < 0 {
+		return nil, fmt.Errorf("processor: MaxDeliveryCount, DeferPollInterval and DeferGrace cannot be negative (got %d, %s, %s)",
+			opts.MaxDeliveryCount, opts.DeferPollInterval, opts.DeferGrace)
+	}
+	// The group-commit wrapper passes on only claim.Store: keep the
+	// store's Deferrer.
+	deferrer, _ := opts.Store.(claim.Deferrer)
+	if opts.NoDeferral {
+		deferrer = nil
+	}
 	if !opts.NoGroupCommit {
 		opts.GroupCommit.Timeout = cmp.Or(opts.GroupCommit.Timeout, opts.StoreTimeout)
 		st, err := groupcommit.Wrap(opts.Store, opts.GroupCommit)
@@ -265,10 +300,11 @@ func New(opts Options) (*Processor, error) {
 		opts.Metrics = NewMetrics(nil)
 	}
 	return &Processor{
-		opts:    opts,
-		log:     tracing.Logger(opts.Logger).With("consumer", opts.Consumer),
-		metrics: opts.Metrics,
-		tr:      newProcTracing(opts),
+		opts:     opts,
+		log:      tracing.Logger(opts.Logger).With("consumer", opts.Consumer),
+		metrics:  opts.Metrics,
+		tr:       newProcTracing(opts),
+		deferrer: deferrer,
 	}, nil
 }
 
@@ -355,9 +391,12 @@ func (p *Processor) Run(ctx context.Context) error {
 	probeNow := make(chan struct{}, 1)
 	probeDone := make(chan struct{})
 	go func() { defer close(probeDone); p.probeBroker(ctx, probeNow) }()
+	pollDone := make(chan struct{})
+	go func() { defer close(pollDone); p.pollDeferred(ctx, work) }()
 	defer func() {
 		p.receiverOpen.Store(false)
 		<-probeDone
+		<-pollDone // it starts workers: no more once it returned
 		p.inflight.Wait()
 		if cur != nil {
 			cur.retire(p.opts.SettleTimeout)
@@ -373,6 +412,7 @@ func (p *Processor) Run(ctx context.Context) error {
 			}
 			cur = r
 			p.setReceiver(r.r)
+			p.live.Store(r)
 			select { // the SDK connects lazily: ask the broker now
 			case probeNow <- struct{}{}:
 			default:
@@ -432,6 +472,7 @@ func (p *Processor) Run(ctx context.Context) error {
 				p.log.Warn("receiver lost, recreating", "error", err)
 				p.setReceiver(nil)
 				p.brokerFailed(err)
+				p.live.Store(nil)
 				cur.retire(p.opts.SettleTimeout)
 				cur = nil
 				continue
@@ -452,9 +493,27 @@ func (p *Processor) Run(ctx context.Context) error {
 type liveReceiver struct {
 	r       Receiver
 	pending sync.WaitGroup
+
+	mu      sync.Mutex
+	retired bool // set by retire; the deferral poller then starts no more work on it
+}
+
+// acquire counts one more delivery settled on l, unless l was retired
+// (the deferral poller, which runs beside the loop that retires it).
+func (l *liveReceiver) acquire() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.retired {
+		return false
+	}
+	l.pending.Add(1)
+	return true
 }
 
 func (l *liveReceiver) retire(timeout time.Duration) {
+	l.mu.Lock()
+	l.retired = true
+	l.mu.Unlock()
 	go func() {
 		l.pending.Wait()
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)

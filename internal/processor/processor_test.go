@@ -127,6 +127,7 @@ func TestRetryableReleasesAndRedeliveryTakesOver(t *testing.T) {
 			return nil
 		}
 		opts := b.options()
+		opts.NoDeferral = true // the abandon path: released, redelivered at once
 		opts.Metrics = processor.NewMetrics(nil)
 		b.start(opts)
 		b.send("m1", "pay", `{}`, nil)
@@ -198,6 +199,7 @@ func TestUnknownOutcomeIsRepeatedAfterTheHolderGoesSilent(t *testing.T) {
 			return nil
 		}
 		opts := b.options()
+		opts.NoDeferral = true // the abandon path: released, redelivered at once
 		opts.Retry = sideeffects.RetryPolicy{MaxAttempts: 3, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond, Budget: 5 * time.Second}
 		opts.Metrics = processor.NewMetrics(nil)
 		b.start(opts)
@@ -612,6 +614,7 @@ func TestShutdownTimeoutCancelsEffects(t *testing.T) {
 	b.eff.gate = make(chan struct{}) // never opens
 	b.eff.started = make(chan string, 1)
 	opts := b.options()
+	opts.NoDeferral = true // the abandon path: released, redelivered at once
 	opts.ShutdownTimeout = 200 * time.Millisecond
 	_, stop := b.start(opts)
 	b.send("stuck", "pay", `{}`, nil)
@@ -670,7 +673,7 @@ func TestReleasedClaimRedeliveredToManyReplicas(t *testing.T) {
 		return nil
 	}
 	for range 3 {
-		b.start(b.options())
+		b.start(noDeferral(b.options()))
 	}
 	b.send("r1", "pay", `{}`, nil)
 	b.eventually("the release", func() bool {
@@ -775,6 +778,7 @@ func TestEffectCutOffAtMaxLockRenewal(t *testing.T) {
 	var hung atomic.Bool
 	b.eff.hang = func(call int) bool { return call == 1 && hung.CompareAndSwap(false, true) }
 	opts := b.options()
+	opts.NoDeferral = true // the abandon path: released, redelivered at once
 	opts.MaxLockRenewal = 2 * time.Second
 	opts.HeartbeatInterval = 150 * time.Millisecond
 	b.start(opts)

@@ -16,6 +16,11 @@ type Receiver interface {
 	AbandonMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.AbandonMessageOptions) error
 	DeadLetterMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.DeadLetterOptions) error
 	RenewMessageLock(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.RenewMessageLockOptions) error
+	// DeferMessage and ReceiveDeferredMessages carry delayed retries: a
+	// deferred message stays in its queue or subscription, is not
+	// delivered again, and is fetched by its sequence number when due.
+	DeferMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.DeferMessageOptions) error
+	ReceiveDeferredMessages(ctx context.Context, sequenceNumbers []int64, options *azservicebus.ReceiveDeferredMessagesOptions) ([]*azservicebus.ReceivedMessage, error)
 	// PeekMessages probes the broker for readiness (no lock is taken).
 	PeekMessages(ctx context.Context, maxMessageCount int, options *azservicebus.PeekMessagesOptions) ([]*azservicebus.ReceivedMessage, error)
 	Close(ctx context.Context) error
@@ -37,6 +42,8 @@ func sbCode(err error) azservicebus.Code {
 }
 
 func isLockLost(err error) bool { return sbCode(err) == azservicebus.CodeLockLost }
+
+func isNotFound(err error) bool { return sbCode(err) == azservicebus.CodeNotFound }
 
 // needsNewReceiver reports whether a receive error means the receiver (its
 // link or connection) is gone and must be recreated.

@@ -43,6 +43,16 @@ const (
 	// ResultFlagged: this delivery flagged the claim for operators (its
 	// route is not the one the claim was taken for).
 	ResultFlagged Result = "flagged"
+	// ResultPostponed: the effect was not performed (or, on a RecoveryAuto
+	// route, its outcome is unknown); the claim records the deferral and
+	// the message was deferred at the broker, to be fetched by its
+	// sequence number when due (the route's Backoff). No delivery burned.
+	ResultPostponed Result = "postponed"
+	// ResultHandedOff: as postponed, but the message's deliveries are
+	// spent (DeliveryCount at MaxDeliveryCount): the claim was released
+	// with its next attempt due and its stored payload, and the message
+	// completed; the reconciler's recovery repeats the effect.
+	ResultHandedOff Result = "handed_off"
 	// ResultCrashed: a test hook stopped the attempt (chaos harness).
 	ResultCrashed Result = "crashed"
 )

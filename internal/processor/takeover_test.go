@@ -89,6 +89,7 @@ func TestLiveHolderIsNeverTakenOver(t *testing.T) {
 		b.eff.gate = make(chan struct{})
 		b.eff.started = make(chan string, 2)
 		opts := b.options()
+		opts.NoDeferral = true // the abandon path: released, redelivered at once
 		opts.HeartbeatInterval = 50 * time.Millisecond
 		opts.Metrics = processor.NewMetrics(nil)
 		b.start(opts)
@@ -277,6 +278,7 @@ func TestRedeliveryUnderAChangedRouteFlags(t *testing.T) {
 	b := setup(t, "sqlite", membus.QueueOptions{})
 	b.eff.behave = func(_, _ string, call int) error { return errPerformedThenLost }
 	opts := b.options()
+	opts.NoDeferral = true // the abandon path: released, redelivered at once
 	opts.Metrics = processor.NewMetrics(nil)
 	_, stop := b.start(opts)
 	b.send("m1", "pay", `{}`, nil)
@@ -315,6 +317,7 @@ func TestPanickingEffectIsAnUnknownOutcome(t *testing.T) {
 		return nil
 	}
 	opts := b.options()
+	opts.NoDeferral = true // the abandon path: released, redelivered at once
 	opts.Metrics = processor.NewMetrics(nil)
 	b.start(opts)
 	b.send("m1", "pay", `{}`, nil)

@@ -274,6 +274,7 @@ func TestTraceTakeOverLinksFirstDelivery(t *testing.T) {
 	}
 	opts := b.options()
 	opts.TracerProvider = tp
+	opts.NoDeferral = true // the abandon path: the redelivery takes the claim over
 	_, stop := b.start(opts)
 	b.send("k-1", "", "x", nil)
 	b.waitIdle()

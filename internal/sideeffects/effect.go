@@ -98,6 +98,8 @@ type Handler struct {
 	// scoped). Not part of the fingerprint: changing it changes no claim
 	// in flight.
 	KeyForm claim.KeyForm
+	// Backoff is the route's delayed-retry schedule (zero: DefaultBackoff).
+	Backoff Backoff
 }
 
 // Manual reports whether the handler's route is RecoveryManual.

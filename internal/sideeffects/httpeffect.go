@@ -57,7 +57,7 @@ func (r *HTTPRouter) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 			}
 		}
 		return Handler{Name: rt.name, Effect: rt, Recovery: rt.recovery, Fingerprint: rt.fingerprint, AllowNewKey: rt.allowNewKey,
-			KeyLifetime: rt.keyLifetime, KeyForm: rt.keyForm}, nil
+			KeyLifetime: rt.keyLifetime, KeyForm: rt.keyForm, Backoff: rt.backoff}, nil
 	}
 	return Handler{}, noRoute(msg)
 }
@@ -115,6 +115,7 @@ type httpRoute struct {
 	contentType string
 	recovery    Recovery
 	allowNewKey bool
+	backoff     Backoff
 	keyLifetime time.Duration // how long the downstream keeps keys; 0: for ever
 	keyForm     claim.KeyForm // "" : scoped
 	excerpt     bool          // put a response excerpt in error messages

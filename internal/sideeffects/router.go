@@ -91,6 +91,8 @@ type Route struct {
 	KeyLifetime time.Duration
 	// KeyForm is Handler.KeyForm ("" : scoped).
 	KeyForm claim.KeyForm
+	// Backoff is Handler.Backoff.
+	Backoff Backoff
 }
 
 // Routes is an in-code Router: the first route whose Match selects the
@@ -148,7 +150,7 @@ func (rs Routes) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 		}
 		return Handler{Name: r.Name, Effect: r.Effect, TxEffect: r.TxEffect,
 			Recovery: cmp.Or(r.Recovery, RecoveryAuto), Fingerprint: Fingerprint("go", r.Name, r.Version), AllowNewKey: r.AllowNewKey,
-			KeyLifetime: r.KeyLifetime, KeyForm: r.KeyForm}, nil
+			KeyLifetime: r.KeyLifetime, KeyForm: r.KeyForm, Backoff: r.Backoff}, nil
 	}
 	return Handler{}, noRoute(msg)
 }

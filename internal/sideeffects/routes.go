@@ -88,7 +88,56 @@ type routeSpec struct {
 	KeyLifetime string                `yaml:"keyLifetime"`
 	Request     *requestSpec          `yaml:"request"`
 	Key         string                `yaml:"key"`
+	Backoff     *backoffSpec          `yaml:"backoff"`
 	Steps       []stepSpec            `yaml:"steps"`
+}
+
+// backoffSpec is a route's delayed-retry schedule as written (Backoff).
+type backoffSpec struct {
+	First   string   `yaml:"first"`
+	Factor  *float64 `yaml:"factor"`
+	Max     string   `yaml:"max"`
+	Jitter  *float64 `yaml:"jitter"`
+	Horizon string   `yaml:"horizon"`
+	Off     bool     `yaml:"off"`
+}
+
+// buildBackoff resolves a route's backoff: unset fields take
+// DefaultBackoff's values.
+func buildBackoff(spec *backoffSpec, fail func(field, problem string)) Backoff {
+	if spec == nil {
+		return Backoff{}
+	}
+	b := DefaultBackoff
+	b.Off = spec.Off
+	for _, d := range []struct {
+		field string
+		text  string
+		dst   *time.Duration
+	}{{"backoff.first", spec.First, &b.First}, {"backoff.max", spec.Max, &b.Max}, {"backoff.horizon", spec.Horizon, &b.Horizon}} {
+		if d.text == "" {
+			continue
+		}
+		v, err := parseTimeout(d.text)
+		if err != nil {
+			fail(d.field, err.Error())
+			continue
+		}
+		*d.dst = v
+	}
+	if spec.Factor != nil {
+		b.Factor = *spec.Factor
+	}
+	if spec.Jitter != nil {
+		b.Jitter = *spec.Jitter
+	}
+	if spec.First != "" && spec.Max == "" {
+		b.Max = max(b.Max, b.First)
+	}
+	if err := b.Validate(); err != nil {
+		fail("backoff", err.Error())
+	}
+	return b
 }
 
 type answerSpec struct {
@@ -476,6 +525,7 @@ func buildRouter(file *routesFile, getenv func(string) string, client *http.Clie
 			recovery:    cmp.Or(Recovery(rs.Recovery), RecoveryAuto),
 			allowNewKey: rs.AllowNewKey,
 			keyForm:     claim.KeyForm(rs.Key),
+			backoff:     buildBackoff(rs.Backoff, func(field, problem string) { fail(rs.Name, field, "%s", problem) }),
 			excerpt:     rs.Excerpt == nil || *rs.Excerpt,
 			client:      &c,
 			logger:      logger,

@@ -44,6 +44,7 @@ func (ft *fakeTable) put(mid, cons string, owner mssqldb.UniqueIdentifier, hash 
 		hash, []byte("payload"), int64(1), "host", dbNow, dbNow, nil, nil, int64(0), "", nil, "", nil, "", "", "",
 		"route", "fp", int64(0), nil, "", "", nil, "", int64(0), nil, nil, "",
 		nil, "", nil, nil, nil, int64(0), "", "", nil, "", "scoped",
+		nil, nil, int64(0), nil,
 	}
 	ft.nextID++
 }

@@ -22,6 +22,7 @@ func claimRow(id int64, state string) []driver.Value {
 		[]byte{1}, nil, int64(2), "h", dbNow, dbNow, dbNow, nil, int64(1), "e", nil, "", nil, "", "", "",
 		"route", "fp", int64(1), dbNow, "redelivery", "why", wire, "host-0", int64(0), nil, nil, "",
 		nil, "", nil, `{"status":402,"fields":{"/id":"ch_1"}}`, dbNow, int64(1), "m:r1", "operator:ann", dbNow, "cached 500", "raw",
+		int64(42), dbNow, int64(1), dbNow,
 	}
 }
 
@@ -101,6 +102,16 @@ func TestEveryQueryNumbersItsParameters(t *testing.T) {
 	check("Stats", err)
 	now, err := st.Now(ctx)
 	check("Now", err)
+	seq43 := int64(43)
+	_, err = st.TakeOver(ctx, &claim.TakeOverParams{ID: 7, PreviousOwner: owner, Owner: uuid.New(), Path: claim.PathRedelivery,
+		SilentFor: time.Minute, By: "h", Reason: "r", Route: "route", Fingerprint: "fp", Seq: &seq43})
+	check("TakeOver by a delivery with a sequence number", err)
+	check("Defer", st.Defer(ctx, &claim.DeferParams{ID: 7, Owner: owner, Seq: 43, DueIn: 90 * time.Second, Grace: time.Hour, Error: "e", Answer: answer}))
+	check("SetDue", st.SetDue(ctx, &claim.SetDueParams{ID: 7, Owner: owner, Seq: 43, DueIn: 90 * time.Second}))
+	_, err = st.FindDue(ctx, &claim.FindDueParams{Consumer: "c", Entity: "orders", SilentFor: time.Minute, Limit: 5})
+	check("FindDue", err)
+	_, err = st.TakeDeferred(ctx, &claim.TakeDeferredParams{ID: 7, PreviousOwner: owner, Owner: uuid.New(), Seq: 43, SilentFor: time.Minute, By: "h", Reason: "due"})
+	check("TakeDeferred", err)
 	unlock, ok, err := st.TryLock(ctx, "reconciler")
 	check("TryLock", err)
 	if ok {

@@ -66,6 +66,7 @@ var columnNames = []string{
 	"PreviousOwner", "PreviousHolder", "Recoveries", "NextAttemptUtc", "LateSuccessUtc", "LateSuccessBy",
 	"FailedUtc", "FailReason", "DeadLetterSeq", "Answer", "AnswerUtc",
 	"KeyRevision", "EffectKey", "KeyRevisedBy", "KeyRevisedUtc", "KeyRevisionNote", "KeyForm",
+	"DeferredSeq", "DueUtc", "Postponements", "PostponedUtc",
 }
 
 // cols returns the column list with each name prefixed ("c.", "INSERTED.").
@@ -109,8 +110,9 @@ func scanClaim(r interface{ Scan(...any) error }) (*claim.Claim, error) {
 		processed, released, flagged, resolved sql.NullTime
 		takenOver, nextAttempt, lateSuccess    sql.NullTime
 		failed, answerAt, keyRevised           sql.NullTime
-		deadLetterSeq                          sql.NullInt64
+		deadLetterSeq, deferredSeq             sql.NullInt64
 		answer                                 sql.NullString
+		due, postponed                         sql.NullTime
 	)
 	err := r.Scan(&c.ID, &c.MessageID, &c.Consumer, &owner, &state, &c.Entity, &c.Subject, &c.ContentType,
 		&props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &c.ClaimedAt,
@@ -119,10 +121,15 @@ func scanClaim(r interface{ Scan(...any) error }) (*claim.Claim, error) {
 		&c.Route, &c.Fingerprint, &c.TakeOvers, &takenOver, &path, &c.TakeOverReason,
 		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy,
 		&failed, &c.FailReason, &deadLetterSeq, &answer, &answerAt,
-		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote, &c.KeyForm)
+		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote, &c.KeyForm,
+		&deferredSeq, &due, &c.Postponements, &postponed)
 	if err != nil {
 		return nil, err
 	}
+	if deferredSeq.Valid {
+		c.DeferredSeq = &deferredSeq.Int64
+	}
+	c.DueAt, c.PostponedAt = nullTime(due), nullTime(postponed)
 	if answer.Valid {
 		if c.Answer, err = sqlstore.DecodeAnswer(&answer.String); err != nil {
 			return nil, fmt.Errorf("claim %d: %w", c.ID, err)
@@ -401,7 +408,12 @@ func laterSQL(a *args, d time.Duration) string {
 func takeOverPath(a *args, p *claim.TakeOverParams) string {
 	switch p.Path {
 	case claim.PathRedelivery:
-		return "(State = 'released' OR (State = 'claimed' AND HeartbeatUtc < " + agoSQL(a, p.SilentFor) + "))"
+		var seq any = sql.NullInt64{}
+		if p.Seq != nil {
+			seq = *p.Seq
+		}
+		return "(State = 'released' OR (State = 'claimed' AND HeartbeatUtc < " + agoSQL(a, p.SilentFor) + "))" +
+			" AND (DeferredSeq IS NULL OR DeferredSeq = " + a.add(seq, declID) + ")"
 	case claim.PathReconciler:
 		return unfinished + " AND HeartbeatUtc < " + agoSQL(a, p.SilentFor) +
 			" AND (NextAttemptUtc IS NULL OR NextAttemptUtc <= SYSUTCDATETIME())"
@@ -445,7 +457,8 @@ SET State = 'claimed', Owner = `+owner+`, ClaimedBy = `+by+`, TakenOverFrom = St
     EffectKey = CASE WHEN `+newKey+` = 1 THEN `+keyP+` ELSE EffectKey END,
     KeyRevisedBy = CASE WHEN `+newKey+` = 1 THEN `+by+` ELSE KeyRevisedBy END,
     KeyRevisedUtc = CASE WHEN `+newKey+` = 1 THEN @now ELSE KeyRevisedUtc END,
-    KeyRevisionNote = CASE WHEN `+newKey+` = 1 THEN `+reason+` ELSE KeyRevisionNote END
+    KeyRevisionNote = CASE WHEN `+newKey+` = 1 THEN `+reason+` ELSE KeyRevisionNote END,
+    DeferredSeq = NULL, DueUtc = NULL
 `+historyInto(what, "DELETED.State", "INSERTED.ClaimedBy", "INSERTED.TakeOverPath", "INSERTED.TakeOverReason", "DELETED.Owner")+
 		`OUTPUT `+insertedColumns+`
 WHERE Id = `+id+` AND Owner = `+previous+`
@@ -601,7 +614,8 @@ func (s *Store) Release(ctx context.Context, params *claim.ReleaseParams) error 
 		next = laterSQL(&a, params.NextAttemptIn)
 	}
 	return s.execGuarded(ctx, "release", params.ID, declareNow+`UPDATE dbo.Claims
-SET State = 'released', ReleasedUtc = @now, HeartbeatUtc = @now, LastError = @p3, NextAttemptUtc = `+next+`, `+setAnswer("@p4")+`
+SET State = 'released', ReleasedUtc = @now, HeartbeatUtc = @now, LastError = @p3, NextAttemptUtc = `+next+`,
+    DeferredSeq = NULL, DueUtc = NULL, `+setAnswer("@p4")+`
 `+simpleHistory(claim.ChangeReleased, "DELETED.State", "INSERTED.ClaimedBy", "INSERTED.LastError")+`OUTPUT INSERTED.Id
 WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`, a...)
 }
@@ -655,6 +669,7 @@ FROM dbo.Claims AS c JOIN @w AS w ON w.Id = c.Id
 WHERE w.Kind = ` + kindAttempt + ` AND c.Owner = w.Owner AND c.State = 'claimed';
 UPDATE c SET State = 'released', ReleasedUtc = @now, HeartbeatUtc = @now, LastError = w.Err,
 	NextAttemptUtc = CASE WHEN w.NextSec > 0 OR w.NextUs > 0 THEN DATEADD(microsecond, w.NextUs, DATEADD(second, w.NextSec, @now)) END,
+	DeferredSeq = NULL, DueUtc = NULL,
 	Answer = COALESCE(w.Answer, c.Answer), AnswerUtc = CASE WHEN w.Answer IS NULL THEN c.AnswerUtc ELSE @now END
 OUTPUT INSERTED.Id, 'released', INSERTED.State, INSERTED.ClaimedBy, INSERTED.LastError, INSERTED.Owner,
 	CASE WHEN INSERTED.EffectKey <> N'' THEN INSERTED.EffectKey ELSE INSERTED.MessageId END
@@ -753,6 +768,7 @@ func (s *Store) FlagStale(ctx context.Context, params *claim.FlagStaleParams) ([
     FROM dbo.Claims WITH (ROWLOCK, UPDLOCK, READPAST, READCOMMITTEDLOCK)
     WHERE ` + unfinished + `
       AND HeartbeatUtc < ` + cutoff + `
+      AND (DeferredSeq IS NULL OR NextAttemptUtc IS NULL OR NextAttemptUtc <= SYSUTCDATETIME()) -- a deferred message's grace (claim.Deferrer)
     ORDER BY HeartbeatUtc
 )
 UPDATE stale

@@ -121,7 +121,8 @@ var columnNames = []string{"id", "message_id", "consumer", "owner", "state", "en
 	"route", "fingerprint", "take_overs", "taken_over_utc", "take_over_path", "take_over_reason",
 	"previous_owner", "previous_holder", "recoveries", "next_attempt_utc", "late_success_utc", "late_success_by",
 	"failed_utc", "fail_reason", "dead_letter_seq", "answer", "answer_utc",
-	"key_revision", "effect_key", "key_revised_by", "key_revised_utc", "key_revision_note", "key_form"}
+	"key_revision", "effect_key", "key_revised_by", "key_revised_utc", "key_revision_note", "key_form",
+	"deferred_seq", "due_utc", "postponements", "postponed_utc"}
 
 // cols returns the select list scanClaim reads, each column prefixed.
 func cols(prefix string) string {
@@ -164,8 +165,9 @@ func scanClaim(r sqlstore.Scanner, extra ...any) (*claim.Claim, error) {
 		takenOver, nextAttempt, lateSuccess    sql.NullTime
 		failed, answerAt, keyRevised           sql.NullTime
 		previousOwner                          uuid.NullUUID
-		deadLetterSeq                          sql.NullInt64
+		deadLetterSeq, deferredSeq             sql.NullInt64
 		answer                                 sql.NullString
+		due, postponed                         sql.NullTime
 	)
 	dest := append(extra, &c.ID, &c.MessageID, &c.Consumer, &c.Owner, &state, &c.Entity, &c.Subject, &c.ContentType,
 		&props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &c.ClaimedAt,
@@ -174,7 +176,8 @@ func scanClaim(r sqlstore.Scanner, extra ...any) (*claim.Claim, error) {
 		&c.Route, &c.Fingerprint, &c.TakeOvers, &takenOver, &path, &c.TakeOverReason,
 		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy,
 		&failed, &c.FailReason, &deadLetterSeq, &answer, &answerAt,
-		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote, &c.KeyForm)
+		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote, &c.KeyForm,
+		&deferredSeq, &due, &c.Postponements, &postponed)
 	if err := r.Scan(dest...); err != nil {
 		return nil, err
 	}
@@ -187,6 +190,10 @@ func scanClaim(r sqlstore.Scanner, extra ...any) (*claim.Claim, error) {
 	if deadLetterSeq.Valid {
 		c.DeadLetterSeq = &deadLetterSeq.Int64
 	}
+	if deferredSeq.Valid {
+		c.DeferredSeq = &deferredSeq.Int64
+	}
+	c.DueAt, c.PostponedAt = utc(due), utc(postponed)
 	c.State, c.Resolution, c.TakeOverPath = claim.State(state), claim.Resolution(resolution), claim.TakeOverPath(path)
 	if c.Properties, err = sqlstore.DecodeProperties(props); err != nil {
 		return nil, fmt.Errorf("claim %d: %w", c.ID, err)
@@ -372,12 +379,20 @@ func (s *Store) ClaimTx(ctx context.Context, params *claim.ClaimTxParams, fn fun
 // UPDATE's own WHERE, so READ COMMITTED re-checks them on the latest row
 // version when a concurrent writer (a heartbeat) committed first.
 var takeOverPaths = map[claim.TakeOverPath]string{
-	claim.PathRedelivery: `(state = 'released' OR (state = 'claimed' AND heartbeat_utc < now() - make_interval(secs => $8)))`,
+	claim.PathRedelivery: `(state = 'released' OR (state = 'claimed' AND heartbeat_utc < now() - make_interval(secs => $8)))
+		AND (deferred_seq IS NULL OR deferred_seq = $15::bigint)`,
 	claim.PathReconciler: `state IN ('claimed', 'released') AND heartbeat_utc < now() - make_interval(secs => $8)
 		AND (next_attempt_utc IS NULL OR next_attempt_utc <= now())`,
 	// The operator path does not test silence; the cast only gives the
 	// unused $8 a type (PostgreSQL refuses a parameter it cannot type).
 	claim.PathOperator: `state = 'flagged' AND $8::float8 IS NOT NULL`,
+}
+
+// seqParam gives the take-over's $15 (Seq) a type on the paths that do not
+// test it.
+var seqParam = map[claim.TakeOverPath]string{
+	claim.PathReconciler: ` AND ($15::bigint IS NULL OR true)`,
+	claim.PathOperator:   ` AND ($15::bigint IS NULL OR true)`,
 }
 
 // TakeOver gives the claim to a new owner if it still qualifies (see
@@ -401,10 +416,11 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 		effect_key = CASE WHEN $11::bool THEN $12 ELSE effect_key END,
 		key_revised_by = CASE WHEN $11::bool THEN $2 ELSE key_revised_by END,
 		key_revised_utc = CASE WHEN $11::bool THEN now() ELSE key_revised_utc END,
-		key_revision_note = CASE WHEN $11::bool THEN $5 ELSE key_revision_note END
+		key_revision_note = CASE WHEN $11::bool THEN $5 ELSE key_revision_note END,
+		deferred_seq = NULL, due_utc = NULL
 		WHERE id = $9 AND owner = $10 AND (route = '' OR (route = $6 AND fingerprint = $7))
 		AND (NOT $11::bool OR key_revision = $13)
-		AND `+takeOverPaths[params.Path]+`
+		AND `+takeOverPaths[params.Path]+seqParam[params.Path]+`
 		RETURNING *
 	), h AS (
 		`+historySQL("u", "$14", "u.taken_over_from", "u.claimed_by", "u.take_over_path", "u.take_over_reason", "u.previous_owner")+`
@@ -412,7 +428,7 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 	SELECT `+cols("u.")+` FROM u`,
 		params.Owner, params.By, params.DeliveryCount, string(params.Path), sqlstore.Bound(params.Reason, sqlstore.MaxReasonLength),
 		params.Route, params.Fingerprint, secs(params.SilentFor), params.ID, params.PreviousOwner, params.NewKey,
-		newKey, revision, string(sqlstore.TakeOverWhat(params.Path)))
+		newKey, revision, string(sqlstore.TakeOverWhat(params.Path)), sqlstore.NullInt64(params.Seq))
 	c, err := scanClaim(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		now, gerr := s.Get(ctx, params.ID)
@@ -518,7 +534,8 @@ func setProcessed(answer string) string {
 
 func setReleased(err, next, answer string) string {
 	return `state = 'released', released_utc = now(), heartbeat_utc = now(), last_error = ` + err + `,
-		next_attempt_utc = CASE WHEN ` + next + ` > 0 THEN now() + make_interval(secs => ` + next + `) END, ` + setAnswerTo(answer)
+		next_attempt_utc = CASE WHEN ` + next + ` > 0 THEN now() + make_interval(secs => ` + next + `) END,
+		deferred_seq = NULL, due_utc = NULL, ` + setAnswerTo(answer)
 }
 
 func setAttempt(err, next, answer string) string {
@@ -670,7 +687,11 @@ func (s *Store) TakeDeadLetter(ctx context.Context, params *claim.TakeDeadLetter
 // COMMITTED re-checks it on the latest row version) and in its candidate
 // scan (which the partial index ix_claims_unfinished serves). $1 is
 // StaleAfter in seconds.
-const stalePredicate = `state IN ('claimed', 'released') AND heartbeat_utc < now() - make_interval(secs => $1)`
+//
+// A claim whose message is deferred (deferred_seq set) is left to its
+// message until its grace ran out (next_attempt_utc: claim.Deferrer).
+const stalePredicate = `state IN ('claimed', 'released') AND heartbeat_utc < now() - make_interval(secs => $1)
+	AND (deferred_seq IS NULL OR next_attempt_utc IS NULL OR next_attempt_utc <= now())`
 
 // FlagStale flags at most Limit stale claims in one UPDATE.
 func (s *Store) FlagStale(ctx context.Context, params *claim.FlagStaleParams) ([]*claim.Claim, error) {

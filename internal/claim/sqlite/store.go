@@ -158,7 +158,8 @@ const columns = `id, message_id, consumer, owner, state, entity, subject, conten
 	route, fingerprint, take_overs, taken_over_utc, take_over_path, take_over_reason,
 	previous_owner, previous_holder, recoveries, next_attempt_utc, late_success_utc, late_success_by,
 	failed_utc, fail_reason, dead_letter_seq, answer, answer_utc,
-	key_revision, effect_key, key_revised_by, key_revised_utc, key_revision_note, key_form`
+	key_revision, effect_key, key_revised_by, key_revised_utc, key_revision_note, key_form,
+	deferred_seq, due_utc, postponements, postponed_utc`
 
 const insertColumns = `message_id, consumer, owner, state, entity, subject, content_type,
 	properties, payload_hash, payload, delivery_count, route, fingerprint, key_form, effect_key,
@@ -173,8 +174,9 @@ func scanClaim(r sqlstore.Scanner) (*claim.Claim, error) {
 		takenOver, nextAttempt, lateSuccess    sql.NullString
 		previousOwner                          sql.NullString
 		failed, answerAt, keyRevised           sql.NullString
-		deadLetterSeq                          sql.NullInt64
+		deadLetterSeq, deferredSeq             sql.NullInt64
 		answer                                 *string
+		due, postponed                         sql.NullString
 	)
 	err := r.Scan(&c.ID, &c.MessageID, &c.Consumer, &owner, &state, &c.Entity, &c.Subject, &c.ContentType,
 		&props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &claimed,
@@ -183,9 +185,13 @@ func scanClaim(r sqlstore.Scanner) (*claim.Claim, error) {
 		&c.Route, &c.Fingerprint, &c.TakeOvers, &takenOver, &path, &c.TakeOverReason,
 		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy,
 		&failed, &c.FailReason, &deadLetterSeq, &answer, &answerAt,
-		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote, &c.KeyForm)
+		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote, &c.KeyForm,
+		&deferredSeq, &due, &c.Postponements, &postponed)
 	if err != nil {
 		return nil, err
+	}
+	if deferredSeq.Valid {
+		c.DeferredSeq = &deferredSeq.Int64
 	}
 	if deadLetterSeq.Valid {
 		c.DeadLetterSeq = &deadLetterSeq.Int64
@@ -215,7 +221,8 @@ func scanClaim(r sqlstore.Scanner) (*claim.Claim, error) {
 		src sql.NullString
 	}{{&c.ProcessedAt, processed}, {&c.ReleasedAt, released}, {&c.FlaggedAt, flagged}, {&c.ResolvedAt, resolved},
 		{&c.TakenOverAt, takenOver}, {&c.NextAttemptAt, nextAttempt}, {&c.LateSuccessAt, lateSuccess},
-		{&c.FailedAt, failed}, {&c.AnswerAt, answerAt}, {&c.KeyRevisedAt, keyRevised}} {
+		{&c.FailedAt, failed}, {&c.AnswerAt, answerAt}, {&c.KeyRevisedAt, keyRevised},
+		{&c.DueAt, due}, {&c.PostponedAt, postponed}} {
 		*p.dst, err = parseNullTime(p.src)
 		errs = append(errs, err)
 	}
@@ -466,7 +473,8 @@ func later(d time.Duration) string { return fmt.Sprintf("+%.3f seconds", d.Secon
 // takeOverPaths is the precondition of each take-over path beyond owner
 // and route; ?8 is the SilentFor modifier (see ago).
 var takeOverPaths = map[claim.TakeOverPath]string{
-	claim.PathRedelivery: `(state = 'released' OR (state = 'claimed' AND heartbeat_utc < strftime('%Y-%m-%dT%H:%M:%f','now',?8)))`,
+	claim.PathRedelivery: `(state = 'released' OR (state = 'claimed' AND heartbeat_utc < strftime('%Y-%m-%dT%H:%M:%f','now',?8)))
+		AND (deferred_seq IS NULL OR deferred_seq = ?14)`,
 	claim.PathReconciler: `state IN ('claimed', 'released') AND heartbeat_utc < strftime('%Y-%m-%dT%H:%M:%f','now',?8)
 		AND (next_attempt_utc IS NULL OR next_attempt_utc <= ` + nowSQL + `)`,
 	claim.PathOperator: `state = 'flagged'`,
@@ -496,14 +504,15 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 		effect_key = CASE WHEN ?11 = 1 THEN ?12 ELSE effect_key END,
 		key_revised_by = CASE WHEN ?11 = 1 THEN ?2 ELSE key_revised_by END,
 		key_revised_utc = CASE WHEN ?11 = 1 THEN `+nowSQL+` ELSE key_revised_utc END,
-		key_revision_note = CASE WHEN ?11 = 1 THEN ?5 ELSE key_revision_note END
+		key_revision_note = CASE WHEN ?11 = 1 THEN ?5 ELSE key_revision_note END,
+		deferred_seq = NULL, due_utc = NULL
 		WHERE id = ?9 AND owner = ?10 AND (route = '' OR (route = ?6 AND fingerprint = ?7))
 		AND (?11 = 0 OR key_revision = ?13)
 		AND `+takeOverPaths[params.Path]+`
 		RETURNING `+columns,
 		params.Owner.String(), params.By, params.DeliveryCount, string(params.Path), sqlstore.Bound(params.Reason, sqlstore.MaxReasonLength),
 		params.Route, params.Fingerprint, ago(params.SilentFor), params.ID, params.PreviousOwner.String(), boolInt(params.NewKey),
-		newKey, revision)
+		newKey, revision, sqlstore.NullInt64(params.Seq))
 	if err == nil && len(out) == 0 {
 		now, gerr := s.Get(ctx, params.ID)
 		if gerr != nil && !errors.Is(gerr, claim.ErrNotFound) {
@@ -634,7 +643,7 @@ func outcomeSQL(w claim.OutcomeWrite) (string, []any, error) {
 	case claim.WriteRelease:
 		next, args := nextAttempt(args, v.NextAttemptIn, "NULL")
 		return `UPDATE claims SET state = 'released', released_utc = ` + nowSQL + `, heartbeat_utc = ` + nowSQL + `, last_error = ?1,
-		next_attempt_utc = ` + next + `, ` + setAnswer(4) + guard, args, nil
+		next_attempt_utc = ` + next + `, deferred_seq = NULL, due_utc = NULL, ` + setAnswer(4) + guard, args, nil
 	case claim.WriteRecordAttempt:
 		next, args := nextAttempt(args, v.NextAttemptIn, "next_attempt_utc")
 		return `UPDATE claims SET attempts = attempts + 1, last_error = ?1, next_attempt_utc = ` + next + `, ` + setAnswer(4) + guard, args, nil
@@ -746,7 +755,11 @@ func (s *Store) RecordAttempt(ctx context.Context, params *claim.RecordAttemptPa
 // stalePredicate is the staleness test, in the UPDATE itself and in its
 // candidate scan (served by ix_claims_unfinished). ?1 is the StaleAfter
 // modifier.
-const stalePredicate = `state IN ('claimed', 'released') AND heartbeat_utc < ` + agoSQL
+//
+// A claim whose message is deferred (deferred_seq set) is left to its
+// message until its grace ran out (next_attempt_utc: claim.Deferrer).
+const stalePredicate = `state IN ('claimed', 'released') AND heartbeat_utc < ` + agoSQL + `
+	AND (deferred_seq IS NULL OR next_attempt_utc IS NULL OR next_attempt_utc <= ` + nowSQL + `)`
 
 // FlagStale flags at most Limit stale claims in one UPDATE.
 func (s *Store) FlagStale(ctx context.Context, params *claim.FlagStaleParams) ([]*claim.Claim, error) {

@@ -65,7 +65,9 @@
 //     that may have performed an effect was sent by a holder of the claim;
 //   - with auto routes, that no delivery completed its copy while its
 //     claim was still claimed by a holder that was dead or silent for
-//     TakeoverAfter (it had to take the claim over and run the effect);
+//     TakeoverAfter (it had to take the claim over and run the effect) —
+//     unless the claim names another message, deferred and fetched by its
+//     holder, as the one carrying it (delayed retries);
 //   - the queue: nothing left, dead letters only by design (NoRoute for the
 //     unroutable messages, IdempotencyKeyConflict for the losing payload of
 //     a conflict);

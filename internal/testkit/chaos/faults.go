@@ -304,6 +304,22 @@ func (k *killReceiver) RenewMessageLock(ctx context.Context, m *azservicebus.Rec
 	return k.r.RenewMessageLock(ctx, m, o)
 }
 
+func (k *killReceiver) DeferMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.DeferMessageOptions) error {
+	if k.rep.dead.Load() {
+		return k.lost("defer")
+	}
+	err := k.r.DeferMessage(ctx, m, o)
+	k.rep.settled(m, "defer", err)
+	return err
+}
+
+func (k *killReceiver) ReceiveDeferredMessages(ctx context.Context, seqs []int64, o *azservicebus.ReceiveDeferredMessagesOptions) ([]*azservicebus.ReceivedMessage, error) {
+	if k.rep.dead.Load() {
+		return nil, k.lost("receive deferred")
+	}
+	return k.r.ReceiveDeferredMessages(ctx, seqs, o)
+}
+
 func (k *killReceiver) PeekMessages(ctx context.Context, n int, o *azservicebus.PeekMessagesOptions) ([]*azservicebus.ReceivedMessage, error) {
 	if k.rep.dead.Load() {
 		return nil, k.lost("peek")

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"sync/atomic"
+	"time"
 
 	"github.com/sbclaim/sbclaim"
 	"github.com/sbclaim/sbclaim/internal/bridge"
@@ -55,7 +56,8 @@ func (h *harness) newRouter(client *http.Client, log *slog.Logger, wrap func(sbc
 			Handler:     hf,
 			Recovery:    sbclaim.Recovery(h.cfg.Recovery),
 			Version:     goRouteVersion,
-			AllowNewKey: h.cfg.Answers == AnswersMixed, // as the mixed routes file's allowNewKey
+			AllowNewKey: h.cfg.Answers == AnswersMixed,                                    // as the mixed routes file's allowNewKey
+			Backoff:     sbclaim.Backoff{First: 100 * time.Millisecond, Max: time.Second}, // as the routes file's backoff
 		})
 	}
 	file, err := sbclaim.ParseRoutesFile(h.routes, &sbclaim.RoutesFileOptions{

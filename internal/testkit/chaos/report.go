@@ -214,8 +214,9 @@ func (r *Report) Write(w io.Writer) {
 	r.Tracing.write(w)
 
 	q := r.Queue
-	fmt.Fprintf(w, "queue: sent %d, completed %d, dead-lettered %d %s, still in queue %d; deliveries %d (redeliveries %d), lock expiries %d, lock losses %d\n",
-		q.Sent, q.Completed, q.DeadLettered, fmtMap(q.DeadLetterReasons), q.Active+q.Locked, q.Deliveries, q.Redeliveries, q.LockExpiries, q.LockLosses)
+	fmt.Fprintf(w, "queue: sent %d, completed %d, dead-lettered %d %s, still in queue %d; deliveries %d (redeliveries %d), lock expiries %d, lock losses %d; deferrals %d, fetched by sequence number %d\n",
+		q.Sent, q.Completed, q.DeadLettered, fmtMap(q.DeadLetterReasons), q.Active+q.Locked+q.Deferred, q.Deliveries, q.Redeliveries, q.LockExpiries, q.LockLosses,
+		q.Deferrals, q.DeferredReceives)
 
 	fmt.Fprintf(w, "claims by final state:")
 	for _, s := range claim.States {
@@ -258,7 +259,7 @@ func (r *Report) Write(w io.Writer) {
 
 var outcomes = []processor.Result{
 	processor.ResultProcessed, processor.ResultDuplicate, processor.ResultConflict,
-	processor.ResultReleased, processor.ResultDeadLettered, processor.ResultUnknown,
+	processor.ResultReleased, processor.ResultPostponed, processor.ResultHandedOff, processor.ResultDeadLettered, processor.ResultUnknown,
 	processor.ResultAbandoned, processor.ResultLost, processor.ResultFlagged, processor.ResultCrashed,
 }
 

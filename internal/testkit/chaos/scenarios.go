@@ -437,6 +437,14 @@ func (r *oneCopyReceiver) RenewMessageLock(ctx context.Context, m *azservicebus.
 	return r.inner.RenewMessageLock(ctx, m, o)
 }
 
+func (r *oneCopyReceiver) DeferMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.DeferMessageOptions) error {
+	return r.inner.DeferMessage(ctx, m, o)
+}
+
+func (r *oneCopyReceiver) ReceiveDeferredMessages(ctx context.Context, seqs []int64, o *azservicebus.ReceiveDeferredMessagesOptions) ([]*azservicebus.ReceivedMessage, error) {
+	return r.inner.ReceiveDeferredMessages(ctx, seqs, o)
+}
+
 func (r *oneCopyReceiver) PeekMessages(ctx context.Context, n int, o *azservicebus.PeekMessagesOptions) ([]*azservicebus.ReceivedMessage, error) {
 	return r.inner.PeekMessages(ctx, n, o)
 }

@@ -38,6 +38,8 @@ func TestContract(t *testing.T) {
 			// SDK makes it a no-op (see the field's comment).
 			SecondSettlementIsNoOp: false,
 			MaxDeliveryDescription: brokertest.ServiceBusMaxDeliveryDescription,
+			DeferredReceiveCounts:  true,
+			DeferredNotFoundCode:   azservicebus.CodeNotFound,
 		},
 	})
 }
@@ -64,7 +66,7 @@ func entity(q *membus.Queue, opts membus.QueueOptions) brokertest.Entity {
 		},
 		Holds: func(_ context.Context, _ *testing.T, _ string) bool {
 			s := q.Stats()
-			return s.Active+s.Locked > 0
+			return s.Active+s.Locked+s.Deferred > 0
 		},
 		ExpireLock: func(t *testing.T, m *azservicebus.ReceivedMessage) {
 			t.Helper()

@@ -27,6 +27,12 @@ type Stats struct {
 	ReceiveFaults     int // injected by FailReceives
 	SettleFaults      int // injected by FailSettlements
 	RenewFaults       int // injected by FailRenewals
+	// Deferral (deferral.go): Deferred is the number of messages deferred
+	// now; Deferrals counts DeferMessage calls, DeferredReceives the
+	// deliveries by sequence number.
+	Deferred         int
+	Deferrals        int
+	DeferredReceives int
 }
 
 // Stats returns a snapshot. Expired locks are accounted for first.
@@ -35,7 +41,7 @@ func (q *Queue) Stats() Stats {
 	defer q.mu.Unlock()
 	q.expireLocked(time.Now())
 	s := q.stats
-	s.Active, s.Locked = len(q.available), len(q.locked)
+	s.Active, s.Locked, s.Deferred = len(q.available), len(q.locked), len(q.deferred)
 	s.DeadLetterReasons = maps.Clone(q.stats.DeadLetterReasons)
 	return s
 }
@@ -77,7 +83,7 @@ func (q *Queue) WaitIdle(ctx context.Context) error {
 	for {
 		q.mu.Lock()
 		q.expireLocked(time.Now())
-		if len(q.available) == 0 && len(q.locked) == 0 {
+		if len(q.available) == 0 && len(q.locked) == 0 && len(q.deferred) == 0 {
 			q.mu.Unlock()
 			return nil
 		}

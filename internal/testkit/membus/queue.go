@@ -50,6 +50,7 @@ type Queue struct {
 	seq         int64
 	available   []*entry // sorted by sequence number
 	locked      map[[16]byte]*entry
+	deferred    map[int64]*entry // by sequence number (deferral.go)
 	deadLetters []*azservicebus.ReceivedMessage
 	completed   []string
 	forget      bool // QueueOptions.ForgetCompleted
@@ -69,6 +70,10 @@ type entry struct {
 	msg         *azservicebus.ReceivedMessage
 	lockToken   [16]byte
 	lockedUntil time.Time
+	// deferred: the message was deferred; a delivery of it (by sequence
+	// number) goes back to the deferred set when its lock ends without
+	// settlement. expired: ExpireDeferred ran out its time to live.
+	deferred, expired bool
 }
 
 // NewQueue returns an empty queue.
@@ -86,6 +91,7 @@ func NewQueue(name string, opts QueueOptions) *Queue {
 		forget:       opts.ForgetCompleted,
 		changed:      make(chan struct{}),
 		locked:       make(map[[16]byte]*entry),
+		deferred:     make(map[int64]*entry),
 		stats:        Stats{DeadLetterReasons: map[string]int{}},
 	}
 }
@@ -194,6 +200,11 @@ func (q *Queue) releaseLocked(e *entry) {
 			fmt.Sprintf("Message could not be consumed after %d delivery attempts.", q.maxDelivery))
 		return
 	}
+	if e.deferred {
+		q.deferred[*e.msg.SequenceNumber] = e
+		q.notifyLocked()
+		return
+	}
 	i, _ := slices.BinarySearchFunc(q.available, *e.msg.SequenceNumber, func(a *entry, seq int64) int {
 		return cmp.Compare(*a.msg.SequenceNumber, seq)
 	})
@@ -220,6 +231,12 @@ func (q *Queue) deadLetterLocked(e *entry, reason, description string) {
 func (q *Queue) deliverLocked(now time.Time) *azservicebus.ReceivedMessage {
 	e := q.available[0]
 	q.available = q.available[1:]
+	return q.lockLocked(e, now)
+}
+
+// lockLocked counts a delivery of e, locks it under a new token and
+// returns the delivery (ReceiveMessages, ReceiveDeferredMessages).
+func (q *Queue) lockLocked(e *entry, now time.Time) *azservicebus.ReceivedMessage {
 	e.msg.DeliveryCount++
 	e.lockToken = uuid.New()
 	e.lockedUntil = now.Add(q.lockDuration)

@@ -29,6 +29,13 @@
 //   - a second settlement of a delivery: see Features.SecondSettlementIsNoOp.
 //   - every subscription of a topic gets its own copy of each message, with
 //     the same MessageID (one consumer per subscription, claims per consumer).
+//   - deferral (the processor's delayed retries): a deferred message is not
+//     delivered by ReceiveMessages; ReceiveDeferredMessages fetches it by
+//     its sequence number, locked (it settles like any delivery), with
+//     DeliveryCount + 1 (Features.DeferredReceiveCounts); a lock that ends
+//     without settlement leaves it deferred; a sequence number that names
+//     no deferred message (completed) fetches nothing; deferring in one
+//     subscription leaves the other subscriptions' copies alone.
 //
 // As in the claim-store suite (internal/claim/claimtest), what differs
 // between brokers is said per feature, in Features, and the suite checks
@@ -55,6 +62,8 @@ type Receiver interface {
 	AbandonMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.AbandonMessageOptions) error
 	DeadLetterMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.DeadLetterOptions) error
 	RenewMessageLock(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.RenewMessageLockOptions) error
+	DeferMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.DeferMessageOptions) error
+	ReceiveDeferredMessages(ctx context.Context, sequenceNumbers []int64, options *azservicebus.ReceiveDeferredMessagesOptions) ([]*azservicebus.ReceivedMessage, error)
 	Close(ctx context.Context) error
 }
 
@@ -131,6 +140,18 @@ type Features struct {
 	// deliveries. Empty: only a non-empty description is required (the
 	// emulator's text is not documented).
 	MaxDeliveryDescription string
+	// DeferredReceiveCounts: a delivery by ReceiveDeferredMessages counts
+	// like any other (DeliveryCount + 1). membus models it so; for Service
+	// Bus it is our reading of the service (a deferral counts against
+	// MaxDeliveryCount: Azure/azure-service-bus#375), which a run against
+	// a real namespace confirms or refutes.
+	DeferredReceiveCounts bool
+	// DeferredNotFoundCode, when set, is the code of the error
+	// ReceiveDeferredMessages returns for a sequence number that names no
+	// deferred message. Empty: an error or an empty result is accepted
+	// (the service answers 404, which the SDK maps to CodeNotFound, or 204
+	// "no messages", which it returns as a plain error).
+	DeferredNotFoundCode azservicebus.Code
 }
 
 // ServiceBusMaxDeliveryDescription is the description Azure Service Bus
@@ -163,6 +184,9 @@ func Exercise(t *testing.T, h Harness) {
 		{"RenewMessageLockMovesLockedUntil", s.renew},
 		{"SecondSettlement", s.secondSettlement},
 		{"EverySubscriptionGetsACopy", s.fanOut},
+		{"DeferredIsFetchedOnlyBySequenceNumber", s.deferFetch},
+		{"DeferredLockEndLeavesItDeferred", s.deferLockEnd},
+		{"DeferralInOneSubscriptionLeavesTheOthers", s.deferFanOut},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if !h.Sequential {
@@ -522,4 +546,113 @@ func deref(p *string) string {
 		return ""
 	}
 	return *p
+}
+
+// fetchDeferred fetches the deferred message seq, which must be id.
+func fetchDeferred(ctx context.Context, t *testing.T, r Receiver, id string, seq int64) *azservicebus.ReceivedMessage {
+	t.Helper()
+	msgs, err := r.ReceiveDeferredMessages(ctx, []int64{seq}, nil)
+	ok(t, "ReceiveDeferredMessages", err)
+	if len(msgs) != 1 || msgs[0].MessageID != id || msgs[0].SequenceNumber == nil || *msgs[0].SequenceNumber != seq {
+		t.Fatalf("ReceiveDeferredMessages(%d) = %d messages, want %s", seq, len(msgs), id)
+	}
+	if msgs[0].LockedUntil == nil || msgs[0].LockToken == [16]byte{} {
+		t.Fatalf("a deferred message was fetched without a lock (LockedUntil %v)", msgs[0].LockedUntil)
+	}
+	return msgs[0]
+}
+
+func (s *suite) wantDeliveryCount(t *testing.T, what string, m *azservicebus.ReceivedMessage, counted, notCounted uint32) {
+	t.Helper()
+	want := notCounted
+	if s.h.Features.DeferredReceiveCounts {
+		want = counted
+	}
+	if m.DeliveryCount != want {
+		t.Fatalf("%s: DeliveryCount %d, want %d (Features.DeferredReceiveCounts %v)", what, m.DeliveryCount, want, s.h.Features.DeferredReceiveCounts)
+	}
+}
+
+func (s *suite) wantNotFetched(ctx context.Context, t *testing.T, r Receiver, seq int64) {
+	t.Helper()
+	msgs, err := r.ReceiveDeferredMessages(ctx, []int64{seq}, nil)
+	if len(msgs) != 0 {
+		t.Fatalf("ReceiveDeferredMessages(%d) of a completed message returned %d messages", seq, len(msgs))
+	}
+	if code := s.h.Features.DeferredNotFoundCode; code != "" {
+		wantCode(t, "ReceiveDeferredMessages of a completed message", err, code)
+	}
+}
+
+func (s *suite) deferFetch(t *testing.T) {
+	e := s.h.NewQueue(t)
+	ctx := ctxFor(t, e)
+	id := newID(t)
+	send(ctx, t, e.Sender, id)
+	r := e.NewReceiver(t)
+	m := receive(ctx, t, r, id)
+	seq := *m.SequenceNumber
+	ok(t, "DeferMessage", r.DeferMessage(ctx, m, nil))
+	// Not delivered by ReceiveMessages, to this receiver or another.
+	notDelivered(ctx, t, e.NewReceiver(t), id, 300*time.Millisecond)
+	d := fetchDeferred(ctx, t, r, id, seq)
+	s.wantDeliveryCount(t, "fetched by sequence number", d, 2, 1)
+	ok(t, "RenewMessageLock of a fetched deferred message", r.RenewMessageLock(ctx, d, nil))
+	ok(t, "CompleteMessage of a fetched deferred message", r.CompleteMessage(ctx, d, nil))
+	gone(ctx, t, e, id)
+	s.wantNotFetched(ctx, t, r, seq)
+}
+
+func (s *suite) deferLockEnd(t *testing.T) {
+	e := s.h.NewQueue(t)
+	s.needExpiry(t, e)
+	if e.MaxDeliveryCount < 3 {
+		t.Skipf("the entity's MaxDeliveryCount %d leaves no room for three deliveries", e.MaxDeliveryCount)
+	}
+	ctx := ctxFor(t, e)
+	id := newID(t)
+	send(ctx, t, e.Sender, id)
+	r := e.NewReceiver(t)
+	m := receive(ctx, t, r, id)
+	seq := *m.SequenceNumber
+	ok(t, "DeferMessage", r.DeferMessage(ctx, m, nil))
+	d := fetchDeferred(ctx, t, r, id, seq)
+	s.expire(t, e, d)
+	if e.ExpireLock == nil {
+		time.Sleep(e.LockDuration + time.Second) // the real lock must run out; the fetch below does not wait
+	}
+	// Back among the deferred messages: not delivered by ReceiveMessages,
+	// fetched again by its sequence number.
+	notDelivered(ctx, t, e.NewReceiver(t), id, 300*time.Millisecond)
+	d = fetchDeferred(ctx, t, r, id, seq)
+	s.wantDeliveryCount(t, "fetched again after its lock ran out", d, 3, 1)
+	ok(t, "CompleteMessage", r.CompleteMessage(ctx, d, nil))
+	gone(ctx, t, e, id)
+}
+
+func (s *suite) deferFanOut(t *testing.T) {
+	tp := s.h.NewTopic(t)
+	if len(tp.Subscriptions) < 2 {
+		t.Fatalf("the harness's topic has %d subscriptions, want at least 2", len(tp.Subscriptions))
+	}
+	ctx := ctxFor(t, tp.Subscriptions[0])
+	id := newID(t)
+	send(ctx, t, tp.Sender, id)
+	first := tp.Subscriptions[0].NewReceiver(t)
+	m := receive(ctx, t, first, id)
+	seq := *m.SequenceNumber
+	ok(t, "DeferMessage in subscription 0", first.DeferMessage(ctx, m, nil))
+	for i, sub := range tp.Subscriptions[1:] {
+		r := sub.NewReceiver(t)
+		c := receive(ctx, t, r, id)
+		if c.DeliveryCount != 1 {
+			t.Errorf("subscription %d: its copy has DeliveryCount %d, want 1", i+1, c.DeliveryCount)
+		}
+		ok(t, fmt.Sprintf("complete in subscription %d", i+1), r.CompleteMessage(ctx, c, nil))
+		notDelivered(ctx, t, r, id, 300*time.Millisecond) // one copy each: the deferral added none
+		gone(ctx, t, sub, id)
+	}
+	d := fetchDeferred(ctx, t, first, id, seq)
+	ok(t, "complete the deferred message in subscription 0", first.CompleteMessage(ctx, d, nil))
+	gone(ctx, t, tp.Subscriptions[0], id)
 }

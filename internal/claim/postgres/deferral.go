@@ -1,0 +1,98 @@
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/claim/sqlstore"
+)
+
+var _ claim.Deferrer = (*Store)(nil)
+
+// Defer records that a claimed claim's message is deferred (see
+// claim.Deferrer).
+func (s *Store) Defer(ctx context.Context, params *claim.DeferParams) error {
+	if err := claim.ValidateDefer(params); err != nil {
+		return err
+	}
+	answer, err := sqlstore.EncodeAnswer(params.Answer)
+	if err != nil {
+		return fmt.Errorf("defer claim %d: %w", params.ID, err)
+	}
+	// A change of state: its history row in the same statement.
+	return s.execGuarded(ctx, "defer", params.ID, guardedSQL(`UPDATE claims SET state = 'released', released_utc = now(),
+		heartbeat_utc = now(), last_error = $1, deferred_seq = $5, due_utc = NULL,
+		next_attempt_utc = now() + make_interval(secs => $6),
+		postponements = postponements + 1, postponed_utc = coalesce(postponed_utc, now()), `+setAnswer(4)+`
+		WHERE id = $2 AND owner = $3 AND state = 'claimed'`,
+		string(claim.ChangeReleased), "'claimed'", "u.claimed_by", "'deferred (sequence number ' || u.deferred_seq || '): ' || u.last_error"),
+		params.Error, params.ID, params.Owner, answer, params.Seq, secs(params.DueIn+params.Grace))
+}
+
+// SetDue records when a deferred message is due (see claim.Deferrer).
+func (s *Store) SetDue(ctx context.Context, params *claim.SetDueParams) error {
+	if params.DueIn < 0 {
+		return errors.New("set due: DueIn cannot be negative")
+	}
+	return s.execGuarded(ctx, "set the due time of", params.ID, `UPDATE claims SET due_utc = now() + make_interval(secs => $4)
+		WHERE id = $1 AND owner = $2 AND state = 'released' AND deferred_seq = $3 AND due_utc IS NULL`,
+		params.ID, params.Owner, params.Seq, secs(params.DueIn))
+}
+
+// duePredicate is FindDue's and TakeDeferred's test; $1 is SilentFor in
+// seconds.
+const duePredicate = `deferred_seq IS NOT NULL AND ((state = 'released' AND due_utc <= now())
+	OR ((state = 'claimed' OR (state = 'released' AND due_utc IS NULL)) AND heartbeat_utc < now() - make_interval(secs => $1)))`
+
+// FindDue lists the claims whose deferred message is due, earliest first.
+func (s *Store) FindDue(ctx context.Context, params *claim.FindDueParams) ([]*claim.Claim, error) {
+	limit, err := claim.ValidateFindDue(params)
+	if err != nil {
+		return nil, err
+	}
+	q := `SELECT ` + columns + ` FROM claims WHERE consumer = $2 AND entity = $3 AND ` + duePredicate + `
+		ORDER BY coalesce(due_utc, heartbeat_utc) LIMIT $4`
+	var out []*claim.Claim
+	if err := queryClaims(ctx, s.db, q, []any{secs(params.SilentFor), params.Consumer, params.Entity, limit},
+		func(c *claim.Claim) { out = append(out, c) }); err != nil {
+		return nil, fmt.Errorf("find due claims: %w", err)
+	}
+	return out, nil
+}
+
+// TakeDeferred gives a due claim to a new owner (see claim.Deferrer). The
+// predicate is in the UPDATE's own WHERE: READ COMMITTED re-checks it on
+// the latest row version when a concurrent taker committed first.
+func (s *Store) TakeDeferred(ctx context.Context, params *claim.TakeDeferredParams) (*claim.Claim, error) {
+	if err := claim.ValidateTakeDeferred(params); err != nil {
+		return nil, err
+	}
+	// A change of owner: its history row in the same statement.
+	row := s.db.QueryRowContext(ctx, `WITH u AS (UPDATE claims SET state = 'claimed', owner = $2, claimed_by = $3,
+		taken_over_from = state, heartbeat_utc = now(), taken_over_utc = now(), take_overs = take_overs + 1,
+		take_over_path = 'redelivery', take_over_reason = $4, previous_owner = owner, previous_holder = claimed_by,
+		due_utc = NULL, next_attempt_utc = NULL
+		WHERE id = $5 AND owner = $6 AND deferred_seq = $7 AND `+duePredicate+`
+		RETURNING *
+	), h AS (
+		`+historySQL("u", "'"+string(claim.ChangeTakenOver)+"'", "u.taken_over_from", "u.claimed_by", "u.take_over_path", "u.take_over_reason", "u.previous_owner")+`
+	)
+	SELECT `+cols("u.")+` FROM u`,
+		secs(params.SilentFor), params.Owner, params.By, sqlstore.Bound(params.Reason, sqlstore.MaxReasonLength),
+		params.ID, params.PreviousOwner, params.Seq)
+	c, err := scanClaim(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		now, gerr := s.Get(ctx, params.ID)
+		if gerr != nil {
+			return nil, fmt.Errorf("take deferred claim %d: refused, then: %w", params.ID, gerr)
+		}
+		return now, fmt.Errorf("take deferred claim %d: %w", params.ID, claim.ErrStateChanged)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("take deferred claim %d: %w", params.ID, translate(err))
+	}
+	return c, nil
+}

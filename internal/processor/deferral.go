@@ -1,0 +1,388 @@
+package processor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"github.com/google/uuid"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/held"
+	"github.com/sbclaim/sbclaim/internal/sideeffects"
+)
+
+// Delayed retries.
+//
+// A held claim whose effect was not performed (retryable), or whose
+// outcome is unknown on a RecoveryAuto route, is postponed instead of
+// abandoned (which would burn one of the message's deliveries at once):
+//
+//  1. postpone records the deferral on the claim in one guarded write
+//     (claim.Deferrer.Defer: released, DeferredSeq = the message's
+//     sequence number, DueAt = now + the route's backoff, at least the
+//     downstream's Retry-After; NextAttemptAt = DueAt + DeferGrace so the
+//     reconciler leaves it to its message), THEN settle defers the message
+//     at the broker (DeferMessage). A crash or a failed DeferMessage in
+//     between leaves a claim that names its message: the message's lock
+//     runs out, the broker redelivers it, and that delivery — the only one
+//     whose sequence number the claim accepts — takes the claim back.
+//  2. pollDeferred, on every replica of the consumer, finds due claims
+//     (FindDue), takes each with one guarded write (TakeDeferred: of
+//     replicas racing for it exactly one wins), then fetches the message
+//     by its sequence number (ReceiveDeferredMessages) and runs the usual
+//     protocol holding the claim (runFetched).
+//  3. A fetch that finds nothing (the message expired or was settled)
+//     releases the claim with its error: the reconciler's recovery
+//     repeats it from the stored payload, or flags it when there is none.
+//
+// The horizon: a claim postponed for longer than its route's
+// Backoff.Horizon is flagged (the reason names the route and how long),
+// and its message completed (payload stored) or dead-lettered.
+//
+// Each fetch by sequence number counts as a delivery (see brokertest's
+// DeferredReceiveCounts): a message whose DeliveryCount has reached
+// MaxDeliveryCount cannot be deferred again — the broker would dead-letter
+// it — so its claim is handed off: released with its next attempt due and
+// its stored payload, the message completed, and the reconciler's
+// recovery repeats it then.
+
+// ReasonRetryHorizon is the dead-letter reason of a message whose claim
+// was flagged at its route's retry horizon when no payload is stored (with
+// a stored payload the message is completed and an operator redrives the
+// claim from it).
+const ReasonRetryHorizon = "RetryHorizonExceeded"
+
+// postpone defers a held claim's message for a delayed retry. It is also
+// the way for anything that decides not to attempt an effect now (a
+// per-route breaker): call it holding the claim with a retryable result
+// whose *sideeffects.Error carries the wanted delay as RetryAfter (the
+// delay is at least that), and the claim waits like any postponed one,
+// horizon included. ok is false
+// when deferral does not apply (off, the store cannot, the route turned
+// it off, no sequence number, or the deliveries are spent without a
+// stored payload): the caller releases and abandons as before.
+func (p *Processor) postpone(work context.Context, d *delivery, c *claim.Claim, res held.Result) (verdict, bool) {
+	b := d.handler.Backoff.WithDefaults()
+	if p.deferrer == nil || b.Off || d.msg.SequenceNumber == nil {
+		return verdict{}, false
+	}
+	cause := claim.ErrorText(res.Err)
+	if res.Outcome != sideeffects.OutcomeRetryable {
+		cause = "outcome unknown (repeated later with the same key): " + cause
+	}
+	// The horizon, by the database clock: HeartbeatAt is when this
+	// attempt took the claim, PostponedAt the first postponement.
+	if c.PostponedAt != nil && b.Horizon > 0 {
+		if waited := c.HeartbeatAt.Sub(*c.PostponedAt); waited >= b.Horizon {
+			reason := fmt.Sprintf("route %q: not performed after retrying for %s (%d postponements; horizon %s): %s",
+				d.handler.Name, waited.Round(time.Second), c.Postponements, b.Horizon, cause)
+			return p.flagHeldFor(work, d, c, reason), true
+		}
+	}
+	var retryAfter time.Duration
+	var se *sideeffects.Error
+	if errors.As(res.Err, &se) {
+		retryAfter = se.RetryAfter
+	}
+	delay := b.Delay(c.Postponements, retryAfter)
+
+	if int(d.msg.DeliveryCount) >= p.opts.MaxDeliveryCount {
+		if !p.opts.StorePayload {
+			return verdict{}, false // nothing else can carry the claim: let the broker dead-letter it
+		}
+		err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
+			return p.opts.Store.Release(ctx, &claim.ReleaseParams{ID: c.ID, Owner: c.Owner, Error: cause, NextAttemptIn: delay, Answer: res.Answer})
+		})
+		if v, done := p.afterPostponeWrite(work, d, c, res, err); done {
+			return v, true
+		}
+		p.metrics.Postponed.WithLabelValues(d.handler.Name).Inc()
+		return completed(ResultHandedOff, "why", "the message's deliveries are spent: its stored payload carries the claim; the reconciler repeats it when due",
+			"next_attempt_in", delay.Round(time.Millisecond).String(), "error", res.Err), true
+	}
+
+	err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
+		return p.deferrer.Defer(ctx, &claim.DeferParams{ID: c.ID, Owner: c.Owner, Seq: *d.msg.SequenceNumber,
+			DueIn: delay, Grace: p.opts.DeferGrace, Error: cause, Answer: res.Answer})
+	})
+	if errors.Is(err, claim.ErrStateChanged) && p.ownDeferral(work, c, *d.msg.SequenceNumber) {
+		err = nil // an earlier try committed but its answer was lost
+	}
+	if v, done := p.afterPostponeWrite(work, d, c, res, err); done {
+		return v, true
+	}
+	if crashed(p.opts.Hooks.AfterDeferRecorded, work, d) {
+		return verdict{result: ResultCrashed}, true
+	}
+	p.metrics.Postponed.WithLabelValues(d.handler.Name).Inc()
+	d.deferral = &claim.SetDueParams{ID: c.ID, Owner: c.Owner, Seq: *d.msg.SequenceNumber, DueIn: delay}
+	return verdict{result: ResultPostponed, settle: settleDefer,
+		attrs: []any{"due_in", delay.Round(time.Millisecond).String(), "postponements", c.Postponements + 1, "error", res.Err}}, true
+}
+
+// afterPostponeWrite ends the delivery when the write that postpones the
+// claim failed (done is true).
+func (p *Processor) afterPostponeWrite(work context.Context, d *delivery, c *claim.Claim, res held.Result, err error) (verdict, bool) {
+	switch {
+	case err == nil:
+		return verdict{}, false
+	case errors.Is(err, claim.ErrStateChanged):
+		return p.lost(work, d, c, res.Outcome), true
+	}
+	// The claim stays claimed and goes silent; the message's redelivery
+	// (its lock runs out) takes it over and repeats the effect.
+	p.storeErr(err)
+	d.log.Warn("effect not performed but postponing the claim failed", "error", err)
+	return abandoned(ResultUnknown, "why", "postponing the claim failed", "error", err), true
+}
+
+// ownDeferral reports whether claim c is released under c's owner with
+// its message deferred under seq.
+func (p *Processor) ownDeferral(work context.Context, c *claim.Claim, seq int64) bool {
+	now, err := p.get(work, c.ID)
+	return err == nil && now.State == claim.StateReleased && now.Owner == c.Owner && now.DeferredSeq != nil && *now.DeferredSeq == seq
+}
+
+// flagHeld hands a claim this delivery holds to operators with reason,
+// and settles the message: completed when the claim stored its payload
+// (an operator's redrive runs from it), dead-lettered otherwise (the
+// dead-letter queue keeps the body).
+func (p *Processor) flagHeldFor(work context.Context, d *delivery, c *claim.Claim, reason string) verdict {
+	sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
+	_, err := p.opts.Store.Flag(sctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: claim.StateClaimed, Reason: reason, By: p.opts.Host})
+	cancel()
+	switch {
+	case errors.Is(err, claim.ErrStateChanged):
+		return p.lost(work, d, c, sideeffects.OutcomeRetryable)
+	case err != nil:
+		p.storeErr(err)
+		return abandoned(ResultUnknown, "why", "flagging the claim failed", "error", err)
+	}
+	d.log.Warn("claim flagged for operators", "why", reason)
+	if !p.opts.StorePayload {
+		return deadLettered(ResultFlagged, ReasonRetryHorizon, reason)
+	}
+	return completed(ResultFlagged, "why", reason)
+}
+
+// deferredElsewhere reports whether a delivery must leave claim c to the
+// message the claim names: released with its message deferred under
+// another sequence number, or held (claimed) by a replica that fetched
+// that message. The store's take-over guard refuses the delivery anyway;
+// this says so without a write.
+func deferredElsewhere(d *delivery, c *claim.Claim) (bool, string) {
+	if c.DeferredSeq == nil || (d.msg.SequenceNumber != nil && *d.msg.SequenceNumber == *c.DeferredSeq) {
+		return false, ""
+	}
+	switch {
+	case c.State == claim.StateReleased && c.DueAt != nil:
+		return true, fmt.Sprintf("the claim's message (sequence number %d) is deferred until %s and carries the work", *c.DeferredSeq, c.DueAt.Format(time.RFC3339))
+	case c.State == claim.StateReleased:
+		return true, fmt.Sprintf("the claim's message (sequence number %d) is being deferred and carries the work", *c.DeferredSeq)
+	case c.State == claim.StateClaimed:
+		// Its holder fetched the claim's deferred message. If it died, the
+		// message goes back to deferred when its lock ends and a poller
+		// takes the claim again once the holder is silent.
+		return true, fmt.Sprintf("the claim's deferred message (sequence number %d) was fetched by %s and carries the work", *c.DeferredSeq, c.ClaimedBy)
+	}
+	return false, ""
+}
+
+// pollDeferred looks for due claims every DeferPollInterval until ctx
+// ends, and fetches their messages (pollOnce). Fetched messages run on
+// workers of their own, at most MaxConcurrentCalls at once: the receive
+// loop holds its free slots while it waits for messages, so sharing them
+// would starve the poller on an idle entity.
+func (p *Processor) pollDeferred(ctx, work context.Context) {
+	if p.deferrer == nil {
+		return
+	}
+	slots := make(chan struct{}, p.opts.MaxConcurrentCalls)
+	t := time.NewTicker(p.opts.DeferPollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if p.breaker.isOpen() {
+			continue
+		}
+		p.pollOnce(ctx, work, slots)
+	}
+}
+
+// pollOnce takes and fetches the due claims of this consumer and entity,
+// as many as there are free worker slots. It returns how many it fetched.
+func (p *Processor) pollOnce(ctx, work context.Context, slots chan struct{}) int {
+	lr := p.live.Load()
+	if lr == nil {
+		return 0
+	}
+	free := cap(slots) - len(slots)
+	if free <= 0 {
+		return 0
+	}
+	sctx, cancel := context.WithTimeout(ctx, p.opts.StoreTimeout)
+	due, err := p.deferrer.FindDue(sctx, &claim.FindDueParams{Consumer: p.opts.Consumer, Entity: p.opts.Entity,
+		SilentFor: p.opts.TakeoverAfter, Limit: free})
+	cancel()
+	if err != nil {
+		if !p.storeErr(err) && ctx.Err() == nil {
+			p.log.Warn("looking for due deferred claims failed", "error", err)
+		}
+		return 0
+	}
+	p.metrics.DeferredDue.Set(float64(len(due)))
+	n := 0
+	for _, c := range due {
+		select {
+		case slots <- struct{}{}:
+		default:
+			return n // every worker is busy: the next poll goes on
+		}
+		if p.fetch(ctx, work, lr, c, slots) {
+			n++
+		} else {
+			<-slots
+		}
+	}
+	return n
+}
+
+// fetch takes the due claim c and fetches its message by its sequence
+// number; the message then runs on a worker (holding the slot the caller
+// took). It reports whether a worker was started.
+func (p *Processor) fetch(ctx, work context.Context, lr *liveReceiver, c *claim.Claim, slots chan struct{}) bool {
+	seq := *c.DeferredSeq
+	log := p.log.With("message_id", c.MessageID, "claim_id", c.ID, "sequence_number", seq)
+	sctx, cancel := context.WithTimeout(ctx, p.opts.StoreTimeout)
+	taken, err := p.deferrer.TakeDeferred(sctx, &claim.TakeDeferredParams{ID: c.ID, PreviousOwner: c.Owner, Owner: uuid.New(),
+		Seq: seq, SilentFor: p.opts.TakeoverAfter, By: p.opts.Host, Reason: "deferred message due"})
+	cancel()
+	switch {
+	case errors.Is(err, claim.ErrStateChanged):
+		p.metrics.DeferredFetches.WithLabelValues("guard").Inc()
+		log.Debug("another replica took the due claim first (the guard refused this one)")
+		return false
+	case err != nil:
+		p.metrics.DeferredFetches.WithLabelValues("error").Inc()
+		p.storeErr(err)
+		log.Warn("taking a due claim failed", "error", err)
+		return false
+	}
+	p.metrics.TakeOvers.WithLabelValues(string(claim.PathRedelivery)).Inc()
+
+	rctx, rcancel := context.WithTimeout(ctx, p.opts.SettleTimeout)
+	msgs, err := lr.r.ReceiveDeferredMessages(rctx, []int64{seq}, nil)
+	rcancel()
+	var m *azservicebus.ReceivedMessage
+	for _, x := range msgs {
+		if x.SequenceNumber != nil && *x.SequenceNumber == seq {
+			m = x
+		}
+	}
+	switch {
+	case m != nil:
+	case err == nil || isNotFound(err):
+		// Gone: expired, or settled by a delivery that had it (the
+		// deferral was recorded but DeferMessage never happened). Release
+		// the claim with the reason: that delivery, if it still has the
+		// message, takes it over; else the reconciler's recovery repeats
+		// it from its stored payload (or flags it without one).
+		p.metrics.DeferredFetches.WithLabelValues("gone").Inc()
+		why := fmt.Sprintf("the deferred message (sequence number %d) could not be fetched: it expired or was settled", seq)
+		if err != nil {
+			why += ": " + claim.ErrorText(err)
+		}
+		log.Warn(why)
+		p.releaseFetched(work, taken, why)
+		return false
+	default:
+		// The broker did not answer: give the claim back, due again soon.
+		p.metrics.DeferredFetches.WithLabelValues("error").Inc()
+		log.Warn("fetching a deferred message failed; due again at the next poll", "error", err)
+		werr := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
+			err := p.deferrer.Defer(ctx, &claim.DeferParams{ID: taken.ID, Owner: taken.Owner, Seq: seq, DueIn: p.opts.DeferPollInterval,
+				Grace: p.opts.DeferGrace, Error: "fetching the deferred message failed: " + claim.ErrorText(err)})
+			if err != nil {
+				return err
+			}
+			return p.deferrer.SetDue(ctx, &claim.SetDueParams{ID: taken.ID, Owner: taken.Owner, Seq: seq, DueIn: p.opts.DeferPollInterval})
+		})
+		if werr != nil {
+			p.storeErr(werr)
+			log.Warn("giving the due claim back failed; it is fetched again once its holder is silent", "error", werr)
+		}
+		return false
+	}
+	p.metrics.DeferredFetches.WithLabelValues("fetched").Inc()
+
+	if !lr.acquire() {
+		// The receiver was retired meanwhile: the message's lock runs
+		// out, it goes back to deferred, and the claim's silent holder
+		// is taken again by the next poll after TakeoverAfter.
+		log.Warn("the receiver was replaced while fetching a deferred message; it is fetched again later")
+		return false
+	}
+	p.inflight.Add(1)
+	d := &delivery{msg: m, lr: lr, received: time.Now(), owner: taken.Owner, fetched: true, fromSilent: c.State == claim.StateClaimed,
+		log: p.log.With("message_id", m.MessageID, "delivery_count", m.DeliveryCount, "sequence_number", seq)}
+	d.stopRenewal = p.renewLock(work, d)
+	go func() {
+		p.settle(d, p.runFetched(work, d, taken))
+		<-slots
+	}()
+	return true
+}
+
+// releaseFetched releases a taken claim whose message could not be
+// fetched.
+func (p *Processor) releaseFetched(work context.Context, c *claim.Claim, why string) {
+	if err := p.release(work, c, errors.New(why), nil); err != nil {
+		p.storeErr(err)
+		p.log.Warn("releasing a claim whose deferred message is gone failed", "claim_id", c.ID, "error", err)
+	}
+}
+
+// runFetched runs the protocol for a deferred message fetched by its
+// sequence number, whose claim c this delivery took.
+func (p *Processor) runFetched(work context.Context, d *delivery, c *claim.Claim) verdict {
+	d.at(c)
+	if reason, desc := p.validate(d); reason != "" {
+		return p.flagHeldFor(work, d, c, fmt.Sprintf("the deferred message cannot be processed any more (%s): %s", reason, desc))
+	}
+	switch {
+	case d.key != c.MessageID:
+		return p.flagHeldFor(work, d, c, fmt.Sprintf("the deferred message (sequence number %d) has dedup key %q, not the claim's", *d.msg.SequenceNumber, d.key))
+	case d.handler.TxEffect != nil:
+		return p.flagHeldFor(work, d, c, fmt.Sprintf("route %q became transactional while the claim's message was deferred", d.handler.Name))
+	case c.RouteDiffers(d.handler.Name, d.handler.Fingerprint):
+		return p.flagHeldFor(work, d, c, fmt.Sprintf("route changed: the claim was taken for route %q (fingerprint %s), its deferred message routes to %q (fingerprint %s)",
+			c.Route, c.Fingerprint, d.handler.Name, d.handler.Fingerprint))
+	case d.fromSilent && d.handler.Manual():
+		// The previous holder went silent with the effect possibly
+		// performed; a manual route's downstream does not honour the key.
+		return p.flagHeldFor(work, d, c, fmt.Sprintf("route %q (recovery manual): the holder of the deferred message (%s) went silent; its effect's outcome is unknown",
+			d.handler.Name, c.PreviousHolder))
+	}
+	return p.runHeld(work, d, c)
+}
+
+// deferred records, once settle deferred the message, when it is due
+// (SetDue). Until then no poller looks for it: the message may not be
+// deferred yet. When this write fails, a poller finds the claim once its
+// holder (this delivery) is silent for TakeoverAfter, and fetches it then.
+func (p *Processor) deferred(d *delivery) {
+	err := held.Write(context.Background(), p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
+		return p.deferrer.SetDue(ctx, d.deferral)
+	})
+	if err != nil {
+		p.storeErr(err)
+		d.log.Warn("message deferred but recording its due time failed; it is fetched once this holder is silent", "error", err)
+	}
+}

@@ -1,0 +1,473 @@
+package processor_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/processor"
+	"github.com/sbclaim/sbclaim/internal/reconciler"
+	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/testkit/membus"
+)
+
+// quickBackoff is a delayed-retry schedule for tests: 20ms each time, no
+// jitter, a horizon no test reaches unless it sets its own.
+var quickBackoff = sideeffects.Backoff{First: 20 * time.Millisecond, Factor: 1, Max: 20 * time.Millisecond, Horizon: time.Hour}
+
+// deferOptions are the bundle's options with delayed retries polled every
+// 10ms.
+func (b *bundle) deferOptions() processor.Options {
+	b.router.backoff = quickBackoff
+	opts := b.options()
+	opts.DeferPollInterval = 10 * time.Millisecond
+	opts.Metrics = processor.NewMetrics(nil)
+	return opts
+}
+
+func fetches(m *processor.Metrics, result string) int {
+	return int(testutil.ToFloat64(m.DeferredFetches.WithLabelValues(result)))
+}
+
+// waitCompleted waits until id was completed n times.
+func (b *bundle) waitCompleted(q *membus.Queue, id string, n int) {
+	b.t.Helper()
+	b.eventually(fmt.Sprintf("%s completed %d time(s)", id, n), func() bool { return countCompleted(q, id) >= n })
+}
+
+// TestRetryableIsDeferredAndFetchedWhenDue: a downstream that refuses
+// three times gets the same key four times; each refusal postpones the
+// claim and defers the message, the poller fetches it by its sequence
+// number when due, and the fourth attempt performs the effect once. No
+// redelivery by ReceiveMessages, no dead letter.
+func TestRetryableIsDeferredAndFetchedWhenDue(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		b.eff.behave = func(_, _ string, call int) error {
+			if call <= 3 {
+				return sideeffects.Retryable(errors.New("downstream 503"))
+			}
+			return nil
+		}
+		opts := b.deferOptions()
+		b.start(opts)
+		b.send("m1", "pay", `{}`, nil)
+		b.waitCompleted(b.q, "m1", 1)
+		b.waitIdle()
+
+		if calls, done := b.eff.Calls("m1"), b.eff.Performed("m1"); calls != 4 || done != 1 {
+			t.Fatalf("calls %d, performed %d; want 4 and 1", calls, done)
+		}
+		c := b.claimOf("m1")
+		if c.State != claim.StateProcessed || c.Postponements != 3 || c.PostponedAt == nil || c.DeferredSeq == nil {
+			t.Fatalf("claim: state %s, postponements %d, postponed at %v, deferred seq %v; want processed after 3 postponements",
+				c.State, c.Postponements, c.PostponedAt, c.DeferredSeq)
+		}
+		st := b.q.Stats()
+		if st.Deferrals != 3 || st.DeferredReceives != 3 || st.Redeliveries != 3 || st.DeadLettered != 0 || st.Abandoned != 0 {
+			t.Fatalf("broker: %+v; want 3 deferrals, 3 fetches by sequence number, no abandon, no dead letter", st)
+		}
+		if got := outcomes(opts.Metrics, processor.ResultPostponed); got != 3 {
+			t.Errorf("postponed outcomes %d, want 3", got)
+		}
+		if got := int(testutil.ToFloat64(opts.Metrics.Postponed.WithLabelValues("effect"))); got != 3 {
+			t.Errorf("sbclaim_postponed_total{route=effect} = %d, want 3", got)
+		}
+		if got := fetches(opts.Metrics, "fetched"); got != 3 {
+			t.Errorf("fetched %d deferred messages, want 3", got)
+		}
+	})
+}
+
+// outageScenario: a downstream refuses more calls than the entity's
+// MaxDeliveryCount allows deliveries (3), then recovers.
+func outageScenario(t *testing.T, be string, deferral bool) (*bundle, processor.Options) {
+	b := setup(t, be, membus.QueueOptions{MaxDeliveryCount: 3})
+	b.eff.behave = func(_, _ string, call int) error {
+		if call <= 3 {
+			return sideeffects.Retryable(errors.New("downstream 503"))
+		}
+		return nil
+	}
+	opts := b.deferOptions()
+	opts.MaxDeliveryCount = 3
+	opts.NoDeferral = !deferral
+	b.start(opts)
+	b.send("m1", "pay", `{}`, nil)
+	b.waitIdle()
+	return b, opts
+}
+
+// TestOutageLongerThanTheDeliveryBudgetDeadLettersNothing: each fetch of a
+// deferred message counts as a delivery, so the third one is the last the
+// broker allows. The processor does not defer it again (the broker would
+// dead-letter it): it hands the claim to the reconciler — released, next
+// attempt due, payload stored — and completes the message. The
+// reconciler's recovery then performs the effect once. The broker
+// dead-letters nothing.
+func TestOutageLongerThanTheDeliveryBudgetDeadLettersNothing(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b, opts := outageScenario(t, be, true)
+		if n := len(b.q.DeadLetters()); n != 0 {
+			t.Fatalf("broker dead-lettered %d messages (%v), want 0", n, b.deadLetterReasons())
+		}
+		// The outcome is counted just after the message is completed.
+		b.eventually("the hand-off counted", func() bool { return outcomes(opts.Metrics, processor.ResultHandedOff) == 1 })
+		c := b.claimOf("m1")
+		if c.State != claim.StateReleased || c.Payload == nil || c.NextAttemptAt == nil || c.Postponements != 2 {
+			t.Fatalf("claim: state %s, payload %v, next attempt %v, postponements %d; want released with its payload after 2 postponements",
+				c.State, c.Payload != nil, c.NextAttemptAt, c.Postponements)
+		}
+		rec, err := reconciler.New(b.store, reconciler.Config{StaleAfter: 30 * time.Millisecond, HeartbeatInterval: 10 * time.Millisecond,
+			Routes: reconciler.Routes{"billing": b.router}}, slog.New(slog.DiscardHandler), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.eventually("the reconciler's recovery performs the claim", func() bool {
+			if _, err := rec.RunOnce(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			return b.claimOf("m1").State == claim.StateProcessed
+		})
+		if calls, done := b.eff.Calls("m1"), b.eff.Performed("m1"); calls != 4 || done != 1 {
+			t.Fatalf("calls %d, performed %d; want 4 and 1", calls, done)
+		}
+	})
+}
+
+// TestOutageWithAbandonDeadLetters is the negative of the test above: with
+// the old behaviour (release and abandon) the broker redelivers at once
+// and dead-letters the message at MaxDeliveryCount.
+func TestOutageWithAbandonDeadLetters(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b, _ := outageScenario(t, be, false)
+		if got := b.deadLetterReasons()["m1"]; got != membus.ReasonMaxDeliveryCountExceeded {
+			t.Fatalf("dead letter reason %q, want %s: abandon burns a delivery per attempt", got, membus.ReasonMaxDeliveryCountExceeded)
+		}
+		if c := b.claimOf("m1"); c.State != claim.StateReleased || c.Postponements != 0 {
+			t.Fatalf("claim: state %s, postponements %d; want released, never postponed", c.State, c.Postponements)
+		}
+	})
+}
+
+// TestRetryAfterIsHonoured: a Retry-After of an hour (longer than the
+// route's schedule) sets the claim's due time an hour ahead, by the
+// database clock; the message stays deferred.
+func TestRetryAfterIsHonoured(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		b.eff.behave = func(_, _ string, _ int) error {
+			return &sideeffects.Error{Outcome: sideeffects.OutcomeRetryable, Err: errors.New("HTTP 429"), RetryAfter: time.Hour}
+		}
+		b.start(b.deferOptions())
+		b.send("m1", "pay", `{}`, nil)
+		b.eventually("the message deferred", func() bool { return b.q.Stats().Deferred == 1 })
+		// SetDue follows DeferMessage.
+		b.eventually("the due time recorded", func() bool { return b.claimOf("m1").DueAt != nil })
+		c := b.claimOf("m1")
+		if !c.Deferred() || c.ReleasedAt == nil {
+			t.Fatalf("claim: state %s, due %v; want released and deferred", c.State, c.DueAt)
+		}
+		if got := c.DueAt.Sub(*c.ReleasedAt); got < 59*time.Minute || got > 61*time.Minute {
+			t.Fatalf("due %s after the release, want the downstream's Retry-After of 1h", got)
+		}
+		if calls := b.eff.Calls("m1"); calls != 1 {
+			t.Fatalf("calls %d, want 1", calls)
+		}
+	})
+}
+
+// TestHorizonFlags: a route whose horizon passed since the first
+// postponement flags the claim with a reason naming the route and how
+// long it retried, and completes the message (its payload is stored for a
+// redrive). The broker dead-letters nothing.
+func TestHorizonFlags(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		b.eff.behave = func(_, _ string, _ int) error { return sideeffects.Retryable(errors.New("downstream 503")) }
+		opts := b.deferOptions()
+		b.router.backoff.Horizon = time.Millisecond // reached by the second attempt (due 20ms after the first)
+		b.start(opts)
+		b.send("m1", "pay", `{}`, nil)
+		b.waitIdle()
+		c := b.claimOf("m1")
+		if c.State != claim.StateFlagged || !strings.Contains(c.FlagReason, `route "effect"`) || !strings.Contains(c.FlagReason, "horizon 1ms") {
+			t.Fatalf("claim: state %s, reason %q; want flagged naming the route and its horizon", c.State, c.FlagReason)
+		}
+		if calls := b.eff.Calls("m1"); calls != 2 {
+			t.Fatalf("calls %d, want 2", calls)
+		}
+		if countCompleted(b.q, "m1") != 1 || len(b.q.DeadLetters()) != 0 {
+			t.Fatalf("completed %d, dead letters %d; want the message completed once", countCompleted(b.q, "m1"), len(b.q.DeadLetters()))
+		}
+	})
+}
+
+// TestCrashBetweenRecordingTheDeferralAndDeferring: the replica records
+// the deferral on the claim, then dies before DeferMessage. The message's
+// lock runs out; its redelivery — the message the claim names — takes
+// the claim back (or finds it released by a poller whose fetch found the
+// message not deferred) and performs the effect once.
+func TestCrashBetweenRecordingTheDeferralAndDeferring(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{LockDuration: 300 * time.Millisecond})
+		b.eff.behave = func(_, _ string, call int) error {
+			if call == 1 {
+				return sideeffects.Retryable(errors.New("downstream 503"))
+			}
+			return nil
+		}
+		opts := b.deferOptions()
+		opts.MaxLockRenewal = 0 // the crashed attempt's lock runs out
+		var once sync.Once
+		opts.Hooks.AfterDeferRecorded = func(context.Context, *azservicebus.ReceivedMessage) error {
+			err := error(nil)
+			once.Do(func() { err = processor.ErrCrash })
+			return err
+		}
+		b.start(opts)
+		b.send("m1", "pay", `{}`, nil)
+		b.waitCompleted(b.q, "m1", 1)
+		b.waitIdle()
+		if calls, done := b.eff.Calls("m1"), b.eff.Performed("m1"); calls != 2 || done != 1 {
+			t.Fatalf("calls %d, performed %d; want 2 and 1", calls, done)
+		}
+		if c := b.claimOf("m1"); c.State != claim.StateProcessed {
+			t.Fatalf("claim state %s, want processed", c.State)
+		}
+		if st := b.q.Stats(); st.Deferrals != 0 || st.DeadLettered != 0 || st.LockExpiries < 1 {
+			t.Fatalf("broker %+v: want no deferral (the replica died first), a lock expiry, no dead letter", st)
+		}
+	})
+}
+
+// barrierStore holds every TakeDeferred until two callers arrive, so two
+// replicas' polls race for the same due claim for certain.
+type barrierStore struct {
+	claim.Store
+	claim.Deferrer
+	mu      sync.Mutex
+	arrived int
+	both    chan struct{}
+}
+
+func (s *barrierStore) TakeDeferred(ctx context.Context, p *claim.TakeDeferredParams) (*claim.Claim, error) {
+	s.mu.Lock()
+	s.arrived++
+	if s.arrived == 2 {
+		close(s.both)
+	}
+	s.mu.Unlock()
+	select {
+	case <-s.both:
+	case <-time.After(20 * time.Second): // the other replica never came: the test says so
+	case <-ctx.Done():
+	}
+	return s.Deferrer.TakeDeferred(ctx, p)
+}
+
+// TestTwoReplicasRaceForADueMessage: two replicas poll the same consumer;
+// both find the due claim and both try to take it at once. The guarded
+// take lets one through: it alone fetches the message and performs the
+// effect; the other's take is refused by the guard (its metric says so).
+func TestTwoReplicasRaceForADueMessage(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		b.eff.behave = func(_, _ string, call int) error {
+			if call == 1 {
+				return sideeffects.Retryable(errors.New("downstream 503"))
+			}
+			return nil
+		}
+		bs := &barrierStore{Store: b.store, Deferrer: b.store.(claim.Deferrer), both: make(chan struct{})}
+		var ms []*processor.Metrics
+		for _, host := range []string{"replica-a", "replica-b"} {
+			opts := b.deferOptions()
+			opts.Store, opts.Host = bs, host
+			ms = append(ms, opts.Metrics)
+			b.start(opts)
+		}
+		b.send("m1", "pay", `{}`, nil)
+		b.waitCompleted(b.q, "m1", 1)
+		b.waitIdle()
+		if calls, done := b.eff.Calls("m1"), b.eff.Performed("m1"); calls != 2 || done != 1 {
+			t.Fatalf("calls %d, performed %d; want 2 and 1", calls, done)
+		}
+		// The loser's refused take may still be returning (SQLite makes
+		// it wait for the winner's write): wait for its answer.
+		sum := func(result string) int { return fetches(ms[0], result) + fetches(ms[1], result) }
+		b.eventually("the losing replica's take refused by the guard", func() bool { return sum("guard") >= 1 })
+		if fetched, other := sum("fetched"), sum("gone")+sum("error"); fetched != 1 || other != 0 {
+			t.Fatalf("fetched %d, gone or failed %d; want exactly 1 fetch", fetched, other)
+		}
+		if st := b.q.Stats(); st.DeferredReceives != 1 {
+			t.Fatalf("%d fetches by sequence number reached the broker, want 1", st.DeferredReceives)
+		}
+	})
+}
+
+// TestDeferralInOneSubscriptionAddsNoCopyToAnother: a topic with two
+// subscriptions, one consumer each. Billing's downstream refuses once, so
+// billing defers its copy; shipping's copy is processed once and its
+// subscription never sees another: deferral sends nothing.
+func TestDeferralInOneSubscriptionAddsNoCopyToAnother(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		topic := membus.NewTopic("orders")
+		billingSub := topic.Subscription("billing", membus.QueueOptions{LockDuration: 2 * time.Second})
+		shippingSub := topic.Subscription("shipping", membus.QueueOptions{LockDuration: 2 * time.Second})
+		b := setup(t, be, membus.QueueOptions{})
+		b.eff.behave = func(_, _ string, call int) error {
+			if call == 1 {
+				return sideeffects.Retryable(errors.New("downstream 503"))
+			}
+			return nil
+		}
+		shipping := newEffects()
+		billingOpts := b.deferOptions()
+		billingOpts.Entity = "orders/Subscriptions/billing"
+		billingOpts.NewReceiver = func(context.Context) (processor.Receiver, error) { return billingSub.NewReceiver(), nil }
+		b.start(billingOpts)
+		shippingOpts := b.deferOptions()
+		shippingOpts.Consumer, shippingOpts.Entity = "shipping", "orders/Subscriptions/shipping"
+		shippingOpts.Router = &router{eff: shipping, backoff: quickBackoff}
+		shippingOpts.NewReceiver = func(context.Context) (processor.Receiver, error) { return shippingSub.NewReceiver(), nil }
+		b.start(shippingOpts)
+
+		id, subj := "m1", "pay"
+		if err := topic.SendMessage(context.Background(), &azservicebus.Message{MessageID: &id, Subject: &subj, Body: []byte(`{}`)}, nil); err != nil {
+			t.Fatal(err)
+		}
+		b.waitCompleted(billingSub, "m1", 1)
+		b.waitCompleted(shippingSub, "m1", 1)
+		for _, q := range []*membus.Queue{billingSub, shippingSub} {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			if err := q.WaitIdle(ctx); err != nil {
+				t.Fatalf("%s not drained: %v", q.Name(), err)
+			}
+			cancel()
+		}
+		if got := b.eff.Performed("m1"); got != 1 {
+			t.Fatalf("billing performed %d times, want 1", got)
+		}
+		if calls := shipping.Calls("m1"); calls != 1 {
+			t.Fatalf("shipping's effect called %d times, want 1", calls)
+		}
+		bs, ss := billingSub.Stats(), shippingSub.Stats()
+		if ss.Sent != 1 || ss.Deliveries != 1 || ss.Completed != 1 || ss.Deferrals != 0 {
+			t.Fatalf("shipping's subscription: %+v; want exactly one copy, delivered and completed once", ss)
+		}
+		if bs.Sent != 1 || bs.Deferrals != 1 || bs.DeadLettered+ss.DeadLettered != 0 {
+			t.Fatalf("billing's subscription: %+v; want one copy, deferred once, no dead letter", bs)
+		}
+	})
+}
+
+// expiringReceiver runs out the time to live of every message it defers.
+type expiringReceiver struct {
+	*membus.Receiver
+	q *membus.Queue
+}
+
+func (r expiringReceiver) DeferMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.DeferMessageOptions) error {
+	if err := r.Receiver.DeferMessage(ctx, m, o); err != nil {
+		return err
+	}
+	r.q.ExpireDeferred(*m.SequenceNumber)
+	return nil
+}
+
+// TestDeferredMessageGoneIsRecoveredFromThePayload: the deferred message's
+// time to live runs out before it is due. The fetch finds nothing (the
+// broker dead-letters the expired message on access, as Service Bus does);
+// the processor releases the claim with the reason, and the reconciler's
+// recovery performs the effect once from the stored payload.
+func TestDeferredMessageGoneIsRecoveredFromThePayload(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		b.eff.behave = func(_, _ string, call int) error {
+			if call == 1 {
+				return sideeffects.Retryable(errors.New("downstream 503"))
+			}
+			return nil
+		}
+		opts := b.deferOptions()
+		opts.NewReceiver = func(context.Context) (processor.Receiver, error) {
+			return expiringReceiver{Receiver: b.q.NewReceiver(), q: b.q}, nil
+		}
+		b.start(opts)
+		b.send("m1", "pay", `{}`, nil)
+		b.eventually("the fetch finding the message gone", func() bool { return fetches(opts.Metrics, "gone") == 1 })
+		b.eventually("the claim released", func() bool { return b.claimOf("m1").State == claim.StateReleased })
+		c := b.claimOf("m1")
+		if !strings.Contains(c.LastError, "could not be fetched") || c.Payload == nil {
+			t.Fatalf("claim: last error %q, payload %v; want the reason and the payload", c.LastError, c.Payload != nil)
+		}
+		if got := b.deadLetterReasons()["m1"]; got != "TTLExpiredException" {
+			t.Fatalf("dead letter reason %q, want the broker's TTLExpiredException", got)
+		}
+		rec, err := reconciler.New(b.store, reconciler.Config{StaleAfter: 30 * time.Millisecond, HeartbeatInterval: 10 * time.Millisecond,
+			Routes: reconciler.Routes{"billing": b.router}}, slog.New(slog.DiscardHandler), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.eventually("the reconciler's recovery performs the claim", func() bool {
+			if _, err := rec.RunOnce(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			return b.claimOf("m1").State == claim.StateProcessed
+		})
+		if calls, done := b.eff.Calls("m1"), b.eff.Performed("m1"); calls != 2 || done != 1 {
+			t.Fatalf("calls %d, performed %d; want 2 and 1", calls, done)
+		}
+	})
+}
+
+// TestCopyOfAKeyWhoseDeferredMessageIsHeldCompletes: a producer's second
+// copy of a key arrives while a replica holds the claim with the key's
+// deferred message it fetched. The copy completes at once (the deferred
+// message carries the work) instead of waiting out its lock for the
+// holder; the effect is performed once.
+func TestCopyOfAKeyWhoseDeferredMessageIsHeldCompletes(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		holding, release := make(chan struct{}), make(chan struct{})
+		b.eff.behaveCtx = func(ctx context.Context, _ string, call int) error {
+			switch call {
+			case 1:
+				return sideeffects.Retryable(errors.New("downstream 503"))
+			case 2:
+				close(holding)
+				select {
+				case <-release:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			return nil
+		}
+		opts := b.deferOptions()
+		b.start(opts)
+		b.send("m1", "pay", `{}`, nil)
+		<-holding // the fetched deferred message's effect runs
+		b.send("m1", "pay", `{}`, nil)
+		b.eventually("the second copy completed while the holder works", func() bool { return countCompleted(b.q, "m1") == 1 })
+		if got := outcomes(opts.Metrics, processor.ResultDuplicate); got != 1 {
+			t.Fatalf("duplicate outcomes %d, want the copy's", got)
+		}
+		close(release)
+		b.waitCompleted(b.q, "m1", 2)
+		b.waitIdle()
+		if calls, done := b.eff.Calls("m1"), b.eff.Performed("m1"); calls != 2 || done != 1 {
+			t.Fatalf("calls %d, performed %d; want 2 and 1", calls, done)
+		}
+	})
+}
