@@ -44,8 +44,7 @@ func TestFailedClaimShowsItsFieldsAndOffersNoAction(t *testing.T) {
 		claim.FailRejected, "the downstream&#39;s final business answer (such as a card decline)",
 		"charges: HTTP 402 (answers[0]): card_declined",
 		"the delivery with sequence number 4711",
-		"HTTP 402", "header Request-Id", "req_7", "field /error/charge", "fx_9",
-		"not stored: cleared when the claim failed")
+		"HTTP 402", "header Request-Id", "req_7", "field /error/charge", "fx_9")
 	for _, form := range []string{`id="actions"`, `id="redrive-form"`, `id="resolve-form"`, `id="new-key-form"`, `method="post"`} {
 		if strings.Contains(page.body, form) {
 			t.Errorf("the failed claim's page offers an action (%s)", form)
