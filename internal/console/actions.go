@@ -224,7 +224,7 @@ func actionFailure(id int64, err error) (int, *Flash) {
 		lines := []string{fmt.Sprintf("The effect %q got a final answer with idempotency key %q: outcome %s%s after %d attempt(s): %s.",
 			visible(effErr.Route), visible(effErr.Key), effErr.Outcome, status, effErr.Attempts, visible(claim.ErrorText(effErr.Err)))}
 		if effErr.Failed {
-			lines = append(lines, "The claim is now failed, not flagged: the downstream's answer for this key is final, so it is finished and is never redriven, resolved or flagged again; the next delivery of its message, if one comes, is dead-lettered with its fail reason.")
+			lines = append(lines, "The claim is now failed, not flagged: the downstream's answer for this key is final, so it is finished and is never redriven, resolved or flagged again (only retried, after fixing what made the downstream refuse it); the next delivery of its message, if one comes, is dead-lettered with its fail reason.")
 			return http.StatusBadGateway, &Flash{Kind: "error", Title: "The downstream's answer was final: the claim is failed", Lines: lines}
 		}
 		lines = append(lines, "Failing the claim could not be written: the redrive's hold lapses within the stale window (SBCLAIM_STALE_AFTER), and the reconciler's next run gets the same answer.")

@@ -74,6 +74,7 @@ func (e *RefusedError) Unwrap() error { return e.Err }
 // window. If failing it could not be written, neither is set: the hold
 // lapses the same way.
 type EffectError struct {
+	Action    string // "redrive" ("" too) or "retry"
 	ClaimID   int64
 	Route     string
 	Key       string              // the idempotency key the effect was sent with
@@ -86,8 +87,8 @@ type EffectError struct {
 }
 
 func (e *EffectError) Error() string {
-	return fmt.Sprintf("redrive claim %d: effect %q failed after %d attempt(s) with idempotency key %q, outcome %s: %v",
-		e.ClaimID, e.Route, e.Attempts, e.Key, e.Outcome, e.Err)
+	return fmt.Sprintf("%s claim %d: effect %q failed after %d attempt(s) with idempotency key %q, outcome %s: %v",
+		cmp.Or(e.Action, "redrive"), e.ClaimID, e.Route, e.Attempts, e.Key, e.Outcome, e.Err)
 }
 
 func (e *EffectError) Unwrap() error { return e.Err }
@@ -290,7 +291,7 @@ func runTaken(ctx context.Context, store claim.Store, rp *runParams) (*claim.Cla
 			c.ID, res.Outcome, res.Lost)
 	}
 	if res.Outcome != sideeffects.OutcomeOK {
-		effErr := &EffectError{ClaimID: c.ID, Route: h.Name, Key: key, Outcome: res.Outcome, Attempts: res.Attempts, Answer: res.Answer, Err: res.Err}
+		effErr := &EffectError{Action: rp.action, ClaimID: c.ID, Route: h.Name, Key: key, Outcome: res.Outcome, Attempts: res.Attempts, Answer: res.Answer, Err: res.Err}
 		if failReason := held.FailReason(res.Outcome); failReason != "" {
 			// The downstream's final word about the key: the claim is
 			// finished, as it would be on any other path.
