@@ -111,3 +111,57 @@ func (s *Store) HandOff(ctx context.Context, id int64, by, note string) (*Claim,
 	c, err := reconciler.HandOff(ctx, s.s, &reconciler.HandOffParams{ID: id, By: by, Note: note})
 	return publicOrNil(c), actionError(err)
 }
+
+// ErrNotFailed: only a failed claim can be retried (Store.Retry); a
+// flagged one is redriven.
+var ErrNotFailed = reconciler.ErrNotFailed
+
+// RetryOptions tune Store.Retry.
+type RetryOptions struct {
+	// By is the operator and Note what was fixed (both required); both
+	// are recorded in the claim's history ("retried").
+	By, Note string
+	// NewKey retries under a new idempotency key, on a route that allows
+	// it (AllowNewKey): for a downstream that stored its failure under the
+	// old key and would replay it. Without it the claim's key is used: the
+	// operator asserts the downstream stored nothing under it (a 401 or a
+	// 400 answered before its idempotency layer).
+	NewKey bool
+	// Routers are the routers by consumer the claim's route is found in:
+	// the retry runs its handler here, now. Without Routers (the handler
+	// runs in another program) the claim is handed off: released for the
+	// reconciler passes running with the handler, as HandOff does.
+	Routers map[string]*Router
+	// HeartbeatInterval and QueryTimeout are as for RedriveOptions.
+	HeartbeatInterval time.Duration
+	QueryTimeout      time.Duration
+	Logger            *slog.Logger
+}
+
+// Retry runs a failed claim again after the cause of its failure was
+// fixed (a misconfiguration made the downstream refuse every request). A
+// failed claim is the downstream's final answer: nothing retries it by
+// itself, and a re-submitted dead letter of its message completes as a
+// duplicate. Retry is the one way it runs again: a guarded, audited
+// take-over of the claim, refused (an *ActionError of Kind ActionRefused,
+// wrapping ErrNotFailed) when it is no longer failed, so of concurrent
+// retries one runs. It then runs the route's handler like Redrive (or
+// hands the claim off, without Routers, or when its payload was not
+// stored: then the next delivery of its message runs it, so re-submit its
+// dead letter). A copy of the message that comes after the claim finished
+// completes as a duplicate: the effect runs once.
+func (s *Store) Retry(ctx context.Context, id int64, opts RetryOptions) (*Claim, error) {
+	p := &reconciler.RetryParams{ID: id, By: opts.By, Note: opts.Note, NewKey: opts.NewKey, HandOff: len(opts.Routers) == 0,
+		Logger: opts.Logger, HeartbeatInterval: opts.HeartbeatInterval, StoreTimeout: opts.QueryTimeout}
+	if len(opts.Routers) > 0 {
+		p.Routes = make(reconciler.Routes, len(opts.Routers))
+		for consumer, r := range opts.Routers {
+			if r == nil {
+				return nil, fmt.Errorf("sbclaim: retry: Routers[%q] is nil", consumer)
+			}
+			p.Routes[consumer] = r.internal()
+		}
+	}
+	c, err := reconciler.Retry(ctx, s.s, p)
+	return publicOrNil(c), actionError(err)
+}

@@ -81,7 +81,7 @@ routes:
 		}
 		r = c.mustRun("show", id(declined))
 		for _, want := range []string{"state:", "failed", "failed at:", "fail reason:", "EffectRejected", "answer:", "HTTP 402", "/error/charge=",
-			"Request-Id=", "dead letter:", "none yet", "idempotency key:", "(raw: the message id)", "key form:", "History (one row per change", "claimed → failed: EffectRejected", "(not stored: cleared when the claim failed)"} {
+			"Request-Id=", "dead letter:", "none yet", "idempotency key:", "(raw: the message id)", "key form:", "History (one row per change", "claimed → failed: EffectRejected", "amount"} {
 			if !strings.Contains(r.stdout, want) {
 				t.Errorf("show of the failed claim lacks %q", want)
 			}

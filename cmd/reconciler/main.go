@@ -77,6 +77,8 @@ func commands() []command {
 			envs: opEnvs, flags: resolveFlags},
 		{name: "redrive", args: "<id> [--new-key --note TEXT]", summary: "re-run a flagged claim's effect with the same idempotency key (--new-key: under a new one, for a route that allows it)",
 			envs: redrive, flags: redriveFlags},
+		{name: "retry", args: "<id>...|--failed [--new-key] [--handoff] --note TEXT", summary: "run failed claims again after fixing what made the downstream refuse them (same key; --new-key: a new one, for a route that allows it)",
+			envs: redrive, flags: retryFlags},
 		{name: "console", summary: "serve the operator console (review, redrive and resolve claims in a browser), and /healthz and /metrics", envs: consoleEnvs, flags: consoleFlags},
 	}
 }

@@ -479,7 +479,7 @@ func redriveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 			if act.Answer != nil && act.Answer.Status != 0 {
 				status = fmt.Sprintf(" (HTTP %d)", act.Answer.Status)
 			}
-			back := "The claim is failed: a final answer; it is never redriven or flagged again, and the next delivery of its message, if one comes, is dead-lettered."
+			back := "The claim is failed: a final answer; it is never redriven or flagged again (only retried after a fix: reconciler retry), and the next delivery of its message, if one comes, is dead-lettered."
 			if !act.Failed {
 				back = "Failing the claim could not be written: the redrive's hold lapses within SBCLAIM_STALE_AFTER, and the reconciler's next run gets the same answer."
 			}

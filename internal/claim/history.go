@@ -27,6 +27,10 @@ const (
 	// ChangeRedriven: an operator's redrive took a flagged claim (Path
 	// operator), under its key or a new one (Key).
 	ChangeRedriven Change = "redriven"
+	// ChangeRetried: an operator's retry took a failed claim (Path
+	// operator), under its key or a new one (Key); Reason names the
+	// failure it retries (FailedAt and FailReason stay on the claim).
+	ChangeRetried Change = "retried"
 	// ChangeReleased: the holder released the claim (the effect was not
 	// performed).
 	ChangeReleased Change = "released"

@@ -104,9 +104,11 @@ type Store interface {
 	// gave a final answer that is not a success (rejected, permanent,
 	// conflict). It records FailedAt, FailReason (the message's
 	// dead-letter reason), the error as LastError, the answer, and the
-	// delivery that dead-letters the message (DeadLetterSeq), and nulls the
-	// stored payload. A failed claim is finished: never taken over, flagged
-	// or re-run; it is purged like a processed one (by FailedAt).
+	// delivery that dead-letters the message (DeadLetterSeq). It keeps the
+	// stored payload, for an operator's retry (TakeOver with Retry). A
+	// failed claim is finished: never taken over (but by that retry),
+	// flagged or re-run by itself; it is purged like a processed one (by
+	// FailedAt).
 	// ErrStateChanged when the claim is not claimed by Owner.
 	Fail(ctx context.Context, params *FailParams) error
 
@@ -268,7 +270,7 @@ type TakeOverParams struct {
 	//     SilentFor (a holder that went silent; SilentFor > 0);
 	//   - PathReconciler: claimed or released with a heartbeat (or release)
 	//     older than SilentFor, and its next attempt due;
-	//   - PathOperator: flagged.
+	//   - PathOperator: flagged (failed with Retry).
 	Path      TakeOverPath
 	SilentFor time.Duration
 	// By is the new holder, recorded as ClaimedBy: a replica's host, the
@@ -298,6 +300,13 @@ type TakeOverParams struct {
 	// effect with the returned claim's Key(), as does every later
 	// take-over. The caller checks the route allows it.
 	NewKey bool
+	// Retry (PathOperator only) is an operator's retry of a failed claim,
+	// after fixing what made the downstream refuse it: the claim must be
+	// failed instead of flagged. The take-over clears DeadLetterSeq (a new
+	// failure dead-letters the next delivery again), keeps FailedAt and
+	// FailReason on the row, and is recorded as ChangeRetried (path
+	// operator), from failed.
+	Retry bool
 }
 
 // FlagParams is the input of Flag.

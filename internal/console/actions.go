@@ -149,6 +149,61 @@ func (s *Server) serveHandOff(w http.ResponseWriter, r *http.Request) {
 	s.renderClaim(w, r, status, id, flash)
 }
 
+// retry runs reconciler.Retry on claim id: here when the console can run
+// its effect (retryHere), else handed off.
+func (s *Server) retry(ctx context.Context, id int64, op *Operator, n string, newKey bool) (*claim.Claim, error) {
+	gctx, cancel := context.WithTimeout(ctx, s.opts.StoreTimeout)
+	c, err := s.opts.Store.Get(gctx, id)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	return reconciler.Retry(ctx, s.opts.Store, &reconciler.RetryParams{ID: id, By: op.By(), Note: n, NewKey: newKey,
+		HandOff: !s.retryHere(c), Routes: s.opts.Routes, Retry: s.opts.Retry,
+		HeartbeatInterval: s.opts.HeartbeatInterval, StoreTimeout: s.opts.StoreTimeout, Logger: s.log})
+}
+
+// serveRetry runs a failed claim again after a fix (see reconciler.Retry):
+// a note (what was fixed) is required; new_key=1 retries under the next
+// key, on a route that allows it.
+func (s *Server) serveRetry(w http.ResponseWriter, r *http.Request) {
+	id, ok := claimID(r)
+	if !ok {
+		s.renderError(w, r, http.StatusNotFound, "Not found", "Claim ids are positive integers.")
+		return
+	}
+	op := s.authorize(w, r)
+	if op == nil {
+		return
+	}
+	n, err := note(r)
+	newKey := r.PostFormValue("new_key")
+	switch {
+	case err != nil:
+	case newKey != "" && newKey != "1":
+		err = errors.New("new_key must be 1 or absent")
+	case n == "":
+		err = errors.New("a note is required: say what was fixed, for whoever reads this claim next")
+	}
+	if err != nil {
+		s.renderClaim(w, r, http.StatusBadRequest, id, &Flash{Kind: "error", Title: "Refused: " + err.Error(), Lines: []string{"Nothing was changed."}})
+		return
+	}
+	_, err = s.retry(actionCtx(r), id, op, n, newKey == "1")
+	if err == nil {
+		s.log.Info("console: failed claim retried", "claim_id", id, "by", op.By(), "new_key", newKey == "1")
+		http.Redirect(w, r, fmt.Sprintf("/claims/%d?done=retried", id), http.StatusSeeOther)
+		return
+	}
+	status, flash := actionFailure(id, err)
+	s.log.Warn("console: retry did not complete", "claim_id", id, "by", op.By(), "err", err)
+	if status == http.StatusNotFound {
+		s.renderError(w, r, status, "Not found", fmt.Sprintf("There is no claim %d.", id))
+		return
+	}
+	s.renderClaim(w, r, status, id, flash)
+}
+
 // actionFailure is what the operator reads when an action did not
 // complete: a refusal (nothing changed), a failed effect, or an effect
 // that WAS performed but not recorded.
@@ -169,7 +224,7 @@ func actionFailure(id int64, err error) (int, *Flash) {
 		lines := []string{fmt.Sprintf("The effect %q got a final answer with idempotency key %q: outcome %s%s after %d attempt(s): %s.",
 			visible(effErr.Route), visible(effErr.Key), effErr.Outcome, status, effErr.Attempts, visible(claim.ErrorText(effErr.Err)))}
 		if effErr.Failed {
-			lines = append(lines, "The claim is now failed, not flagged: the downstream's answer for this key is final, so it is finished and is never redriven, resolved or flagged again; the next delivery of its message, if one comes, is dead-lettered with its fail reason.")
+			lines = append(lines, "The claim is now failed, not flagged: the downstream's answer for this key is final, so it is finished and is never redriven, resolved or flagged again (only retried, after fixing what made the downstream refuse it); the next delivery of its message, if one comes, is dead-lettered with its fail reason.")
 			return http.StatusBadGateway, &Flash{Kind: "error", Title: "The downstream's answer was final: the claim is failed", Lines: lines}
 		}
 		lines = append(lines, "Failing the claim could not be written: the redrive's hold lapses within the stale window (SBCLAIM_STALE_AFTER), and the reconciler's next run gets the same answer.")
@@ -255,7 +310,8 @@ func (s *Server) serveResolve(w http.ResponseWriter, r *http.Request) {
 // else changed meanwhile is refused, and the others go on).
 
 type bulkData struct {
-	Action    string // redrive | resolve
+	Action    string      // redrive | resolve | retry
+	State     claim.State // the claims it acts on: flagged, or failed for retry
 	Filter    []string
 	FilterQ   string // the filter's query string, for the form and the links
 	ListLink  string
@@ -269,11 +325,15 @@ type bulkData struct {
 func (s *Server) bulkFilter(q url.Values) (filter, string, []string) {
 	f, errs := parseFilter(q)
 	action := q.Get("action")
-	if action != "redrive" && action != "resolve" {
-		errs = append(errs, "action must be redrive or resolve")
+	if action != "redrive" && action != "resolve" && action != "retry" {
+		errs = append(errs, "action must be redrive, resolve or retry")
 	}
-	// Actions apply to flagged claims only, whatever the filter said.
+	// Actions apply to flagged claims only (retry: failed ones), whatever
+	// the filter said.
 	f.States, f.After = []claim.State{claim.StateFlagged}, 0
+	if action == "retry" {
+		f.States = []claim.State{claim.StateFailed}
+	}
 	return f, action, errs
 }
 
@@ -296,7 +356,7 @@ func (s *Server) serveBulkConfirm(w http.ResponseWriter, r *http.Request) {
 		s.storeError(w, r, "the database clock", err)
 		return
 	}
-	d := &bulkData{Action: action, Filter: f.describe(), FilterQ: f.query().Encode(), ListLink: listURL(f.query()),
+	d := &bulkData{Action: action, State: f.States[0], Filter: f.describe(), FilterQ: f.query().Encode(), ListLink: listURL(f.query()),
 		Limit: s.opts.BulkLimit, MaxNote: MaxNote}
 	if len(claims) > s.opts.BulkLimit {
 		claims, d.More = claims[:s.opts.BulkLimit], true
@@ -359,6 +419,9 @@ func (s *Server) serveBulk(w http.ResponseWriter, r *http.Request) {
 		errs = append(errs, err.Error())
 	}
 	res, ok := resolution(r)
+	if action == "retry" && n == "" && err == nil {
+		errs = append(errs, "a note is required: say what was fixed, for whoever reads these claims next")
+	}
 	if action == "resolve" {
 		if !ok {
 			errs = append(errs, "resolve as done or discarded")
@@ -388,15 +451,27 @@ func (s *Server) serveBulk(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		var err error
-		if action == "redrive" {
+		switch action {
+		case "redrive":
 			_, err = reconciler.Redrive(ctx, s.opts.Store, s.redriveParams(id, op, n))
-		} else {
+		case "retry":
+			var c *claim.Claim
+			c, err = s.retry(ctx, id, op, n, false)
+			if err == nil && c.State == claim.StateReleased {
+				err = errHandedOff
+			}
+		default:
 			_, err = reconciler.Resolve(ctx, s.opts.Store, &reconciler.ResolveParams{ID: id, Resolution: res, By: op.By(), Note: n,
 				StoreTimeout: s.opts.StoreTimeout})
 		}
 		br := bulkResult{ID: id, Kind: "ok", Outcome: "redriven"}
-		if action == "resolve" {
+		switch {
+		case action == "resolve":
 			br.Outcome = "resolved as " + string(res)
+		case action == "retry" && errors.Is(err, errHandedOff):
+			br.Outcome, br.Text, err = "retried, handed off", "released for the binary that runs its route, or (no stored payload) for its re-submitted dead letter", nil
+		case action == "retry":
+			br.Outcome = "retried"
 		}
 		if err != nil {
 			_, flash := actionFailure(id, err)
@@ -424,7 +499,7 @@ func (s *Server) serveBulk(w http.ResponseWriter, r *http.Request) {
 		tally[br.Outcome]++
 		d.Results = append(d.Results, br)
 	}
-	for _, o := range []string{"redriven", "resolved as done", "resolved as discarded", "refused, nothing changed", "not found",
+	for _, o := range []string{"redriven", "retried", "retried, handed off", "resolved as done", "resolved as discarded", "refused, nothing changed", "not found",
 		"final answer, claim failed", "effect failed", "performed, NOT recorded", "error", "not attempted"} {
 		if tally[o] > 0 {
 			d.Counts = append(d.Counts, fmt.Sprintf("%d %s", tally[o], o))
@@ -435,3 +510,7 @@ func (s *Server) serveBulk(w http.ResponseWriter, r *http.Request) {
 	v.Data = d
 	s.render(w, http.StatusOK, "bulkdone", v)
 }
+
+// errHandedOff marks, inside serveBulk, a retry that released its claim
+// instead of running it.
+var errHandedOff = errors.New("handed off")

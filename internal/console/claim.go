@@ -50,8 +50,16 @@ type claimData struct {
 	HandOffWhy string
 	// NewKey is the key a redrive under a new key would use, "" when the
 	// claim's route does not allow one (or redrive is not offered).
-	NewKey  string
-	MaxNote int
+	NewKey string
+	// Retry: the claim is failed and someone is signed in: the page offers
+	// to retry it after a fix, here (CanRedrive, with RetryNewKey the key a
+	// retry under a new key would use, "" when the route does not allow
+	// one) or handed off (RetryHandOff: its route is not here, or its
+	// payload was not stored: then its re-submitted dead letter runs it).
+	Retry        bool
+	RetryHandOff bool
+	RetryNewKey  string
+	MaxNote      int
 }
 
 // answerView is the downstream's recorded answer as the page lists it:
@@ -99,6 +107,8 @@ func (s *Server) serveClaim(w http.ResponseWriter, r *http.Request) {
 		flash = &Flash{Kind: "ok", Title: "Resolved"}
 	case "handedoff":
 		flash = &Flash{Kind: "ok", Title: "Handed off"}
+	case "retried":
+		flash = &Flash{Kind: "ok", Title: "Retried"}
 	}
 	s.renderClaim(w, r, http.StatusOK, id, flash)
 }
@@ -131,6 +141,12 @@ func (s *Server) renderClaim(w http.ResponseWriter, r *http.Request, status int,
 				visible(c.Key()), revisionNote(c), visible(c.ResolvedBy))}
 		case flash.Title == "Resolved" && c.State == claim.StateResolved:
 			flash.Lines = []string{fmt.Sprintf("Resolved as %s by %s.", c.Resolution, visible(c.ResolvedBy))}
+		case flash.Title == "Retried" && c.State == claim.StateResolved && c.Resolution == claim.ResolutionRedriven:
+			flash.Lines = []string{fmt.Sprintf("The effect succeeded with idempotency key %q%s; the claim is resolved as redriven by %s. A re-submitted dead letter of its message completes as a duplicate.",
+				visible(c.Key()), revisionNote(c), visible(c.ResolvedBy))}
+		case flash.Title == "Retried" && c.State == claim.StateReleased && c.TakeOverPath == claim.PathOperator:
+			flash.Lines = []string{fmt.Sprintf("Released with idempotency key %q: the reconciler that runs route %q re-runs it from its stored payload once released for its stale window (SBCLAIM_STALE_AFTER); without a stored payload, re-submit its dead letter. This page shows how it ended.",
+				visible(c.Key()), visible(c.Route))}
 		case flash.Title == "Handed off" && c.State == claim.StateReleased && c.TakeOverPath == claim.PathOperator:
 			flash.Lines = []string{fmt.Sprintf("Released for the reconciler that runs route %q, which re-runs it with idempotency key %q once it has been released for its stale window (SBCLAIM_STALE_AFTER). This page shows how it ended.",
 				visible(c.Route), visible(c.Key()))}
@@ -172,6 +188,13 @@ func (s *Server) renderClaim(w http.ResponseWriter, r *http.Request, status int,
 	if d.Flagged && d.CanRedrive && s.allowsNewKey(c) {
 		d.NewKey = c.NextKey()
 	}
+	if d.Failed {
+		d.Retry = true
+		d.RetryHandOff = !s.retryHere(c)
+		if !d.RetryHandOff && s.allowsNewKey(c) {
+			d.RetryNewKey = c.NextKey()
+		}
+	}
 	v.Title = fmt.Sprintf("Claim %d", c.ID)
 	v.Data = d
 	s.render(w, status, "claim", v)
@@ -189,6 +212,12 @@ func (s *Server) allowsNewKey(c *claim.Claim) bool {
 	}
 	h, err := router.Route(reconciler.MessageFromClaim(c))
 	return err == nil && h.Effect != nil && h.AllowNewKey && !c.RouteDiffers(h.Name, h.Fingerprint)
+}
+
+// retryHere reports whether a retry of c runs its effect here: the
+// console has the routes, the claim its payload, and the routes its route.
+func (s *Server) retryHere(c *claim.Claim) bool {
+	return len(s.opts.Routes) > 0 && c.Payload != nil && s.routesHere(c)
 }
 
 // routesHere reports whether the console's routes send c to the route it

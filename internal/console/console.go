@@ -222,6 +222,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /claims/{id}", s.serveClaim)
 	mux.HandleFunc("POST /claims/{id}/redrive", s.serveRedrive)
 	mux.HandleFunc("POST /claims/{id}/handoff", s.serveHandOff)
+	mux.HandleFunc("POST /claims/{id}/retry", s.serveRetry)
 	mux.HandleFunc("POST /claims/{id}/resolve", s.serveResolve)
 	mux.HandleFunc("GET /bulk", s.serveBulkConfirm)
 	mux.HandleFunc("POST /bulk", s.serveBulk)

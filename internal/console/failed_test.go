@@ -23,8 +23,9 @@ func declined(charge string) *claim.Answer {
 }
 
 // A failed claim's page says when and why it failed, which delivery
-// dead-letters it and what the downstream answered, and offers no action:
-// a redrive or resolve posted anyway is refused and changes nothing.
+// dead-letters it and what the downstream answered, and offers no redrive
+// or resolve (only a retry after a fix): a redrive or resolve posted
+// anyway is refused and changes nothing.
 func TestFailedClaimShowsItsFieldsAndOffersNoAction(t *testing.T) {
 	f := setup(t, nil)
 	seqNo := int64(4711)
@@ -45,8 +46,8 @@ func TestFailedClaimShowsItsFieldsAndOffersNoAction(t *testing.T) {
 		"charges: HTTP 402 (answers[0]): card_declined",
 		"the delivery with sequence number 4711",
 		"HTTP 402", "header Request-Id", "req_7", "field /error/charge", "fx_9",
-		"not stored: cleared when the claim failed")
-	for _, form := range []string{`id="actions"`, `id="redrive-form"`, `id="resolve-form"`, `id="new-key-form"`, `method="post"`} {
+		`id="retry-form"`, "Retry after a fix")
+	for _, form := range []string{`id="actions"`, `id="redrive-form"`, `id="resolve-form"`, `id="new-key-form"`} {
 		if strings.Contains(page.body, form) {
 			t.Errorf("the failed claim's page offers an action (%s)", form)
 		}

@@ -145,15 +145,19 @@ func (f filter) describe() []string {
 }
 
 type listData struct {
-	F        filter
-	States   []stateOption
-	Claims   []*claim.Claim
-	Next     string // the next page, "" on the last
-	First    string // the first page, "" on it
-	Self     string // this page's link
-	Errors   []string
-	BulkRed  string // the confirm pages of the bulk actions on this filter
-	BulkRes  string
+	F       filter
+	States  []stateOption
+	Claims  []*claim.Claim
+	Next    string // the next page, "" on the last
+	First   string // the first page, "" on it
+	Self    string // this page's link
+	Errors  []string
+	BulkRed string // the confirm pages of the bulk actions on this filter
+	BulkRes string
+	// BulkRet is the confirm page of the bulk retry of the failed claims
+	// the filter matches; Failing: the filter can match failed claims.
+	BulkRet  string
+	Failing  bool
 	Flagging bool // the filter can match flagged claims
 }
 
@@ -188,6 +192,12 @@ func (s *Server) serveList(w http.ResponseWriter, r *http.Request) {
 		d.BulkRed = "/bulk?" + b.Encode()
 		b.Set("action", "resolve")
 		d.BulkRes = "/bulk?" + b.Encode()
+	}
+	d.Failing = len(f.States) == 0 || slices.Contains(f.States, claim.StateFailed)
+	if d.Failing {
+		b := f.query()
+		b.Set("action", "retry")
+		d.BulkRet = "/bulk?" + b.Encode()
 	}
 	if len(errs) > 0 {
 		v.Data = d

@@ -471,3 +471,41 @@ func TestCopyOfAKeyWhoseDeferredMessageIsHeldCompletes(t *testing.T) {
 		}
 	})
 }
+
+// A fetched message whose lock ended before it was completed goes back to
+// deferred at the broker, where no receive finds it and its finished
+// claim sends no poller: the processor fetches it again by its sequence
+// number and completes it, so nothing stays in the entity.
+func TestFetchedMessageWhoseLockEndedIsSettledAgain(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		b.eff.behave = func(_, _ string, call int) error {
+			if call == 1 {
+				return sideeffects.Retryable(errors.New("downstream 503"))
+			}
+			// The fetched delivery: its lock ends while the effect runs
+			// (a slow effect past a lost renewal), so its completion is
+			// refused.
+			b.q.ExpireLock("m1")
+			return nil
+		}
+		opts := b.deferOptions()
+		opts.MaxLockRenewal = -1 // no renewal to refresh the expired lock
+		opts.LockDuration = time.Minute
+		b.start(opts)
+		b.send("m1", "pay", `{}`, nil)
+		b.waitCompleted(b.q, "m1", 1)
+		b.waitIdle()
+
+		if calls, done := b.eff.Calls("m1"), b.eff.Performed("m1"); calls != 2 || done != 1 {
+			t.Fatalf("calls %d, performed %d; want 2 and 1", calls, done)
+		}
+		st := b.q.Stats()
+		if st.Deferred != 0 || st.Completed != 1 || st.LockLosses == 0 || st.DeferredReceives != 2 {
+			t.Fatalf("broker: %+v; want the lost-lock completion refused, the message fetched again and completed, none left deferred", st)
+		}
+		if c := b.claimOf("m1"); c.State != claim.StateProcessed {
+			t.Fatalf("claim %s, want processed", c.State)
+		}
+	})
+}

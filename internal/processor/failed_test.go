@@ -80,7 +80,7 @@ func TestRejectedAnswerFailsTheClaimAndIsDeadLetteredOnce(t *testing.T) {
 			t.Errorf("completed %d copies, want 3", got)
 		}
 		c := b.claimOf("m1")
-		if c.State != claim.StateFailed || c.FailReason != processor.ReasonEffectRejected || c.FailedAt == nil || c.Payload != nil ||
+		if c.State != claim.StateFailed || c.FailReason != processor.ReasonEffectRejected || c.FailedAt == nil || c.Payload == nil || // kept for an operator's retry
 			c.DeadLetterSeq == nil || *c.DeadLetterSeq != *dl[0].SequenceNumber || c.LastError != *dl[0].DeadLetterErrorDescription {
 			t.Errorf("claim %s (%s) at %v, dead letter %v (the dead-lettered message is %d), last error %q",
 				c.State, c.FailReason, c.FailedAt, c.DeadLetterSeq, *dl[0].SequenceNumber, c.LastError)

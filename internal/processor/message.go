@@ -1039,6 +1039,15 @@ func (p *Processor) settle(d *delivery, v verdict) {
 	endSettle(err)
 	switch {
 	case err == nil:
+	case d.fetched && (v.settle == settleComplete || v.settle == settleDeadLetter):
+		// A message fetched by its sequence number goes back to deferred
+		// when its lock ends, where no receive finds it and its claim, now
+		// finished, sends no poller for it: fetch it again and settle it,
+		// or it stays in the entity until its time to live.
+		if isLockLost(err) {
+			p.metrics.LockLosses.Inc()
+		}
+		p.settleFetchedAgain(d, v, what, err)
 	case isLockLost(err):
 		p.metrics.LockLosses.Inc()
 		d.log.Warn(what+": lock lost; the broker redelivers and the claim decides", "error", err)
@@ -1060,4 +1069,36 @@ func (p *Processor) settle(d *delivery, v verdict) {
 	p.endProcess(d, v)
 	d.lr.pending.Done()
 	p.inflight.Done()
+}
+
+// settleFetchedAgain settles a fetched (deferred) message whose settlement
+// failed: it fetches the message again by its sequence number, with a new
+// lock, and completes or dead-letters it as the verdict says. The claim
+// already holds the outcome; this only keeps the message from staying
+// deferred with nobody to fetch it.
+func (p *Processor) settleFetchedAgain(d *delivery, v verdict, what string, first error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*p.opts.SettleTimeout)
+	defer cancel()
+	if d.msg.SequenceNumber == nil {
+		d.log.Warn(what+" of a fetched message failed, and it has no sequence number to fetch it again", "error", first)
+		return
+	}
+	msgs, err := d.lr.r.ReceiveDeferredMessages(ctx, []int64{*d.msg.SequenceNumber}, nil)
+	if err == nil && len(msgs) != 1 {
+		err = fmt.Errorf("fetched %d messages for one sequence number", len(msgs))
+	}
+	if err == nil {
+		if v.settle == settleComplete {
+			err = d.lr.r.CompleteMessage(ctx, msgs[0], nil)
+		} else {
+			desc := deadLetterText(v.description)
+			err = d.lr.r.DeadLetterMessage(ctx, msgs[0], &azservicebus.DeadLetterOptions{Reason: &v.reason, ErrorDescription: &desc})
+		}
+	}
+	if err != nil {
+		d.log.Warn(what+" of a fetched message failed, and settling it again failed: it stays deferred until its time to live (its claim holds the outcome)",
+			"error", first, "again", err)
+		return
+	}
+	d.log.Info(what+" of a fetched message failed; fetched it again and settled it", "error", first)
 }

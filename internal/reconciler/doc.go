@@ -1,7 +1,8 @@
 // Package reconciler settles the claims their holders will not: it
 // recovers stale claims by repeating their effect with the same key, flags
 // for operators only what a person must decide, deletes old finished
-// claims, and holds the operators' guarded actions (Redrive, Resolve).
+// claims, and holds the operators' guarded actions (Redrive, Resolve,
+// HandOff, and Retry of a failed claim after a fix).
 //
 // A claim is committed before its effect runs (docs/design.md, "Protocol"). If the
 // processor dies, hangs, or loses the message's lock between the claim and

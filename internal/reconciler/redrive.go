@@ -74,6 +74,7 @@ func (e *RefusedError) Unwrap() error { return e.Err }
 // window. If failing it could not be written, neither is set: the hold
 // lapses the same way.
 type EffectError struct {
+	Action    string // "redrive" ("" too) or "retry"
 	ClaimID   int64
 	Route     string
 	Key       string              // the idempotency key the effect was sent with
@@ -86,8 +87,8 @@ type EffectError struct {
 }
 
 func (e *EffectError) Error() string {
-	return fmt.Sprintf("redrive claim %d: effect %q failed after %d attempt(s) with idempotency key %q, outcome %s: %v",
-		e.ClaimID, e.Route, e.Attempts, e.Key, e.Outcome, e.Err)
+	return fmt.Sprintf("%s claim %d: effect %q failed after %d attempt(s) with idempotency key %q, outcome %s: %v",
+		cmp.Or(e.Action, "redrive"), e.ClaimID, e.Route, e.Attempts, e.Key, e.Outcome, e.Err)
 }
 
 func (e *EffectError) Unwrap() error { return e.Err }
@@ -244,27 +245,53 @@ func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (c *claim
 		}
 		return c, fmt.Errorf("redrive claim %d: take it over: %w", c.ID, err)
 	}
-	if p.Metrics != nil {
-		p.Metrics.TakeOvers.WithLabelValues(string(claim.PathOperator)).Inc()
+	return runTaken(ctx, store, &runParams{c: c, taken: taken, h: h, msg: msg, by: p.By, note: cmp.Or(p.Note, "redriven"), newKey: p.NewKey,
+		retry: p.Retry, heartbeat: p.HeartbeatInterval, timeout: timeout, log: log, metrics: p.Metrics, action: "redrive"})
+}
+
+// runParams is what runTaken needs: the claim before and after an
+// operator took it over, its route and message, and who acts.
+type runParams struct {
+	c, taken  *claim.Claim
+	h         sideeffects.Handler
+	msg       *azservicebus.ReceivedMessage
+	by, note  string
+	newKey    bool
+	retry     sideeffects.RetryPolicy
+	heartbeat time.Duration
+	timeout   time.Duration
+	log       *slog.Logger
+	metrics   *Metrics
+	action    string // redrive | retry
+}
+
+// runTaken runs the effect of a claim an operator took over (a redrive or
+// a retry), holding it, and records how it ended: resolved as redriven on
+// success, failed on a final answer, flagged again otherwise.
+func runTaken(ctx context.Context, store claim.Store, rp *runParams) (*claim.Claim, error) {
+	c, taken, h, msg, log, timeout := rp.c, rp.taken, rp.h, rp.msg, rp.log, rp.timeout
+	holder := "operator:" + rp.by
+	if rp.metrics != nil {
+		rp.metrics.TakeOvers.WithLabelValues(string(claim.PathOperator)).Inc()
 	}
 	key := taken.Key()
 	log = log.With("idempotency_key", key)
-	log.Info("redriving claim", "new_key", p.NewKey)
+	log.Info("running the effect of a claim an operator took over", "action", rp.action, "new_key", rp.newKey)
 	// A manual route's downstream does not deduplicate: an attempt that may
 	// have been performed is never sent again, as on every other path
 	// (processor, recovery), whatever policy the caller passed.
-	retry := p.Retry
+	retry := rp.retry
 	retry.StopOnUnknown = retry.StopOnUnknown || h.Manual()
 	res := held.Run(ctx, held.Params{
 		Store: store, Claim: taken, Effect: h.Effect, Message: msg, Key: key, Retry: retry,
-		HeartbeatInterval: cmp.Or(p.HeartbeatInterval, 30*time.Second), StoreTimeout: timeout, Logger: log,
+		HeartbeatInterval: cmp.Or(rp.heartbeat, 30*time.Second), StoreTimeout: timeout, Logger: log,
 	})
 	if res.Lost != nil {
 		return taken, fmt.Errorf("redrive claim %d: the claim was taken from this redrive while its effect ran (effect outcome %s): %w",
 			c.ID, res.Outcome, res.Lost)
 	}
 	if res.Outcome != sideeffects.OutcomeOK {
-		effErr := &EffectError{ClaimID: c.ID, Route: h.Name, Key: key, Outcome: res.Outcome, Attempts: res.Attempts, Answer: res.Answer, Err: res.Err}
+		effErr := &EffectError{Action: rp.action, ClaimID: c.ID, Route: h.Name, Key: key, Outcome: res.Outcome, Attempts: res.Attempts, Answer: res.Answer, Err: res.Err}
 		if failReason := held.FailReason(res.Outcome); failReason != "" {
 			// The downstream's final word about the key: the claim is
 			// finished, as it would be on any other path.
@@ -280,10 +307,10 @@ func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (c *claim
 			effErr.Failed = ferr == nil
 			return taken, effErr
 		}
-		reason := fmt.Sprintf("redrive by %s failed after %d attempt(s), outcome %s: %s", p.By, res.Attempts, res.Outcome, claim.ErrorText(res.Err))
+		reason := fmt.Sprintf(rp.action+" by %s failed after %d attempt(s), outcome %s: %s", rp.by, res.Attempts, res.Outcome, claim.ErrorText(res.Err))
 		if sideeffects.ForOperator(res.Err) {
 			// The retries stopped at once: a person must decide.
-			reason = fmt.Sprintf("redrive by %s: %s", p.By, held.OperatorReason(res.Err))
+			reason = fmt.Sprintf(rp.action+" by %s: %s", rp.by, held.OperatorReason(res.Err))
 		}
 		ferr := held.Write(ctx, timeout, time.Minute, func(ctx context.Context) error {
 			_, err := store.Flag(ctx, &claim.FlagParams{ID: c.ID, Owner: taken.Owner, State: claim.StateClaimed, Reason: reason, By: holder})
@@ -299,10 +326,10 @@ func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (c *claim
 	// The effect happened; record it even if the caller's context ended
 	// just now, or the claim would wrongly look unfinished.
 	var resolved *claim.Claim
-	err = held.Write(ctx, timeout, time.Minute, func(ctx context.Context) error {
+	err := held.Write(ctx, timeout, time.Minute, func(ctx context.Context) error {
 		var err error
 		resolved, err = store.Resolve(ctx, &claim.ResolveParams{
-			ID: c.ID, Owner: taken.Owner, Resolution: claim.ResolutionRedriven, By: p.By, Note: cmp.Or(p.Note, "redriven"),
+			ID: c.ID, Owner: taken.Owner, Resolution: claim.ResolutionRedriven, By: rp.by, Note: rp.note,
 			Answer: res.Answer,
 		})
 		return err

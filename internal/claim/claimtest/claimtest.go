@@ -156,6 +156,7 @@ func Exercise(t *testing.T, h Harness) {
 	tests = append(tests, s.batchTests()...)
 	tests = append(tests, s.historyTests()...)
 	tests = append(tests, s.deferralTests()...)
+	tests = append(tests, s.retryTests()...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -75,7 +75,7 @@ func (s *suite) failByOwner(t *testing.T) {
 	}
 	got := mustGet(t, st, c.ID)
 	if got.State != claim.StateFailed || got.FailedAt == nil || got.FailReason != claim.FailRejected || got.LastError != "HTTP 402: card_declined" ||
-		got.Owner != c.Owner || got.Payload != nil || got.ProcessedAt != nil || got.DeadLetterSeq == nil || *got.DeadLetterSeq != seq {
+		got.Owner != c.Owner || got.Payload == nil || got.ProcessedAt != nil || got.DeadLetterSeq == nil || *got.DeadLetterSeq != seq {
 		t.Fatalf("failed: state %s at %v reason %q error %q owner %s payload %q dead letter %v",
 			got.State, got.FailedAt, got.FailReason, got.LastError, got.Owner, got.Payload, got.DeadLetterSeq)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql/driver"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -84,6 +85,9 @@ func TestEveryQueryNumbersItsParameters(t *testing.T) {
 	_, err = st.TakeOver(ctx, &claim.TakeOverParams{ID: 7, PreviousOwner: owner, Owner: uuid.New(), Path: claim.PathOperator,
 		By: "operator:ann", Reason: "cached 500", Route: "route", Fingerprint: "fp", NewKey: true})
 	check("TakeOver with a new key", err)
+	_, err = st.TakeOver(ctx, &claim.TakeOverParams{ID: 7, PreviousOwner: owner, Owner: uuid.New(), Path: claim.PathOperator, Retry: true,
+		By: "operator:ann", Reason: "retry: API key fixed", Route: "route", Fingerprint: "fp"})
+	check("TakeOver retrying a failed claim", err)
 	_, err = st.FlagStale(ctx, &claim.FlagStaleParams{StaleAfter: 90*time.Second + 1500*time.Microsecond, Limit: 5})
 	check("FlagStale", err)
 	_, err = st.List(ctx, &claim.ListParams{States: []claim.State{claim.StateFlagged, claim.StateReleased}, Consumer: "c", OlderThan: time.Hour, AfterID: 3, Limit: 10})
@@ -149,10 +153,29 @@ func TestEveryQueryNumbersItsParameters(t *testing.T) {
 			}
 		}
 		if strings.Contains(q, "State = 'failed', FailedUtc = @now") {
-			for _, want := range []string{"WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed'", "Payload = NULL", "Answer = COALESCE(@p6, Answer)"} {
+			for _, want := range []string{"WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed'", "Answer = COALESCE(@p6, Answer)"} {
 				if !strings.Contains(q, want) {
 					t.Errorf("Fail lacks %q:\n%s", want, q)
 				}
+			}
+		}
+		if strings.Contains(q, "TakenOverFrom = State") {
+			// A take-over clears the dead letter of a failed claim (an
+			// operator's retry), so a new failure dead-letters again.
+			if !strings.Contains(q, "DeadLetterSeq = CASE WHEN State = 'failed' THEN NULL ELSE DeadLetterSeq END") {
+				t.Errorf("TakeOver does not clear the dead letter of a retried claim:\n%s", q)
+			}
+			retry := false
+			for _, a := range r.Args {
+				if fmt.Sprint(a) == string(claim.ChangeRetried) {
+					retry = true
+				}
+			}
+			if retry != strings.Contains(q, "AND State = 'failed';") {
+				t.Errorf("TakeOver records %q (retry %v) but its guard is:\n%s", claim.ChangeRetried, retry, q)
+			}
+			if !retry && !strings.Contains(q, "State = 'flagged'") && !strings.Contains(q, "State = 'released'") && !strings.Contains(q, "State IN") {
+				t.Errorf("TakeOver without a state guard:\n%s", q)
 			}
 		}
 		if strings.Contains(q, "SET DeadLetterSeq") && !strings.Contains(q, "State = 'failed' AND DeadLetterSeq IS NULL") {

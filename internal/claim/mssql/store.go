@@ -418,6 +418,9 @@ func takeOverPath(a *args, p *claim.TakeOverParams) string {
 		return unfinished + " AND HeartbeatUtc < " + agoSQL(a, p.SilentFor) +
 			" AND (NextAttemptUtc IS NULL OR NextAttemptUtc <= SYSUTCDATETIME())"
 	}
+	if p.Retry {
+		return "State = 'failed'"
+	}
 	return "State = 'flagged'"
 }
 
@@ -443,7 +446,7 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 		return nil, err
 	}
 	keyP, revisionP := a.add(text(key), declKey), a.add(int32(revision), declInt)
-	what := a.add(mssqldb.VarChar(sqlstore.TakeOverWhat(params.Path)), declWhat)
+	what := a.add(mssqldb.VarChar(sqlstore.TakeOverChange(params)), declWhat)
 	guard := takeOverPath(&a, params)
 	out, err := queryClaims(ctx, s.db, declareNow+`UPDATE dbo.Claims
 SET State = 'claimed', Owner = `+owner+`, ClaimedBy = `+by+`, TakenOverFrom = State,
@@ -451,6 +454,7 @@ SET State = 'claimed', Owner = `+owner+`, ClaimedBy = `+by+`, TakenOverFrom = St
     HeartbeatUtc = @now, TakenOverUtc = @now, TakeOvers = TakeOvers + 1,
     TakeOverPath = `+path+`, TakeOverReason = `+reason+`, PreviousOwner = Owner, PreviousHolder = ClaimedBy,
     Recoveries = Recoveries + CASE WHEN `+path+` = 'reconciler' THEN 1 ELSE 0 END, NextAttemptUtc = NULL,
+    DeadLetterSeq = CASE WHEN State = 'failed' THEN NULL ELSE DeadLetterSeq END,
     Route = CASE WHEN Route = N'' THEN `+route+` ELSE Route END,
     Fingerprint = CASE WHEN Route = N'' THEN `+print+` ELSE Fingerprint END,
     KeyRevision = KeyRevision + `+newKey+`,
@@ -576,7 +580,7 @@ func (s *Store) Fail(ctx context.Context, params *claim.FailParams) error {
 		seq = *params.DeadLetterSeq
 	}
 	return s.execGuarded(ctx, "fail", params.ID, declareNow+`UPDATE dbo.Claims
-SET State = 'failed', FailedUtc = @now, FailReason = @p3, LastError = @p4, DeadLetterSeq = @p5, Payload = NULL, `+setAnswer("@p6")+`
+SET State = 'failed', FailedUtc = @now, FailReason = @p3, LastError = @p4, DeadLetterSeq = @p5, `+setAnswer("@p6")+`
 `+simpleHistory(claim.ChangeFailed, "DELETED.State", "INSERTED.ClaimedBy", "INSERTED.FailReason + N': ' + INSERTED.LastError")+`OUTPUT INSERTED.Id
 WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`,
 		param{params.ID, declID}, param{guid(params.Owner), declGUID}, param{text(truncate(params.Reason, claim.MaxFailReasonLength)), declFailReason},

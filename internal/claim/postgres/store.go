@@ -395,6 +395,15 @@ var seqParam = map[claim.TakeOverPath]string{
 	claim.PathOperator:   ` AND ($15::bigint IS NULL OR true)`,
 }
 
+// takeOverGuard is the precondition of params' take-over: its path's, or
+// for an operator's retry the claim being failed.
+func takeOverGuard(params *claim.TakeOverParams) string {
+	if params.Retry {
+		return `state = 'failed' AND $8::float8 IS NOT NULL`
+	}
+	return takeOverPaths[params.Path]
+}
+
 // TakeOver gives the claim to a new owner if it still qualifies (see
 // claim.Store).
 func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*claim.Claim, error) {
@@ -410,6 +419,7 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 		heartbeat_utc = now(), taken_over_utc = now(), take_overs = take_overs + 1,
 		take_over_path = $4, take_over_reason = $5, previous_owner = owner, previous_holder = claimed_by,
 		recoveries = recoveries + CASE WHEN $4::text = 'reconciler' THEN 1 ELSE 0 END, next_attempt_utc = NULL,
+		dead_letter_seq = CASE WHEN state = 'failed' THEN NULL ELSE dead_letter_seq END,
 		route = CASE WHEN route = '' THEN $6 ELSE route END,
 		fingerprint = CASE WHEN route = '' THEN $7 ELSE fingerprint END,
 		key_revision = key_revision + CASE WHEN $11::bool THEN 1 ELSE 0 END,
@@ -420,7 +430,7 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 		deferred_seq = NULL, due_utc = NULL
 		WHERE id = $9 AND owner = $10 AND (route = '' OR (route = $6 AND fingerprint = $7))
 		AND (NOT $11::bool OR key_revision = $13)
-		AND `+takeOverPaths[params.Path]+seqParam[params.Path]+`
+		AND `+takeOverGuard(params)+seqParam[params.Path]+`
 		RETURNING *
 	), h AS (
 		`+historySQL("u", "$14", "u.taken_over_from", "u.claimed_by", "u.take_over_path", "u.take_over_reason", "u.previous_owner")+`
@@ -428,7 +438,7 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 	SELECT `+cols("u.")+` FROM u`,
 		params.Owner, params.By, params.DeliveryCount, string(params.Path), sqlstore.Bound(params.Reason, sqlstore.MaxReasonLength),
 		params.Route, params.Fingerprint, secs(params.SilentFor), params.ID, params.PreviousOwner, params.NewKey,
-		newKey, revision, string(sqlstore.TakeOverWhat(params.Path)), sqlstore.NullInt64(params.Seq))
+		newKey, revision, string(sqlstore.TakeOverChange(params)), sqlstore.NullInt64(params.Seq))
 	c, err := scanClaim(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		now, gerr := s.Get(ctx, params.ID)
@@ -662,7 +672,7 @@ func (s *Store) Fail(ctx context.Context, params *claim.FailParams) error {
 	}
 	return s.execGuarded(ctx, "fail", params.ID,
 		guardedSQL(`UPDATE claims SET state = 'failed', failed_utc = now(), fail_reason = $3, last_error = $4,
-		dead_letter_seq = $5, payload = NULL, `+setAnswer(6)+`
+		dead_letter_seq = $5, `+setAnswer(6)+`
 		WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
 			string(claim.ChangeFailed), "'claimed'", "u.claimed_by", "u.fail_reason || ': ' || u.last_error"),
 		params.ID, params.Owner.String(), params.Reason, params.Error, sqlstore.NullInt64(params.DeadLetterSeq), answer)

@@ -356,9 +356,9 @@ func writeHistory(ctx context.Context, tx *sql.Tx, id int64, what claim.Change, 
 	_, err := tx.ExecContext(ctx, `INSERT INTO claim_history (claim_id, at_utc, what, from_state, to_state, by_whom, path, reason,
 		previous_owner, owner, idempotency_key)
 		SELECT id, `+nowSQL+`, ?1, `+from+`, state, coalesce(nullif(?2, ''), claimed_by),
-			CASE WHEN ?1 IN ('taken over', 'redriven') THEN take_over_path ELSE '' END,
+			CASE WHEN ?1 IN ('taken over', 'redriven', 'retried') THEN take_over_path ELSE '' END,
 			substr(`+reason+`, 1, `+fmt.Sprint(claim.MaxHistoryReason)+`),
-			CASE WHEN ?1 IN ('taken over', 'redriven') THEN previous_owner END,
+			CASE WHEN ?1 IN ('taken over', 'redriven', 'retried') THEN previous_owner END,
 			owner, CASE WHEN effect_key <> '' THEN effect_key ELSE message_id END
 		FROM claims WHERE id = ?3`, string(what), by, id)
 	if err != nil {
@@ -480,6 +480,15 @@ var takeOverPaths = map[claim.TakeOverPath]string{
 	claim.PathOperator: `state = 'flagged'`,
 }
 
+// takeOverGuard is the precondition of params' take-over: its path's, or
+// for an operator's retry the claim being failed.
+func takeOverGuard(params *claim.TakeOverParams) string {
+	if params.Retry {
+		return `state = 'failed'`
+	}
+	return takeOverPaths[params.Path]
+}
+
 // TakeOver gives the claim to a new owner if it still qualifies (see
 // claim.Store).
 func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*claim.Claim, error) {
@@ -492,12 +501,13 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 	if err != nil {
 		return nil, err
 	}
-	out, err := s.changeClaims(ctx, fmt.Sprintf("take over claim %d", params.ID), sqlstore.TakeOverWhat(params.Path),
+	out, err := s.changeClaims(ctx, fmt.Sprintf("take over claim %d", params.ID), sqlstore.TakeOverChange(params),
 		"taken_over_from", params.By, "take_over_reason", `UPDATE claims SET state = 'claimed', owner = ?1, claimed_by = ?2, taken_over_from = state,
 		delivery_count = CASE WHEN ?3 > 0 THEN ?3 ELSE delivery_count END,
 		heartbeat_utc = `+nowSQL+`, taken_over_utc = `+nowSQL+`, take_overs = take_overs + 1,
 		take_over_path = ?4, take_over_reason = ?5, previous_owner = owner, previous_holder = claimed_by,
 		recoveries = recoveries + CASE WHEN ?4 = 'reconciler' THEN 1 ELSE 0 END, next_attempt_utc = NULL,
+		dead_letter_seq = CASE WHEN state = 'failed' THEN NULL ELSE dead_letter_seq END,
 		route = CASE WHEN route = '' THEN ?6 ELSE route END,
 		fingerprint = CASE WHEN route = '' THEN ?7 ELSE fingerprint END,
 		key_revision = key_revision + ?11,
@@ -508,7 +518,7 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 		deferred_seq = NULL, due_utc = NULL
 		WHERE id = ?9 AND owner = ?10 AND (route = '' OR (route = ?6 AND fingerprint = ?7))
 		AND (?11 = 0 OR key_revision = ?13)
-		AND `+takeOverPaths[params.Path]+`
+		AND `+takeOverGuard(params)+`
 		RETURNING `+columns,
 		params.Owner.String(), params.By, params.DeliveryCount, string(params.Path), sqlstore.Bound(params.Reason, sqlstore.MaxReasonLength),
 		params.Route, params.Fingerprint, ago(params.SilentFor), params.ID, params.PreviousOwner.String(), boolInt(params.NewKey),
@@ -712,7 +722,7 @@ func (s *Store) Fail(ctx context.Context, params *claim.FailParams) error {
 	}
 	return s.changeOne(ctx, "fail", params.ID, claim.ChangeFailed, "'claimed'", "", "fail_reason || ': ' || last_error",
 		`UPDATE claims SET state = 'failed', failed_utc = `+nowSQL+`, fail_reason = ?3, last_error = ?4,
-		dead_letter_seq = ?5, payload = NULL, `+setAnswer(6)+`
+		dead_letter_seq = ?5, `+setAnswer(6)+`
 		WHERE id = ?1 AND owner = ?2 AND state = 'claimed'`,
 		params.ID, params.Owner.String(), params.Reason, params.Error, sqlstore.NullInt64(params.DeadLetterSeq), answer)
 }

@@ -68,6 +68,15 @@ func TakeOverWhat(p claim.TakeOverPath) claim.Change {
 	return claim.ChangeTakenOver
 }
 
+// TakeOverChange is the change a take-over with params p records: its
+// path's, or ChangeRetried for an operator's retry of a failed claim.
+func TakeOverChange(p *claim.TakeOverParams) claim.Change {
+	if p.Retry {
+		return claim.ChangeRetried
+	}
+	return TakeOverWhat(p.Path)
+}
+
 // ScanHistory reads rows of (id, claim_id, at, what, from, to, by, path,
 // reason, previous owner, owner, key) and closes rows. scanOwner converts
 // the dialect's owner columns.

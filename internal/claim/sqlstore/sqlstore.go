@@ -253,6 +253,8 @@ func ValidateTakeOver(p *claim.TakeOverParams) error {
 		return fmt.Errorf("take over claim %d: By (the new holder) is required", p.ID)
 	case p.NewKey && p.Path != claim.PathOperator:
 		return fmt.Errorf("take over claim %d: NewKey is only for an operator's redrive (path %s), not %s", p.ID, claim.PathOperator, p.Path)
+	case p.Retry && p.Path != claim.PathOperator:
+		return fmt.Errorf("take over claim %d: Retry is only for an operator (path %s), not %s", p.ID, claim.PathOperator, p.Path)
 	case p.NewKey && strings.TrimSpace(p.Reason) == "":
 		return fmt.Errorf("take over claim %d: a new key needs a Reason (the operator's note)", p.ID)
 	}
@@ -359,6 +361,9 @@ func TakeOverRefused(p *claim.TakeOverParams, now *claim.Claim) error {
 	qualifies := now.State == claim.StateClaimed || now.State == claim.StateReleased
 	if p.Path == claim.PathOperator {
 		qualifies = now.State == claim.StateFlagged
+		if p.Retry {
+			qualifies = now.State == claim.StateFailed
+		}
 	}
 	if qualifies && now.Owner == p.PreviousOwner && now.RouteDiffers(p.Route, p.Fingerprint) {
 		return fmt.Errorf("take over claim %d: %w: the claim was taken for route %q (fingerprint %s), the caller runs route %q (fingerprint %s)",
