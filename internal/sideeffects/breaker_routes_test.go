@@ -137,3 +137,31 @@ func TestRetryStopsAtMisconfigured(t *testing.T) {
 type errorString string
 
 func (e errorString) Error() string { return string(e) }
+
+// TestAnswerRuleWinsOverConfigErrors: a route that maps 401 with an
+// answer rule keeps that outcome.
+func TestAnswerRuleWinsOverConfigErrors(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(401) }))
+	t.Cleanup(srv.Close)
+	r, err := ParseRoutes([]byte(`version: 1
+routes:
+  - name: strict
+    match: {subject: strict}
+    url: `+srv.URL+`
+    answers:
+      - {status: 401, outcome: permanent}
+`), mapEnv(nil), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj := "strict"
+	msg := &azservicebus.ReceivedMessage{Subject: &subj, Body: []byte(`{}`)}
+	h, err := r.Route(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = h.Effect.Perform(context.Background(), msg, "k1")
+	if IsMisconfigured(err) || Classify(err) != OutcomePermanent {
+		t.Fatalf("%v: want permanent, as the rule says", err)
+	}
+}

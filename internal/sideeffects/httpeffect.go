@@ -349,9 +349,10 @@ func (r *httpRoute) attempt(ctx context.Context, msg *azservicebus.ReceivedMessa
 		return excerpt(r.redact.String(string(body)))
 	}
 	rule, result = classifyAnswer(st.rules, resp.StatusCode, resp.Header, doc, hasDoc, time.Now(), detail, &answer)
-	if result != nil && r.configErrs[resp.StatusCode] {
+	if result != nil && rule == "" && r.configErrs[resp.StatusCode] {
 		// Answered before the downstream's idempotency layer: nothing
 		// was performed, and nothing will be until the route is fixed.
+		// (An answer rule that matched the answer decides instead.)
 		result = Misconfigured(result)
 	}
 	return resp.StatusCode, rule, result

@@ -91,7 +91,8 @@ type routeSpec struct {
 	Backoff     *backoffSpec          `yaml:"backoff"`
 	Breaker     *breakerSpec          `yaml:"breaker"`
 	// ConfigErrors are the statuses that say the route is misconfigured
-	// (default DefaultConfigErrors; an empty list: none).
+	// (default DefaultConfigErrors; an empty list: none). An answer rule
+	// that matches the answer decides instead.
 	ConfigErrors *[]int     `yaml:"configErrors"`
 	Steps        []stepSpec `yaml:"steps"`
 }
