@@ -346,7 +346,14 @@ func (k *killReceiver) ReceiveDeferredMessages(ctx context.Context, seqs []int64
 	if k.rep.dead.Load() {
 		return nil, k.lost("receive deferred")
 	}
-	return k.r.ReceiveDeferredMessages(ctx, seqs, o)
+	msgs, err := k.r.ReceiveDeferredMessages(ctx, seqs, o)
+	for _, m := range msgs {
+		// A fetched message is held like a received one (a replica
+		// killed holding it is in its history).
+		k.rep.h.sawDelivery(m)
+		k.rep.received(m)
+	}
+	return msgs, err
 }
 
 func (k *killReceiver) PeekMessages(ctx context.Context, n int, o *azservicebus.PeekMessagesOptions) ([]*azservicebus.ReceivedMessage, error) {
