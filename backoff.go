@@ -31,3 +31,27 @@ type Backoff struct {
 var DefaultBackoff = Backoff(sideeffects.DefaultBackoff)
 
 func (b Backoff) internal() sideeffects.Backoff { return sideeffects.Backoff(b) }
+
+// Breaker is a route's breaker. After Failures deliveries in a row whose
+// handler failed for want of the downstream (NotPerformed or Unknown with
+// no answer, or with a 5xx or 429 answer: see Delivery.ReportAnswer), or
+// at once when a handler returns Misconfigured, the route opens: its
+// messages are postponed like a delayed retry (Backoff) without calling
+// the handler. ProbeAfter after it opened one delivery at a time is let
+// through; the route closes when that probe's downstream answers, and
+// opens again when it fails. When every route of a processor is open, it
+// stops receiving until a probe is due, and its readiness names the
+// routes.
+//
+// The zero value is DefaultBreaker: 5 failures, a probe after 30s. Off
+// turns the breaker off for the route.
+type Breaker struct {
+	Failures   int           // failing deliveries in a row that open it
+	ProbeAfter time.Duration // how long it stays open before a probe
+	Off        bool
+}
+
+// DefaultBreaker is the breaker of a route that sets none.
+var DefaultBreaker = Breaker(sideeffects.DefaultBreaker)
+
+func (b Breaker) internal() sideeffects.Breaker { return sideeffects.Breaker(b) }

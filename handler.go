@@ -190,3 +190,13 @@ func Unknown(err error) error { return sideeffects.Unknown(err) }
 // AllowNewKey) or resolves it. The processor, the reconciler's recovery
 // and a redrive treat it alike.
 func NeedsOperator(err error) error { return sideeffects.NeedsOperator(err) }
+
+// Misconfigured marks err as an answer about this program's configuration,
+// not about the request: a 401 or 403 after a key rotation, a 407 from a
+// proxy. The effect was not performed, and repeating it cannot succeed
+// until someone fixes the configuration: retries stop, the route's breaker
+// opens at once (see Route.Breaker) with a reason naming the route and the
+// status (report it with Delivery.ReportAnswer), and the claim is
+// released and its message postponed — never failed. A probe closes the
+// breaker after the fix.
+func Misconfigured(err error) error { return sideeffects.Misconfigured(err) }

@@ -83,6 +83,8 @@ type Route struct {
 	// Backoff is the route's delayed-retry schedule (zero:
 	// DefaultBackoff).
 	Backoff Backoff
+	// Breaker is the route's breaker (zero: DefaultBreaker).
+	Breaker Breaker
 }
 
 // Router picks a message's route: the first registered route whose Match
@@ -127,6 +129,9 @@ func (r *Router) Add(rt Route) error {
 	if err := rt.Backoff.internal().Validate(); err != nil {
 		return fmt.Errorf("sbclaim: route %q: Backoff: %w", rt.Name, err)
 	}
+	if err := rt.Breaker.internal().Validate(); err != nil {
+		return fmt.Errorf("sbclaim: route %q: Breaker: %w", rt.Name, err)
+	}
 	r.init()
 	r.names[rt.Name] = true
 	r.entries = append(r.entries, newGoRoute(rt))
@@ -158,6 +163,15 @@ func (r *Router) init() {
 	}
 }
 
+// Names returns the registered routes' names.
+func (r *Router) Names() []string {
+	names := make([]string, 0, len(r.names))
+	for n := range r.names {
+		names = append(names, n)
+	}
+	return names
+}
+
 // internal returns the router the processor and the reconciler use.
 func (r *Router) internal() sideeffects.Router { return sideeffects.Chain(r.entries...) }
 
@@ -172,7 +186,7 @@ type goRoute struct {
 func newGoRoute(rt Route) goRoute {
 	in := sideeffects.Route{Name: rt.Name, Match: sideeffects.Match{Subject: sideeffects.AnySubject},
 		JSONBody: rt.JSONBody, Recovery: sideeffects.Recovery(cmp.Or(rt.Recovery, RecoveryAuto)), Version: rt.Version, AllowNewKey: rt.AllowNewKey,
-		KeyLifetime: rt.KeyLifetime, Backoff: rt.Backoff.internal()}
+		KeyLifetime: rt.KeyLifetime, Backoff: rt.Backoff.internal(), Breaker: rt.Breaker.internal()}
 	if rt.Handler != nil {
 		in.Effect = rt.Handler.effect()
 	} else {

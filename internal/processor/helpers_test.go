@@ -149,6 +149,9 @@ type router struct {
 	// backoff is the delayed-retry schedule of the default and manual
 	// routes (set before the processor starts).
 	backoff sideeffects.Backoff
+	// breaker is the default route's breaker (set before the processor
+	// starts).
+	breaker sideeffects.Breaker
 }
 
 func (r *router) keyForm() claim.KeyForm {
@@ -179,7 +182,7 @@ func (r *router) Route(msg *azservicebus.ReceivedMessage) (sideeffects.Handler, 
 	case "manual":
 		return sideeffects.Handler{Name: "manual", Effect: r.eff, Recovery: sideeffects.RecoveryManual, Fingerprint: "fp-manual", KeyForm: claim.KeyFormRaw, Backoff: r.backoff}, nil
 	default:
-		return sideeffects.Handler{Name: "effect", Effect: r.eff, Fingerprint: r.fingerprint(), KeyForm: r.keyForm(), Backoff: r.backoff}, nil
+		return sideeffects.Handler{Name: "effect", Effect: r.eff, Fingerprint: r.fingerprint(), KeyForm: r.keyForm(), Backoff: r.backoff, Breaker: r.breaker}, nil
 	}
 }
 

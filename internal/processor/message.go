@@ -530,6 +530,10 @@ func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) v
 	if crashed(p.opts.Hooks.AfterClaim, work, d) {
 		return verdict{result: ResultCrashed}
 	}
+	allowed, probe, wait, why := p.routes.allow(d.handler)
+	if !allowed {
+		return p.routeOpen(work, d, c, wait, why)
+	}
 	retry := p.opts.Retry
 	retry.StopOnUnknown = retry.StopOnUnknown || d.handler.Manual()
 	// The claim's key: the dedup key, or the one an operator's redrive
@@ -547,6 +551,7 @@ func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) v
 	}
 	res := held.Run(work, hp)
 	p.metrics.EffectSeconds.WithLabelValues(d.handler.Name, res.Outcome.String()).Observe(res.Duration.Seconds())
+	res = p.recordRoute(d, probe, res)
 	if res.Lost != nil {
 		return p.lost(work, d, c, res.Outcome)
 	}
@@ -575,21 +580,7 @@ func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) v
 		return completed(ResultProcessed)
 
 	case sideeffects.OutcomeRetryable:
-		if v, ok := p.postpone(work, d, c, res); ok {
-			return v
-		}
-		relErr := p.release(work, c, res.Err, res.Answer)
-		switch {
-		case errors.Is(relErr, claim.ErrStateChanged):
-			return p.lost(work, d, c, res.Outcome)
-		case relErr != nil:
-			// The claim stays claimed and goes silent; whoever takes it
-			// over repeats the effect (it was not performed).
-			p.storeErr(relErr)
-			d.log.Warn("effect not performed but the release failed", "error", relErr)
-			return abandoned(ResultUnknown, "why", "release failed", "error", relErr)
-		}
-		return abandoned(ResultReleased, "error", res.Err)
+		return p.notPerformed(work, d, c, res)
 
 	case sideeffects.OutcomeRejected, sideeffects.OutcomePermanent, sideeffects.OutcomeConflict:
 		return p.failHeld(work, d, c, res)
@@ -617,6 +608,59 @@ func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) v
 		d.log.Warn(why, "error", res.Err)
 		return abandoned(ResultUnknown, "error", res.Err)
 	}
+}
+
+// notPerformed postpones a held claim whose effect was not performed, or
+// releases it and abandons its message when deferral does not apply.
+func (p *Processor) notPerformed(work context.Context, d *delivery, c *claim.Claim, res held.Result) verdict {
+	if v, ok := p.postpone(work, d, c, res); ok {
+		return v
+	}
+	relErr := p.release(work, c, res.Err, res.Answer)
+	switch {
+	case errors.Is(relErr, claim.ErrStateChanged):
+		return p.lost(work, d, c, res.Outcome)
+	case relErr != nil:
+		// The claim stays claimed and goes silent; whoever takes it
+		// over repeats the effect (it was not performed).
+		p.storeErr(relErr)
+		d.log.Warn("effect not performed but the release failed", "error", relErr)
+		return abandoned(ResultUnknown, "why", "release failed", "error", relErr)
+	}
+	return abandoned(ResultReleased, "error", res.Err)
+}
+
+// routeOpen postpones a held claim without calling its effect: its
+// route's breaker is open (why) and no probe is due for wait. The claim
+// waits at least that long (see routebreaker.go).
+func (p *Processor) routeOpen(work context.Context, d *delivery, c *claim.Claim, wait time.Duration, why string) verdict {
+	err := &sideeffects.Error{Outcome: sideeffects.OutcomeRetryable, RetryAfter: wait,
+		Err: fmt.Errorf("not attempted: the route's breaker is open: %s", why)}
+	return p.notPerformed(work, d, c, held.Result{Outcome: sideeffects.OutcomeRetryable, Err: err})
+}
+
+// recordRoute counts a held effect's result on its route's breaker,
+// reports a trip or a close, and returns res with a configuration
+// answer's error naming the route and the status (so the claim's error
+// says what to fix) and asking to wait until the probe is due.
+func (p *Processor) recordRoute(d *delivery, probe bool, res held.Result) held.Result {
+	tripped, why, closed := p.routes.record(d.handler, probe, res)
+	name := d.handler.Name
+	switch {
+	case closed:
+		p.metrics.RouteBreakerOpen.WithLabelValues(name).Set(0)
+		d.log.Info("route breaker closed: the probe succeeded", "route", name)
+	case tripped != "":
+		p.metrics.RouteBreakerOpen.WithLabelValues(name).Set(1)
+		p.metrics.RouteBreakerTrips.WithLabelValues(name, tripped).Inc()
+		d.log.Warn("route breaker open: its messages are postponed until a probe succeeds", "route", name, "reason", tripped, "why", why,
+			"probe_after", d.handler.Breaker.WithDefaults().ProbeAfter.String())
+	}
+	if tripped == tripConfig {
+		res.Err = &sideeffects.Error{Outcome: sideeffects.OutcomeRetryable, Config: true, Answer: sideeffects.AnswerOf(res.Err),
+			RetryAfter: d.handler.Breaker.WithDefaults().ProbeAfter, Err: fmt.Errorf("%s: %w", why, res.Err)}
+	}
+	return res
 }
 
 // flagHeld hands the claim this delivery holds to operators at once: the

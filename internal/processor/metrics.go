@@ -31,6 +31,10 @@ type Metrics struct {
 	Postponed       *prometheus.CounterVec // route
 	DeferredDue     prometheus.Gauge
 	DeferredFetches *prometheus.CounterVec // result
+	// A breaker per route: open (1) or closed (0), and its trips by
+	// reason (failures, probe, config).
+	RouteBreakerOpen  *prometheus.GaugeVec   // route
+	RouteBreakerTrips *prometheus.CounterVec // route, reason
 }
 
 // NewMetrics creates the collectors and registers them with reg (nil: not
@@ -111,6 +115,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sbclaim_deferred_fetches_total",
 			Help: "Due claims this replica tried to take and fetch, by result (fetched, guard: another replica took it first, gone: the message was not deferred any more, error).",
 		}, []string{"result"}),
+		RouteBreakerOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sbclaim_route_breaker_open",
+			Help: "1 while the route's breaker is open: its messages are postponed without calling the effect, one probe at a time let through.",
+		}, []string{"route"}),
+		RouteBreakerTrips: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sbclaim_route_breaker_trips_total",
+			Help: "Times a route's breaker opened, by route and reason (failures: failing deliveries in a row; probe: a probe failed; config: a configuration answer such as 401).",
+		}, []string{"route", "reason"}),
 	}
 	if reg != nil {
 		// Shared with other processors (and the reconciler's take-overs)
@@ -134,6 +146,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.Postponed = metricreg.Register(reg, m.Postponed)
 		m.DeferredDue = metricreg.Register(reg, m.DeferredDue)
 		m.DeferredFetches = metricreg.Register(reg, m.DeferredFetches)
+		m.RouteBreakerOpen = metricreg.Register(reg, m.RouteBreakerOpen)
+		m.RouteBreakerTrips = metricreg.Register(reg, m.RouteBreakerTrips)
 	}
 	return m
 }

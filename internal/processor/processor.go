@@ -190,10 +190,11 @@ type Processor struct {
 	brokerOK     atomic.Bool  // the broker answered recently (a receive or a probe)
 	lastAnswer   atomic.Int64 // unix nanos of the broker's last answer (a receive with messages, a probe's start)
 
-	breaker breaker // the store-wide failure breaker
+	breaker breaker        // the store-wide failure breaker
+	routes  *routeBreakers // a breaker per route
 
 	// Repeated warnings, at most one per BrokerProbeInterval each.
-	brokerWarn, storeWarn, openWarn warning
+	brokerWarn, storeWarn, openWarn, routeWarn warning
 
 	mu  sync.Mutex
 	cur Receiver // the open receiver, for the broker probe
@@ -305,6 +306,7 @@ func New(opts Options) (*Processor, error) {
 		metrics:  opts.Metrics,
 		tr:       newProcTracing(opts),
 		deferrer: deferrer,
+		routes:   newRouteBreakers(opts.Router),
 	}, nil
 }
 
@@ -349,9 +351,11 @@ func (o *Options) checkWatch() error {
 
 // Ready reports whether the processor can work (for /readyz): a receiver
 // is open, Service Bus answered recently (a receive returned messages, or
-// the periodic probe succeeded), and the claim store's breaker is closed.
+// the periodic probe succeeded), the claim store's breaker is closed, and
+// not every route's breaker is open.
 func (p *Processor) Ready() bool {
-	return p.receiverOpen.Load() && p.brokerOK.Load() && !p.breaker.isOpen()
+	allOpen, _ := p.routes.allOpen()
+	return p.receiverOpen.Load() && p.brokerOK.Load() && !p.breaker.isOpen() && !allOpen
 }
 
 // NotReadyReason says why Ready is false ("" when it is true).
@@ -363,6 +367,9 @@ func (p *Processor) NotReadyReason() string {
 		return "Service Bus did not answer the last probe"
 	case p.breaker.isOpen():
 		return "the claim store refuses work (" + p.breaker.class().String() + "): receiving is paused"
+	}
+	if allOpen, why := p.routes.allOpen(); allOpen {
+		return "every route's breaker is open (" + why + "): receiving is paused until a probe is due"
 	}
 	return ""
 }
@@ -433,6 +440,13 @@ func (p *Processor) Run(ctx context.Context) error {
 			p.waitForStore(ctx)
 			continue
 		}
+		// While every route's breaker is open, receiving would only
+		// postpone messages: wait until a probe is due.
+		if wait := p.routes.pause(); wait > 0 {
+			p.waitForRoutes(ctx, wait)
+			continue
+		}
+		p.routeWarn.reset()
 
 		// Wait for at least one free slot, then ask for exactly as many
 		// messages as there are free slots.
@@ -712,6 +726,22 @@ func (p *Processor) storeBack() {
 	p.storeWarn.reset()
 	p.metrics.StoreBreakerOpen.Set(0)
 	p.log.Info("claim store accepts writes again: receiving")
+}
+
+// waitForRoutes waits for wait (until a route's probe is due) or until
+// ctx ends.
+func (p *Processor) waitForRoutes(ctx context.Context, wait time.Duration) {
+	if since, ok := p.routeWarn.due(p.opts.BrokerProbeInterval); ok {
+		_, why := p.routes.allOpen()
+		p.log.Warn("every route's breaker is open: not receiving until a probe is due",
+			"for", since.Round(time.Millisecond).String(), "probe_in", wait.Round(time.Millisecond).String(), "why", why)
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }
 
 // breaker is open while the claim store refuses work store-wide.

@@ -100,6 +100,8 @@ type Handler struct {
 	KeyForm claim.KeyForm
 	// Backoff is the route's delayed-retry schedule (zero: DefaultBackoff).
 	Backoff Backoff
+	// Breaker is the route's breaker (zero: DefaultBreaker).
+	Breaker Breaker
 }
 
 // Manual reports whether the handler's route is RecoveryManual.
@@ -261,7 +263,10 @@ type Error struct {
 	// to every repeat). The retry loop stops at it, and the claim is
 	// flagged at once instead of being repeated. See NeedsOperator.
 	Operator bool
-	Err      error
+	// Config (only with OutcomeRetryable) says the answer is about
+	// sbclaim's configuration, not the request: see Misconfigured.
+	Config bool
+	Err    error
 }
 
 func (e *Error) Error() string {

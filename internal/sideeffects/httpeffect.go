@@ -57,7 +57,7 @@ func (r *HTTPRouter) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 			}
 		}
 		return Handler{Name: rt.name, Effect: rt, Recovery: rt.recovery, Fingerprint: rt.fingerprint, AllowNewKey: rt.allowNewKey,
-			KeyLifetime: rt.keyLifetime, KeyForm: rt.keyForm, Backoff: rt.backoff}, nil
+			KeyLifetime: rt.keyLifetime, KeyForm: rt.keyForm, Backoff: rt.backoff, Breaker: rt.breaker}, nil
 	}
 	return Handler{}, noRoute(msg)
 }
@@ -116,6 +116,8 @@ type httpRoute struct {
 	recovery    Recovery
 	allowNewKey bool
 	backoff     Backoff
+	breaker     Breaker
+	configErrs  map[int]bool  // statuses that say the route is misconfigured (Misconfigured)
 	keyLifetime time.Duration // how long the downstream keeps keys; 0: for ever
 	keyForm     claim.KeyForm // "" : scoped
 	excerpt     bool          // put a response excerpt in error messages
@@ -347,6 +349,12 @@ func (r *httpRoute) attempt(ctx context.Context, msg *azservicebus.ReceivedMessa
 		return excerpt(r.redact.String(string(body)))
 	}
 	rule, result = classifyAnswer(st.rules, resp.StatusCode, resp.Header, doc, hasDoc, time.Now(), detail, &answer)
+	if result != nil && rule == "" && r.configErrs[resp.StatusCode] {
+		// Answered before the downstream's idempotency layer: nothing
+		// was performed, and nothing will be until the route is fixed.
+		// (An answer rule that matched the answer decides instead.)
+		result = Misconfigured(result)
+	}
 	return resp.StatusCode, rule, result
 }
 

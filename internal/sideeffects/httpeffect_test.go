@@ -208,8 +208,10 @@ func TestHTTPEffectStatuses(t *testing.T) {
 		{302, "", OutcomePermanent, 0},
 		{307, "", OutcomePermanent, 0},
 		{400, "", OutcomePermanent, 0},
-		{401, "", OutcomePermanent, 0},
-		{403, "", OutcomePermanent, 0},
+		// A configuration answer (DefaultConfigErrors): not performed,
+		// and marked Misconfigured for the route's breaker.
+		{401, "", OutcomeRetryable, 0},
+		{403, "", OutcomeRetryable, 0},
 		{404, "", OutcomePermanent, 0},
 		{408, "3", OutcomeRetryable, 3 * time.Second},
 		{409, "", OutcomeUnknown, 0},
@@ -234,7 +236,11 @@ func TestHTTPEffectStatuses(t *testing.T) {
 			t.Errorf("status %d: outcome %v, want %v (%v)", tt.status, got, tt.want, err)
 			continue
 		}
-		if got := StatusOutcome(tt.status); got != tt.want {
+		config := tt.status == 401 || tt.status == 403
+		if IsMisconfigured(err) != config {
+			t.Errorf("status %d: IsMisconfigured = %v, want %v (%v)", tt.status, !config, config, err)
+		}
+		if got := StatusOutcome(tt.status); got != tt.want && !config {
 			t.Errorf("StatusOutcome(%d) = %v, want %v", tt.status, got, tt.want)
 		}
 		if err == nil {

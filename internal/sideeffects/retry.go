@@ -165,6 +165,12 @@ func (p RetryPolicy) do(ctx context.Context, fn func(ctx context.Context) error,
 		switch Classify(err) {
 		case OutcomePermanent, OutcomeRejected, OutcomeConflict:
 			return err
+		case OutcomeRetryable:
+			if IsMisconfigured(err) {
+				// A repeat gets the same answer until someone fixes
+				// the configuration: the route's breaker waits for it.
+				return err
+			}
 		case OutcomeUnknown:
 			if p.StopOnUnknown || ForOperator(err) {
 				// A person must decide (NeedsOperator): a repeat would

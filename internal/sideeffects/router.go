@@ -93,6 +93,8 @@ type Route struct {
 	KeyForm claim.KeyForm
 	// Backoff is Handler.Backoff.
 	Backoff Backoff
+	// Breaker is Handler.Breaker.
+	Breaker Breaker
 }
 
 // Routes is an in-code Router: the first route whose Match selects the
@@ -150,7 +152,7 @@ func (rs Routes) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 		}
 		return Handler{Name: r.Name, Effect: r.Effect, TxEffect: r.TxEffect,
 			Recovery: cmp.Or(r.Recovery, RecoveryAuto), Fingerprint: Fingerprint("go", r.Name, r.Version), AllowNewKey: r.AllowNewKey,
-			KeyLifetime: r.KeyLifetime, KeyForm: r.KeyForm, Backoff: r.Backoff}, nil
+			KeyLifetime: r.KeyLifetime, KeyForm: r.KeyForm, Backoff: r.Backoff, Breaker: r.Breaker}, nil
 	}
 	return Handler{}, noRoute(msg)
 }
@@ -161,6 +163,27 @@ func (rs Routes) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 func Chain(routers ...Router) Router { return chain(routers) }
 
 type chain []Router
+
+// Names returns the names of the chained routers' routes, for those that
+// list them (Routes, *HTTPRouter).
+func (c chain) Names() []string {
+	var names []string
+	for _, r := range c {
+		if n, ok := r.(interface{ Names() []string }); ok {
+			names = append(names, n.Names()...)
+		}
+	}
+	return names
+}
+
+// Names returns the routes' names, in order.
+func (rs Routes) Names() []string {
+	names := make([]string, len(rs))
+	for i, r := range rs {
+		names[i] = r.Name
+	}
+	return names
+}
 
 func (c chain) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 	for _, r := range c {

@@ -89,7 +89,12 @@ type routeSpec struct {
 	Request     *requestSpec          `yaml:"request"`
 	Key         string                `yaml:"key"`
 	Backoff     *backoffSpec          `yaml:"backoff"`
-	Steps       []stepSpec            `yaml:"steps"`
+	Breaker     *breakerSpec          `yaml:"breaker"`
+	// ConfigErrors are the statuses that say the route is misconfigured
+	// (default DefaultConfigErrors; an empty list: none). An answer rule
+	// that matches the answer decides instead.
+	ConfigErrors *[]int     `yaml:"configErrors"`
+	Steps        []stepSpec `yaml:"steps"`
 }
 
 // backoffSpec is a route's delayed-retry schedule as written (Backoff).
@@ -138,6 +143,49 @@ func buildBackoff(spec *backoffSpec, fail func(field, problem string)) Backoff {
 		fail("backoff", err.Error())
 	}
 	return b
+}
+
+// breakerSpec is a route's breaker as written (Breaker).
+type breakerSpec struct {
+	Failures   int    `yaml:"failures"`
+	ProbeAfter string `yaml:"probeAfter"`
+	Off        bool   `yaml:"off"`
+}
+
+// buildBreaker resolves a route's breaker: unset fields take
+// DefaultBreaker's values.
+func buildBreaker(spec *breakerSpec, fail func(field, problem string)) Breaker {
+	if spec == nil {
+		return Breaker{}
+	}
+	b := Breaker{Failures: spec.Failures, Off: spec.Off}
+	if spec.ProbeAfter != "" {
+		v, err := parseTimeout(spec.ProbeAfter)
+		if err != nil {
+			fail("breaker.probeAfter", err.Error())
+		}
+		b.ProbeAfter = v
+	}
+	if err := b.Validate(); err != nil {
+		fail("breaker", err.Error())
+	}
+	return b.WithDefaults()
+}
+
+// buildConfigErrors resolves a route's configuration statuses.
+func buildConfigErrors(list *[]int, fail func(field, problem string)) map[int]bool {
+	statuses := DefaultConfigErrors
+	if list != nil {
+		statuses = *list
+	}
+	m := make(map[int]bool, len(statuses))
+	for _, s := range statuses {
+		if s < 400 || s > 499 {
+			fail("configErrors", fmt.Sprintf("%d is not a 4xx status", s))
+		}
+		m[s] = true
+	}
+	return m
 }
 
 type answerSpec struct {
@@ -526,6 +574,8 @@ func buildRouter(file *routesFile, getenv func(string) string, client *http.Clie
 			allowNewKey: rs.AllowNewKey,
 			keyForm:     claim.KeyForm(rs.Key),
 			backoff:     buildBackoff(rs.Backoff, func(field, problem string) { fail(rs.Name, field, "%s", problem) }),
+			breaker:     buildBreaker(rs.Breaker, func(field, problem string) { fail(rs.Name, field, "%s", problem) }),
+			configErrs:  buildConfigErrors(rs.ConfigErrors, func(field, problem string) { fail(rs.Name, field, "%s", problem) }),
 			excerpt:     rs.Excerpt == nil || *rs.Excerpt,
 			client:      &c,
 			logger:      logger,

@@ -58,6 +58,10 @@ func (h *harness) newRouter(client *http.Client, log *slog.Logger, wrap func(sbc
 			Version:     goRouteVersion,
 			AllowNewKey: h.cfg.Answers == AnswersMixed,                                    // as the mixed routes file's allowNewKey
 			Backoff:     sbclaim.Backoff{First: 100 * time.Millisecond, Max: time.Second}, // as the routes file's backoff
+			// As the routes file's breaker: the faults fail single
+			// messages, not the downstream; a breaker opened by them
+			// would postpone the whole route for ProbeAfter.
+			Breaker: sbclaim.Breaker{Off: true},
 		})
 	}
 	file, err := sbclaim.ParseRoutesFile(h.routes, &sbclaim.RoutesFileOptions{

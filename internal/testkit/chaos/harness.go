@@ -281,7 +281,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	tr := &http.Transport{MaxIdleConns: 512, MaxIdleConnsPerHost: 512, IdleConnTimeout: 30 * time.Second}
 	defer tr.CloseIdleConnections()
 	h.base = &outageTransport{base: tr, h: h}
-	h.routes = fmt.Appendf(nil, "version: 1\nroutes:\n  - name: chaos\n    match: {subject: %s}\n    url: %s/effects\n    timeout: %s\n    recovery: %s\n    backoff: {first: 100ms, max: 1s}\n",
+	h.routes = fmt.Appendf(nil, "version: 1\nroutes:\n  - name: chaos\n    match: {subject: %s}\n    url: %s/effects\n    timeout: %s\n    recovery: %s\n    backoff: {first: 100ms, max: 1s}\n    breaker: {off: true}\n",
 		EffectSubject, h.srv.URL, cfg.EffectTimeout, cfg.Recovery)
 	if cfg.Answers == AnswersMixed {
 		h.down.SetConflictStyle(fakedownstream.ConflictStripe)
