@@ -566,3 +566,27 @@ func TestChaosDownstreamOutageFailsWithoutDeferral(t *testing.T) {
 		t.Errorf("verdict %q: want FAIL naming the broker's dead letters", v)
 	}
 }
+
+// A misconfiguration (401 for a window, then fixed) opens the route's
+// breaker: its messages are postponed, no claim fails, nothing is
+// dead-lettered, and every refused message is performed after the fix.
+func TestChaosMisconfiguredSQLite(t *testing.T) {
+	t.Parallel()
+	rep, err := Run(context.Background(), Config{Messages: 300, Faults: []Fault{FaultMisconfigured}, Seed: 24, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	rep.Write(&b)
+	t.Log("\n" + b.String())
+	if !rep.Pass() {
+		t.Fatalf("misconfigured: exactly-once violated:\n%s", strings.Join(rep.Violations, "\n"))
+	}
+	if len(rep.Windows) != 1 || rep.Windows[0].Keys == 0 || rep.Windows[0].PerformedAfter != rep.Windows[0].Keys {
+		t.Errorf("windows %+v: want the misconfiguration's, every refused message performed after it", rep.Windows)
+	}
+	if rep.ClaimStates[claim.StateFailed] != 0 || rep.BrokerDeadLettered != 0 || rep.Postponed == 0 {
+		t.Errorf("failed claims %d, dead-lettered by the broker %d, postponed %d; want 0, 0, some",
+			rep.ClaimStates[claim.StateFailed], rep.BrokerDeadLettered, rep.Postponed)
+	}
+}

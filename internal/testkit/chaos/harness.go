@@ -281,8 +281,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	tr := &http.Transport{MaxIdleConns: 512, MaxIdleConnsPerHost: 512, IdleConnTimeout: 30 * time.Second}
 	defer tr.CloseIdleConnections()
 	h.base = &outageTransport{base: tr, h: h}
-	h.routes = fmt.Appendf(nil, "version: 1\nroutes:\n  - name: chaos\n    match: {subject: %s}\n    url: %s/effects\n    timeout: %s\n    recovery: %s\n    backoff: {first: 100ms, max: 1s}\n    breaker: {off: true}\n",
-		EffectSubject, h.srv.URL, cfg.EffectTimeout, cfg.Recovery)
+	h.routes = fmt.Appendf(nil, "version: 1\nroutes:\n  - name: chaos\n    match: {subject: %s}\n    url: %s/effects\n    timeout: %s\n    recovery: %s\n    backoff: {first: 100ms, max: 1s}\n    breaker: %s\n",
+		EffectSubject, h.srv.URL, cfg.EffectTimeout, cfg.Recovery, h.breakerSpec())
 	if cfg.Answers == AnswersMixed {
 		h.down.SetConflictStyle(fakedownstream.ConflictStripe)
 		h.routes = append(h.routes, mixedAnswerRules...)
@@ -351,6 +351,17 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	h.tk.report(ctx, rep)
 	rep.Duration = time.Since(start)
 	return rep, nil
+}
+
+// breakerSpec is the chaos route's breaker: off (its faults fail single
+// messages, and an open breaker would postpone the whole route past the
+// drain window), except with the misconfigured window, whose 401s open it
+// (a probe every 200 ms closes it once the configuration is fixed).
+func (h *harness) breakerSpec() string {
+	if h.enabled(FaultMisconfigured) {
+		return "{probeAfter: 200ms}"
+	}
+	return "{off: true}"
 }
 
 // plan builds the messages to send and assigns faults to messages.
