@@ -13,6 +13,8 @@
 //	go run ./cmd/chaos -recovery manual   # manual routes: crash-left claims go to operators
 //	go run ./cmd/chaos -answers mixed     # a payment API's declines, key conflicts and stored failures
 //	go run ./cmd/chaos -handler go        # the replicas run a Go sbclaim.HandlerFunc instead of the HTTP route
+//	go run ./cmd/chaos -faults all,downstream-outage   # the downstream refuses every request for 3 s
+//	go run ./cmd/chaos -faults all,downstream-outage -no-deferral   # the old behaviour: FAIL (broker dead letters)
 //	go run ./cmd/chaos -scenario naive|unique-index|two-phase
 //	go run ./cmd/chaos -bench   # SQLite, plus PostgreSQL / SQL Server when their URLs are set
 package main
@@ -61,6 +63,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		answers   = fs.String("answers", "normal", "how the downstream answers: normal (every key performed) or mixed (like a payment API, a share of keys gets a final decline, a key conflict or a failure stored under the key)")
 		handler   = fs.String("handler", "http", "the replicas' effect: http (the routes file's HTTP route) or go (a Go sbclaim.HandlerFunc calling the same downstream); both through sbclaim.NewProcessor")
 		recovery  = fs.String("recovery", "auto", "the routes' recovery: auto (the downstream honours Idempotency-Key: crash-left claims are repeated with the same key) or manual (they are flagged for operators)")
+		noDefer   = fs.Bool("no-deferral", false, "turn the processors' delayed retries off (the old behaviour: a retryable outcome abandons the message and the broker redelivers it at once); with -faults ...,downstream-outage the run should FAIL")
+		window    = fs.Duration("downstream-window", 3*time.Second, "length of the downstream-outage and misconfigured windows")
 		tracing   = fs.Bool("tracing", false, "run with OpenTelemetry tracing on (always-on sampler, spans kept in memory and checked); with -bench: also measure the processor's throughput with tracing on against off in each cell")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -158,6 +162,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		Handler:     hk,
 		Logger:      logger,
 		Tracing:     *tracing,
+
+		DownstreamWindow: *window,
+		NoDeferral:       *noDefer,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "chaos: %v (after %s)\n", err, time.Since(start).Round(time.Millisecond))
@@ -184,7 +191,7 @@ func orNone(share float64) float64 {
 
 func faultNames() string {
 	s := ""
-	for i, f := range chaos.AllFaults {
+	for i, f := range chaos.KnownFaults() {
 		if i > 0 {
 			s += ","
 		}

@@ -210,7 +210,14 @@ func (p *Processor) pollDeferred(ctx, work context.Context) {
 		case <-t.C:
 		}
 		if p.breaker.isOpen() {
-			continue
+			// The receive loop closes the breaker only between receives:
+			// blocked on a quiet entity (every message deferred), it never
+			// would, and the deferred messages would wait for the next
+			// arrival. Probe the store here too.
+			if p.probeStore(ctx) != nil || !p.breaker.isOpen() {
+				continue
+			}
+			p.storeBack()
 		}
 		p.pollOnce(ctx, work, slots)
 	}

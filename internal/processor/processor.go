@@ -716,11 +716,16 @@ func (p *Processor) waitForStore(ctx context.Context) {
 		return struct{}{}, err
 	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(0))
 	if err == nil {
-		p.breaker.reset()
-		p.storeWarn.reset()
-		p.metrics.StoreBreakerOpen.Set(0)
-		p.log.Info("claim store accepts writes again: receiving")
+		p.storeBack()
 	}
+}
+
+// storeBack closes the store breaker: the store accepts writes again.
+func (p *Processor) storeBack() {
+	p.breaker.reset()
+	p.storeWarn.reset()
+	p.metrics.StoreBreakerOpen.Set(0)
+	p.log.Info("claim store accepts writes again: receiving")
 }
 
 // waitForRoutes waits for wait (until a route's probe is due) or until

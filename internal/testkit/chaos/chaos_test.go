@@ -345,6 +345,8 @@ func TestParseFaults(t *testing.T) {
 		wantErr string
 	}{
 		{in: "all", want: AllFaults},
+		{in: "all,downstream-outage", want: append(slices.Clone(AllFaults), FaultDownstreamOutage)},
+		{in: "misconfigured", want: []Fault{FaultMisconfigured}},
 		{in: "none", want: nil},
 		{in: "lock-expiry, die-after-claim,lock-expiry", want: []Fault{FaultLockExpiry, FaultDieAfterClaim}},
 		{in: "die-after-lunch", wantErr: `unknown fault "die-after-lunch"`},
@@ -489,5 +491,102 @@ func TestConfigValidateHandler(t *testing.T) {
 	err := Config{Handler: "python"}.withDefaults().Validate()
 	if err == nil || !strings.Contains(err.Error(), `Handler must be http or go (got "python")`) {
 		t.Errorf("Validate: %v, want the Handler named", err)
+	}
+}
+
+// outageFaults are the downstream outage with the faults that kill no
+// replica.
+var outageFaults = []Fault{FaultResponseLost, FaultLockExpiry, FaultStoreOutage, FaultLostThen503, FaultAckLost, FaultDownstreamOutage}
+
+func runOutage(t *testing.T, dbURL string, seed uint64, noDeferral bool) *Report {
+	t.Helper()
+	rep, err := Run(context.Background(), Config{
+		Messages:    300,
+		Faults:      outageFaults,
+		Seed:        seed,
+		DatabaseURL: dbURL,
+		NoDeferral:  noDeferral,
+		Logger:      testLogger(t),
+	})
+	if err != nil {
+		t.Fatalf("%s: %v", dbSource(dbURL), err)
+	}
+	var b strings.Builder
+	rep.Write(&b)
+	t.Log("\n" + b.String())
+	return rep
+}
+
+// A downstream that refuses every request for longer than a message's
+// deliveries last: delayed retries (deferral) carry every message over
+// the window, none is dead-lettered by the broker, and each refused one is
+// performed once, after the window.
+func checkOutagePass(t *testing.T, dbURL string, seed uint64) {
+	t.Helper()
+	rep := runOutage(t, dbURL, seed, false)
+	if !rep.Pass() {
+		t.Fatalf("downstream outage: exactly-once violated:\n%s", strings.Join(rep.Violations, "\n"))
+	}
+	if len(rep.Windows) != 1 {
+		t.Fatalf("windows: %+v, want the outage's", rep.Windows)
+	}
+	w := rep.Windows[0]
+	if rep.BrokerDeadLettered != 0 || rep.FlaggedForOperators != 0 || rep.Postponed == 0 || w.Keys == 0 || w.PerformedAfter == 0 || w.Refused == 0 {
+		t.Errorf("dead-lettered by the broker %d, flagged %d, postponed %d, window %+v; want 0, 0, some, some refused and performed after",
+			rep.BrokerDeadLettered, rep.FlaggedForOperators, rep.Postponed, w)
+	}
+	if v := rep.Verdict(); !strings.Contains(v, "dead-lettered by the broker 0, postponed ") {
+		t.Errorf("verdict %q does not name the broker's dead letters and the postponed", v)
+	}
+}
+
+func TestChaosDownstreamOutageSQLite(t *testing.T) {
+	t.Parallel()
+	checkOutagePass(t, "", 21)
+}
+
+func TestChaosDownstreamOutagePostgres(t *testing.T) {
+	t.Parallel()
+	checkOutagePass(t, testkit.PostgresURL(t), 22)
+}
+
+// The old behaviour (no deferral: a refused message is abandoned and
+// redelivered at once) spends the deliveries within the window: the
+// broker dead-letters messages and the run fails.
+func TestChaosDownstreamOutageFailsWithoutDeferral(t *testing.T) {
+	t.Parallel()
+	rep := runOutage(t, "", 23, true)
+	if rep.Pass() {
+		t.Fatal("without deferral the downstream outage passed; want the broker's dead letters to fail it")
+	}
+	if rep.BrokerDeadLettered == 0 || rep.Postponed != 0 {
+		t.Errorf("dead-lettered by the broker %d, postponed %d; want some, 0", rep.BrokerDeadLettered, rep.Postponed)
+	}
+	if v := rep.Verdict(); !strings.HasPrefix(v, "VERDICT: FAIL (dead-lettered by the broker ") || !strings.Contains(v, "MaxDeliveryCountExceeded") {
+		t.Errorf("verdict %q: want FAIL naming the broker's dead letters", v)
+	}
+}
+
+// A misconfiguration (401 for a window, then fixed) opens the route's
+// breaker: its messages are postponed, no claim fails, nothing is
+// dead-lettered, and every refused message is performed after the fix.
+func TestChaosMisconfiguredSQLite(t *testing.T) {
+	t.Parallel()
+	rep, err := Run(context.Background(), Config{Messages: 300, Faults: []Fault{FaultMisconfigured}, Seed: 24, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	rep.Write(&b)
+	t.Log("\n" + b.String())
+	if !rep.Pass() {
+		t.Fatalf("misconfigured: exactly-once violated:\n%s", strings.Join(rep.Violations, "\n"))
+	}
+	if len(rep.Windows) != 1 || rep.Windows[0].Keys == 0 || rep.Windows[0].PerformedAfter != rep.Windows[0].Keys {
+		t.Errorf("windows %+v: want the misconfiguration's, every refused message performed after it", rep.Windows)
+	}
+	if rep.ClaimStates[claim.StateFailed] != 0 || rep.BrokerDeadLettered != 0 || rep.Postponed == 0 {
+		t.Errorf("failed claims %d, dead-lettered by the broker %d, postponed %d; want 0, 0, some",
+			rep.ClaimStates[claim.StateFailed], rep.BrokerDeadLettered, rep.Postponed)
 	}
 }

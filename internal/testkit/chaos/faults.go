@@ -53,6 +53,19 @@ const (
 	// times by the downstream, so their effect is definitely not performed
 	// and the write that loses its answer is the Release.
 	FaultAckLost Fault = "ack-lost"
+	// FaultDownstreamOutage: for a window (Config.DownstreamWindow) every
+	// request to the downstream is refused: every other one at connect
+	// (ECONNREFUSED), the others answered 503. The window is longer than
+	// the processors spend on a message's deliveries when each is answered
+	// at once (MaxDeliveryCount deliveries of 4 quick attempts), so without
+	// delayed retries (Config.NoDeferral) the broker dead-letters messages
+	// (MaxDeliveryCountExceeded). Not part of "all".
+	FaultDownstreamOutage Fault = "downstream-outage"
+	// FaultMisconfigured: for a window every request is answered 401 (a
+	// wrong API key), then the configuration is "fixed". A route whose
+	// breaker opens on 401 postpones its messages instead of failing their
+	// claims. Not part of "all".
+	FaultMisconfigured Fault = "misconfigured"
 )
 
 // AllFaults lists every fault in the order reports print them.
@@ -62,11 +75,21 @@ var AllFaults = []Fault{
 	FaultAckLost,
 }
 
+// WindowFaults are the downstream's windows, asked for by name ("all"
+// does not include them: each lengthens a run by its window).
+var WindowFaults = []Fault{FaultDownstreamOutage, FaultMisconfigured}
+
+// KnownFaults lists every fault: AllFaults, then WindowFaults.
+func KnownFaults() []Fault { return slices.Concat(AllFaults, WindowFaults) }
+
 // perMessage reports whether f is planned per message.
-func (f Fault) perMessage() bool { return f != FaultStoreOutage }
+func (f Fault) perMessage() bool {
+	return f != FaultStoreOutage && !slices.Contains(WindowFaults, f)
+}
 
 // ParseFaults reads a -faults value: "all", "none" or a comma-separated
-// list of fault names.
+// list of fault names, where "all" stands for AllFaults
+// ("all,downstream-outage").
 func ParseFaults(s string) ([]Fault, error) {
 	switch strings.TrimSpace(s) {
 	case "all", "":
@@ -76,16 +99,22 @@ func ParseFaults(s string) ([]Fault, error) {
 	}
 	var out []Fault
 	for part := range strings.SplitSeq(s, ",") {
-		f := Fault(strings.TrimSpace(part))
-		if !slices.Contains(AllFaults, f) {
-			names := make([]string, len(AllFaults))
-			for i, a := range AllFaults {
-				names[i] = string(a)
-			}
-			return nil, fmt.Errorf("unknown fault %q (want all, none or a comma list of %s)", f, strings.Join(names, ", "))
+		part = strings.TrimSpace(part)
+		fs := []Fault{Fault(part)}
+		if part == "all" {
+			fs = AllFaults
 		}
-		if !slices.Contains(out, f) {
-			out = append(out, f)
+		for _, f := range fs {
+			if !slices.Contains(KnownFaults(), f) {
+				names := make([]string, 0, len(AllFaults)+len(WindowFaults))
+				for _, a := range KnownFaults() {
+					names = append(names, string(a))
+				}
+				return nil, fmt.Errorf("unknown fault %q (want all, none or a comma list of all and %s)", f, strings.Join(names, ", "))
+			}
+			if !slices.Contains(out, f) {
+				out = append(out, f)
+			}
 		}
 	}
 	return out, nil
@@ -317,7 +346,14 @@ func (k *killReceiver) ReceiveDeferredMessages(ctx context.Context, seqs []int64
 	if k.rep.dead.Load() {
 		return nil, k.lost("receive deferred")
 	}
-	return k.r.ReceiveDeferredMessages(ctx, seqs, o)
+	msgs, err := k.r.ReceiveDeferredMessages(ctx, seqs, o)
+	for _, m := range msgs {
+		// A fetched message is held like a received one (a replica
+		// killed holding it is in its history).
+		k.rep.h.sawDelivery(m)
+		k.rep.received(m)
+	}
+	return msgs, err
 }
 
 func (k *killReceiver) PeekMessages(ctx context.Context, n int, o *azservicebus.PeekMessagesOptions) ([]*azservicebus.ReceivedMessage, error) {

@@ -88,7 +88,17 @@ type Config struct {
 	EffectTimeout  time.Duration // the HTTP route's timeout [300ms]
 	OutageWindows  int           // store-outage windows [2]
 	OutageDuration time.Duration // length of each window [400ms]
-	DrainTimeout   time.Duration // bound on draining the queue [90s]
+	// DownstreamWindow is the length of the downstream-outage and
+	// misconfigured windows [3s]. A message's deliveries, each answered at
+	// once, take about MaxDeliveryCount x 0.15 s (4 attempts 20, 40, 80 ms
+	// apart): 1.5 s with the defaults, half the window.
+	DownstreamWindow time.Duration
+	// NoDeferral turns the processors' delayed retries off (the old
+	// behaviour: a retryable outcome abandons the message, which is
+	// redelivered at once); a downstream outage then makes the broker
+	// dead-letter messages.
+	NoDeferral   bool
+	DrainTimeout time.Duration // bound on draining the queue [90s]
 
 	Logger *slog.Logger // nil: discard
 	// Tracing records every replica's and the reconciler's spans
@@ -123,6 +133,7 @@ func (c Config) withDefaults() Config {
 	c.EffectTimeout = cmp.Or(c.EffectTimeout, 300*time.Millisecond)
 	c.OutageWindows = cmp.Or(c.OutageWindows, 2)
 	c.OutageDuration = cmp.Or(c.OutageDuration, 400*time.Millisecond)
+	c.DownstreamWindow = cmp.Or(c.DownstreamWindow, 3*time.Second)
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, 90*time.Second)
 	if c.Seed == 0 {
 		c.Seed = uint64(time.Now().UnixNano())
@@ -156,20 +167,22 @@ func (c Config) Validate() error {
 
 // harness is one run's state.
 type harness struct {
-	cfg     Config
-	tk      *tracingKit // nil: tracing off
-	log     *slog.Logger
-	rng     *rand.Rand
-	db      *Database
-	queue   *membus.Queue
-	down    *fakedownstream.Server
-	srv     *httptest.Server
-	routes  []byte // routes file of the HTTP effect
-	base    http.RoundTripper
-	book    *faultBook
-	out     outage
-	metrics *prometheus.Registry // every replica's processor metrics (its Registerer, labelled by host)
-	led     *ledger
+	cfg    Config
+	tk     *tracingKit // nil: tracing off
+	log    *slog.Logger
+	rng    *rand.Rand
+	db     *Database
+	queue  *membus.Queue
+	down   *fakedownstream.Server
+	srv    *httptest.Server
+	routes []byte // routes file of the HTTP effect
+	base   http.RoundTripper
+	book   *faultBook
+	out    outage
+	// outageWin and misconfWin are the downstream's windows.
+	outageWin, misconfWin downWindow
+	metrics               *prometheus.Registry // every replica's processor metrics (its Registerer, labelled by host)
+	led                   *ledger
 	// firstSend and effectAt are per key: when its first copy was sent,
 	// first delivered, and when its effect was performed.
 	firstSend, firstDelivery, effectAt map[string]time.Time
@@ -254,6 +267,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		recMetrics: reconciler.NewMetrics(prometheus.NewRegistry()),
 		tk:         newTracingKit(cfg.Tracing),
 	}
+	h.outageWin.fault, h.misconfWin.fault = FaultDownstreamOutage, FaultMisconfigured
 	db, err := OpenDatabase(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return nil, err
@@ -264,10 +278,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	h.down = fakedownstream.New(fakedownstream.Options{Seed: cfg.Seed})
 	h.srv = httptest.NewServer(http.HandlerFunc(h.serveDownstream))
 	defer h.srv.Close()
-	h.base = &http.Transport{MaxIdleConns: 512, MaxIdleConnsPerHost: 512, IdleConnTimeout: 30 * time.Second}
-	defer h.base.(*http.Transport).CloseIdleConnections()
-	h.routes = fmt.Appendf(nil, "version: 1\nroutes:\n  - name: chaos\n    match: {subject: %s}\n    url: %s/effects\n    timeout: %s\n    recovery: %s\n    backoff: {first: 100ms, max: 1s}\n    breaker: {off: true}\n",
-		EffectSubject, h.srv.URL, cfg.EffectTimeout, cfg.Recovery)
+	tr := &http.Transport{MaxIdleConns: 512, MaxIdleConnsPerHost: 512, IdleConnTimeout: 30 * time.Second}
+	defer tr.CloseIdleConnections()
+	h.base = &outageTransport{base: tr, h: h}
+	h.routes = fmt.Appendf(nil, "version: 1\nroutes:\n  - name: chaos\n    match: {subject: %s}\n    url: %s/effects\n    timeout: %s\n    recovery: %s\n    backoff: {first: 100ms, max: 1s}\n    breaker: %s\n",
+		EffectSubject, h.srv.URL, cfg.EffectTimeout, cfg.Recovery, h.breakerSpec())
 	if cfg.Answers == AnswersMixed {
 		h.down.SetConflictStyle(fakedownstream.ConflictStripe)
 		h.routes = append(h.routes, mixedAnswerRules...)
@@ -295,6 +310,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	monitorDone := make(chan struct{})
 	go func() { defer close(monitorDone); h.monitor(runCtx) }()
+	downDone := make(chan struct{})
+	go func() { defer close(downDone); h.monitorDownstream(runCtx) }()
 	rec, err := h.newReconciler()
 	if err != nil {
 		return nil, err
@@ -316,6 +333,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	h.mu.Unlock()
 	stopRun()
 	<-monitorDone
+	<-downDone
 	<-reconcilerDone
 	h.out.active.Store(false)
 	waitDone := make(chan struct{})
@@ -333,6 +351,17 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	h.tk.report(ctx, rep)
 	rep.Duration = time.Since(start)
 	return rep, nil
+}
+
+// breakerSpec is the chaos route's breaker: off (its faults fail single
+// messages, and an open breaker would postpone the whole route past the
+// drain window), except with the misconfigured window, whose 401s open it
+// (a probe every 200 ms closes it once the configuration is fixed).
+func (h *harness) breakerSpec() string {
+	if h.enabled(FaultMisconfigured) {
+		return "{probeAfter: 200ms}"
+	}
+	return "{off: true}"
 }
 
 // plan builds the messages to send and assigns faults to messages.
@@ -454,7 +483,9 @@ func (h *harness) enabled(f Fault) bool { return slices.Contains(h.cfg.Faults, f
 func (h *harness) serveDownstream(w http.ResponseWriter, r *http.Request) {
 	arrived := time.Now()
 	tw := &trackWriter{ResponseWriter: w}
-	h.down.ServeHTTP(tw, r)
+	if !h.refuseDownstream(tw, r) {
+		h.down.ServeHTTP(tw, r)
+	}
 	// The message the request is for (the key is scoped: see idOfKey).
 	key := idOfKey(r.Header.Get("Idempotency-Key"))
 	if f := h.book.planFor(key); tw.status == 0 && r.Context().Err() != nil && (f == FaultResponseLost || f == FaultLostThen503) {
@@ -670,6 +701,7 @@ func (h *harness) startReplica() {
 		Retry:              sbclaim.RetryPolicy{MaxAttempts: 4, InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond, Budget: 3 * time.Second},
 		MaxDeliveryCount:   h.cfg.MaxDeliveryCount,
 		DeferPollInterval:  50 * time.Millisecond,
+		NoDeferral:         h.cfg.NoDeferral,
 		SettleTimeout:      2 * time.Second,
 		StoreTimeout:       5 * time.Second,
 		ShutdownTimeout:    10 * time.Second,
@@ -1031,6 +1063,11 @@ func (h *harness) explainLocked(c *claim.Claim) (why, kind string) {
 	if f, ok := h.book.hitOn(c.MessageID); ok {
 		return fmt.Sprintf("fault %s happened to it", f), "fault " + string(f)
 	}
+	for _, w := range h.downWindows() {
+		if w.touched(c.MessageID) {
+			return fmt.Sprintf("the downstream refused it (%s)", w.fault), "downstream " + string(w.fault)
+		}
+	}
 	if ops := h.out.refusedFor(c.ID); len(ops) > 0 {
 		return fmt.Sprintf("an outage refused %s on it", strings.Join(ops, ", ")), "outage refused " + strings.Join(ops, "+")
 	}
@@ -1128,6 +1165,15 @@ func (h *harness) verify(ctx context.Context, rep *Report) {
 	rep.Queue = st
 	if st.Active+st.Locked+st.Deferred != 0 {
 		rep.violate("%d messages still in the queue (%d active, %d locked, %d deferred)", st.Active+st.Locked+st.Deferred, st.Active, st.Locked, st.Deferred)
+	}
+	if seqs := h.queue.DeferredSequenceNumbers(); len(seqs) > 0 {
+		// Which messages were left deferred, and what happened to them.
+		if msgs, err := h.queue.NewReceiver().ReceiveDeferredMessages(ctx, seqs, nil); err == nil {
+			for _, m := range msgs {
+				rep.violate("%s left deferred (sequence number %d, delivery %d)", m.MessageID, *m.SequenceNumber, m.DeliveryCount)
+				rep.history(m.MessageID, h.hist.of(m.MessageID))
+			}
+		}
 	}
 	if st.Completed+st.DeadLettered != st.Sent {
 		rep.violate("sent %d but completed %d + dead-lettered %d", st.Sent, st.Completed, st.DeadLettered)
@@ -1241,6 +1287,9 @@ func (h *harness) verify(ctx context.Context, rep *Report) {
 	}
 
 	h.checkAnswers(rep, byKey, answerDL)
+	h.checkWindows(rep)
+	rep.BrokerDeadLettered = st.DeadLetterReasons[membus.ReasonMaxDeliveryCountExceeded]
+	rep.Postponed = rep.Outcomes[processor.ResultPostponed]
 	h.checkHistory(ctx, rep, byKey)
 
 	for _, f := range h.cfg.Faults {

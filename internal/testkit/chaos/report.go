@@ -39,8 +39,16 @@ type Report struct {
 	Outcomes          map[processor.Result]int // processor outcomes, all replicas
 
 	Planned, Happened map[Fault]int
-	OutageRefused     int64 // store calls refused during outages
-	RoundTrips        int64 // store calls by the replicas
+	// BrokerDeadLettered counts the messages the broker dead-lettered
+	// because their deliveries ran out (MaxDeliveryCountExceeded): each is
+	// a violation. Postponed counts the processors' postponed outcomes
+	// (the message deferred until its retry is due).
+	BrokerDeadLettered, Postponed int
+	// Windows are the downstream's windows (downstream-outage,
+	// misconfigured) and what they did.
+	Windows       []WindowReport
+	OutageRefused int64 // store calls refused during outages
+	RoundTrips    int64 // store calls by the replicas
 	// Batches and Batched count the replicas' group-committed outcome
 	// batches and the writes they carried.
 	Batches, Batched int64
@@ -160,14 +168,46 @@ func (r *Report) Pass() bool { return len(r.Violations) == 0 }
 // Verdict is the report's one-line verdict.
 func (r *Report) Verdict() string {
 	if r.Pass() {
-		return fmt.Sprintf("VERDICT: PASS %d messages, %d sends, %d replicas (%d killed and replaced)%s: every routed message's effect happened exactly once, %d faults injected; flagged for operators %d%s",
-			r.Distinct, r.Sent, r.Replicas, r.Kills, r.handlerNote(), sum(r.Happened), r.FlaggedForOperators, r.answersLine())
+		return fmt.Sprintf("VERDICT: PASS %d messages, %d sends, %d replicas (%d killed and replaced)%s: every routed message's effect happened exactly once, %d faults injected; flagged for operators %d%s%s",
+			r.Distinct, r.Sent, r.Replicas, r.Kills, r.handlerNote(), sum(r.Happened), r.FlaggedForOperators, r.answersLine(), r.windowsNote())
 	}
 	reasons := slices.Clone(r.Violations)
 	if r.moreViolations > 0 {
 		reasons = append(reasons, fmt.Sprintf("and %d more", r.moreViolations))
 	}
-	return "VERDICT: FAIL: " + strings.Join(reasons, "; ")
+	head := "VERDICT: FAIL"
+	if len(r.Windows) > 0 {
+		head += " (" + strings.TrimPrefix(r.windowsNote(), "; ") + ")"
+	}
+	return head + ": " + strings.Join(reasons, "; ")
+}
+
+// windowsNote is the verdict's part on the downstream's windows: what
+// the broker dead-lettered, what was postponed, and how long after each
+// window its refused messages were all performed.
+func (r *Report) windowsNote() string {
+	if len(r.Windows) == 0 {
+		return ""
+	}
+	s := fmt.Sprintf("; dead-lettered by the broker %d, postponed %d", r.BrokerDeadLettered, r.Postponed)
+	for _, w := range r.Windows {
+		s += fmt.Sprintf("; %s: %d of %d refused messages performed after the window, the last %s after its end", w.Fault, w.PerformedAfter, w.Keys, w.LastEffect.Round(time.Millisecond))
+	}
+	return s
+}
+
+// WindowLines are the report's lines on the downstream's windows.
+func (r *Report) WindowLines() []string {
+	if len(r.Windows) == 0 {
+		return nil
+	}
+	lines := []string{fmt.Sprintf("downstream windows: dead-lettered by the broker %d (MaxDeliveryCountExceeded), postponed %d (deferrals at the broker %d, fetched by sequence number %d)",
+		r.BrokerDeadLettered, r.Postponed, r.Queue.Deferrals, r.Queue.DeferredReceives)}
+	for _, w := range r.Windows {
+		lines = append(lines, fmt.Sprintf("  %s: window %s, %d requests refused for %d messages; %d of them performed after the window ended; from the window's end to the last effect %s",
+			w.Fault, w.Duration.Round(time.Millisecond), w.Refused, w.Keys, w.PerformedAfter, w.LastEffect.Round(time.Millisecond)))
+	}
+	return lines
 }
 
 // handlerNote names a Go handler in the verdict (the HTTP route is the
@@ -237,17 +277,23 @@ func (r *Report) Write(w io.Writer) {
 		r.RoundTrips, float64(r.RoundTrips)/float64(max(r.Sent, 1)), r.Batched, r.Batches)
 
 	fmt.Fprintf(w, "faults (planned / happened):")
-	for _, f := range AllFaults {
+	for _, f := range KnownFaults() {
 		if !slices.Contains(c.Faults, f) {
 			continue
 		}
-		if f.perMessage() {
+		switch {
+		case f.perMessage():
 			fmt.Fprintf(w, " %s %d/%d;", f, r.Planned[f], r.Happened[f])
-		} else {
+		case slices.Contains(WindowFaults, f):
+			fmt.Fprintf(w, " %s %d window of %s;", f, r.Happened[f], c.DownstreamWindow)
+		default:
 			fmt.Fprintf(w, " %s %d windows of %s (%d store calls refused);", f, r.Happened[f], c.OutageDuration, r.OutageRefused)
 		}
 	}
 	fmt.Fprintf(w, " replicas killed %d, started %d\n", r.Kills, r.ReplicasStarted)
+	for _, l := range r.WindowLines() {
+		fmt.Fprintln(w, l)
+	}
 	for _, v := range r.Violations {
 		fmt.Fprintf(w, "VIOLATION: %s\n", v)
 	}
