@@ -500,14 +500,21 @@ var outageFaults = []Fault{FaultResponseLost, FaultLockExpiry, FaultStoreOutage,
 
 func runOutage(t *testing.T, dbURL string, seed uint64, noDeferral bool) *Report {
 	t.Helper()
-	rep, err := Run(context.Background(), Config{
+	cfg := Config{
 		Messages:    300,
 		Faults:      outageFaults,
 		Seed:        seed,
 		DatabaseURL: dbURL,
 		NoDeferral:  noDeferral,
 		Logger:      testLogger(t),
-	})
+	}
+	if noDeferral {
+		// The negative run must outlast the deliveries by a wide margin
+		// however slow the machine (-race on a loaded CI runner stretches
+		// each delivery): fewer deliveries, a longer window.
+		cfg.MaxDeliveryCount, cfg.DownstreamWindow = 3, 8*time.Second
+	}
+	rep, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("%s: %v", dbSource(dbURL), err)
 	}
