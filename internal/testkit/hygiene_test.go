@@ -56,31 +56,26 @@ func TestNoTestBindsAFixedPortOrPath(t *testing.T) {
 // TestFixedBindingsCheck shows what the scan above finds and what it
 // lets through.
 func TestFixedBindingsCheck(t *testing.T) {
-	for _, tc := range []struct {
+	data, err := os.ReadFile(filepath.Join("testdata", "fixed_bindings.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type vector struct {
 		src  string
 		want bool
-	}{
-		{`net.Listen("tcp", ":8081")`, true},
-		{`net.Listen("tcp", "127.0.0.1:8080")`, true},
-		{`net.Listen("tcp", "localhost:8094")`, true},
-		{`http.ListenAndServe(":8082", nil)`, true},
-		{`_ = &http.Server{Addr: "[::1]:8091"}`, true},
-		{`_ = map[string]string{"SBCLAIM_HTTP_ADDR": ":8081"}`, true},
-		// An empty address falls back to the binary's default port.
-		{`_ = map[string]string{"SBCLAIM_HTTP_ADDR": ""}`, true},
-		{`t.Setenv("SBCLAIM_CONSOLE_ADDR", "0.0.0.0:8082")`, true},
-		{`os.WriteFile("/tmp/claims.db", nil, 0o600)`, true},
-		{`os.MkdirAll("out", 0o700)`, true},
-		{`_ = map[string]string{"SBCLAIM_DATABASE_URL": "sqlite:/tmp/claims.db"}`, true},
-
-		{`net.Listen("tcp", "127.0.0.1:0")`, false},
-		{`_ = map[string]string{"SBCLAIM_HTTP_ADDR": "127.0.0.1:0"}`, false},
-		{`_ = map[string]string{"SBCLAIM_HTTP_ADDR": addr}`, false},
-		{`_ = map[string]string{"SBCLAIM_DATABASE_URL": "sqlite::memory:"}`, false},
-		{`os.WriteFile(filepath.Join(t.TempDir(), "x"), nil, 0o600)`, false},
-		{`_ = "http://127.0.0.1:1/p"`, false},    // dialled, not bound
-		{`if cfg.HTTPAddr != ":8081" {}`, false}, // a default compared, not bound
-	} {
+	}
+	var vectors []vector
+	for _, line := range strings.Split(string(data), "\n") {
+		want, src, ok := strings.Cut(line, "\t")
+		if !ok || strings.HasPrefix(line, "#") {
+			continue
+		}
+		vectors = append(vectors, vector{src: src, want: want == "true"})
+	}
+	if len(vectors) < 10 {
+		t.Fatalf("testdata/fixed_bindings.txt holds %d vectors", len(vectors))
+	}
+	for _, tc := range vectors {
 		fset := token.NewFileSet()
 		f, err := parser.ParseFile(fset, "x_test.go", "package x\nfunc f() {\n"+tc.src+"\n}\n", 0)
 		if err != nil {
