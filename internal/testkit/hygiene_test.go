@@ -191,7 +191,7 @@ func isOSFileFunc(e ast.Expr) bool {
 }
 
 // fixedPort reports whether s is a listen address on this machine with a
-// port other than 0 (":8081", "127.0.0.1:8080", "localhost:8094").
+// port other than 0 (such as :8081, 127.0.0.1:8080 or localhost:8094).
 func fixedPort(s string) bool {
 	host, port, err := net.SplitHostPort(s)
 	if err != nil || port == "0" {
