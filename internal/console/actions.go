@@ -64,30 +64,46 @@ func (s *Server) redriveParams(id int64, op *Operator, n string) *reconciler.Red
 		HeartbeatInterval: s.opts.HeartbeatInterval, StoreTimeout: s.opts.StoreTimeout, Logger: s.log}
 }
 
-func (s *Server) serveRedrive(w http.ResponseWriter, r *http.Request) {
-	id, ok := claimID(r)
+// actionForm reads what the redrive and retry forms share: the claim id,
+// the verified operator (authorize writes the refusal), the note and
+// new_key, which is "1" from the form of an action under a new key; any
+// other value is refused rather than read as a same-key action the
+// operator did not ask for. noteNeeded says why a note is required
+// ("" when it is not). ok is false when the response was written.
+func (s *Server) actionForm(w http.ResponseWriter, r *http.Request, noteNeeded func(newKey bool) string) (id int64, op *Operator, n string, newKey, ok bool) {
+	id, ok = claimID(r)
 	if !ok {
 		s.renderError(w, r, http.StatusNotFound, "Not found", "Claim ids are positive integers.")
-		return
+		return 0, nil, "", false, false
 	}
-	op := s.authorize(w, r)
-	if op == nil {
-		return
+	if op = s.authorize(w, r); op == nil {
+		return 0, nil, "", false, false
 	}
 	n, err := note(r)
-	// new_key is "1" from the form of a redrive under a new key; any other
-	// value is refused rather than read as a same-key redrive the operator
-	// did not ask for.
-	newKey := r.PostFormValue("new_key")
+	v := r.PostFormValue("new_key")
+	newKey = v == "1"
 	switch {
 	case err != nil:
-	case newKey != "" && newKey != "1":
+	case v != "" && v != "1":
 		err = errors.New("new_key must be 1 or absent")
-	case newKey == "1" && n == "":
-		err = errors.New("a redrive under a new key needs a note: say what you checked on the downstream, for whoever reads this claim next")
+	case n == "" && noteNeeded(newKey) != "":
+		err = errors.New(noteNeeded(newKey))
 	}
 	if err != nil {
 		s.renderClaim(w, r, http.StatusBadRequest, id, &Flash{Kind: "error", Title: "Refused: " + err.Error(), Lines: []string{"Nothing was changed."}})
+		return 0, nil, "", false, false
+	}
+	return id, op, n, newKey, true
+}
+
+func (s *Server) serveRedrive(w http.ResponseWriter, r *http.Request) {
+	id, op, n, newKey, ok := s.actionForm(w, r, func(newKey bool) string {
+		if newKey {
+			return "a redrive under a new key needs a note: say what you checked on the downstream, for whoever reads this claim next"
+		}
+		return ""
+	})
+	if !ok {
 		return
 	}
 	if len(s.opts.Routes) == 0 {
@@ -96,8 +112,8 @@ func (s *Server) serveRedrive(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := s.redriveParams(id, op, n)
-	p.NewKey = newKey == "1"
-	_, err = reconciler.Redrive(actionCtx(r), s.opts.Store, p)
+	p.NewKey = newKey
+	_, err := reconciler.Redrive(actionCtx(r), s.opts.Store, p)
 	if err == nil {
 		s.log.Info("console: claim redriven", "claim_id", id, "by", op.By(), "new_key", p.NewKey)
 		http.Redirect(w, r, fmt.Sprintf("/claims/%d?done=redriven", id), http.StatusSeeOther)
@@ -167,31 +183,15 @@ func (s *Server) retry(ctx context.Context, id int64, op *Operator, n string, ne
 // a note (what was fixed) is required; new_key=1 retries under the next
 // key, on a route that allows it.
 func (s *Server) serveRetry(w http.ResponseWriter, r *http.Request) {
-	id, ok := claimID(r)
+	id, op, n, newKey, ok := s.actionForm(w, r, func(bool) string {
+		return "a note is required: say what was fixed, for whoever reads this claim next"
+	})
 	if !ok {
-		s.renderError(w, r, http.StatusNotFound, "Not found", "Claim ids are positive integers.")
 		return
 	}
-	op := s.authorize(w, r)
-	if op == nil {
-		return
-	}
-	n, err := note(r)
-	newKey := r.PostFormValue("new_key")
-	switch {
-	case err != nil:
-	case newKey != "" && newKey != "1":
-		err = errors.New("new_key must be 1 or absent")
-	case n == "":
-		err = errors.New("a note is required: say what was fixed, for whoever reads this claim next")
-	}
-	if err != nil {
-		s.renderClaim(w, r, http.StatusBadRequest, id, &Flash{Kind: "error", Title: "Refused: " + err.Error(), Lines: []string{"Nothing was changed."}})
-		return
-	}
-	_, err = s.retry(actionCtx(r), id, op, n, newKey == "1")
+	_, err := s.retry(actionCtx(r), id, op, n, newKey)
 	if err == nil {
-		s.log.Info("console: failed claim retried", "claim_id", id, "by", op.By(), "new_key", newKey == "1")
+		s.log.Info("console: failed claim retried", "claim_id", id, "by", op.By(), "new_key", newKey)
 		http.Redirect(w, r, fmt.Sprintf("/claims/%d?done=retried", id), http.StatusSeeOther)
 		return
 	}
