@@ -18,8 +18,9 @@
 // A HandlerFunc is your code: a Stripe charge through stripe-go, an email
 // through its SDK. It gets a *Delivery with the SDK's message and the
 // idempotency key, and returns what happened: nil (performed),
-// NotPerformed, Rejected, Permanent or KeyConflict; any other error, or a
-// panic, means the outcome is unknown. A TxHandlerFunc writes only to the
+// NotPerformed, Misconfigured, Rejected, Permanent, KeyConflict or
+// NeedsOperator; any other error, or a panic, means the outcome is
+// unknown. A TxHandlerFunc writes only to the
 // claims database, in the transaction that inserts the claim.
 //
 //	charge := func(ctx context.Context, d *sbclaim.Delivery) error {

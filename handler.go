@@ -106,8 +106,12 @@ func newDelivery(ctx context.Context, msg *azservicebus.ReceivedMessage, key str
 //   - nil: performed. The claim is marked processed and the message
 //     completed.
 //   - NotPerformed(err): definitely not performed (a connection refused,
-//     a 503, a 429). The claim is released and the message handed back
-//     for a later delivery.
+//     a 503, a 429). The claim is released and the message retried later,
+//     on the route's Backoff (deferred at Service Bus; with Backoff.Off,
+//     handed back for a redelivery at once).
+//   - Misconfigured(err): an answer about this program's configuration
+//     (a 401 after a key rotation): not performed and not final; the
+//     route's breaker opens and its messages wait for the fix.
 //   - Rejected(err): the downstream's final business answer (a card
 //     decline). The claim fails, its message is dead-lettered once, and
 //     the effect is never repeated.
