@@ -3,6 +3,7 @@ package claim
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -60,6 +61,59 @@ type Deferrer interface {
 	// take-over (path redelivery). On refusal it returns the claim as it
 	// is now (when it could read it) with ErrStateChanged.
 	TakeDeferred(ctx context.Context, params *TakeDeferredParams) (*Claim, error)
+
+	// FindStranded returns, longest silent first, the finished claims
+	// (processed, failed, flagged, resolved) of Consumer and Entity that
+	// still name a deferred message (DeferredSeq) and whose last holder
+	// has been silent for SilentFor: a holder that fetched the message,
+	// finished the claim and died before it settled the message, which
+	// then went back to deferred where no receive finds it. It changes
+	// nothing.
+	FindStranded(ctx context.Context, params *FindDueParams) ([]*Claim, error)
+
+	// TakeStranded lets one caller settle a stranded claim's message: a
+	// guarded UPDATE, on the claim still being in State with DeferredSeq
+	// Seq and silent for SilentFor by the database clock, that sets
+	// HeartbeatAt to now (the owner, the state and the outcome stay). Of
+	// concurrent callers exactly one wins; the others, and any caller
+	// once the claim changed, get ErrStateChanged.
+	TakeStranded(ctx context.Context, params *TakeStrandedParams) error
+
+	// ClearDeferred forgets the claim's deferred message once it was
+	// completed or dead-lettered (or cannot be fetched any more): it sets
+	// DeferredSeq to NULL where it is still Seq, whatever the state. A
+	// claim that was waiting for that message (DueAt set) has no reason
+	// to wait any more: DueAt and NextAttemptAt are cleared too, so the
+	// reconciler's recovery takes it without waiting for the grace.
+	// ErrStateChanged when the claim names no message or another one.
+	ClearDeferred(ctx context.Context, params *ClearDeferredParams) error
+}
+
+// TakeStrandedParams is the input of TakeStranded.
+type TakeStrandedParams struct {
+	ID        int64
+	Seq       int64 // the DeferredSeq the caller saw and will fetch
+	State     State // the finished state the caller saw
+	SilentFor time.Duration
+}
+
+// ClearDeferredParams is the input of ClearDeferred.
+type ClearDeferredParams struct {
+	ID  int64
+	Seq int64
+}
+
+// ValidateTakeStranded checks a TakeStrandedParams.
+func ValidateTakeStranded(p *TakeStrandedParams) error {
+	switch {
+	case p.ID <= 0:
+		return errors.New("take stranded: ID is required")
+	case !p.State.Valid() || p.State.Unfinished():
+		return fmt.Errorf("take stranded: state %q is not finished", p.State)
+	case p.SilentFor <= 0:
+		return errors.New("take stranded: SilentFor must be positive")
+	}
+	return nil
 }
 
 // DeferParams is the input of Defer.

@@ -258,7 +258,157 @@ func (p *Processor) pollOnce(ctx, work context.Context, slots chan struct{}) int
 			<-slots
 		}
 	}
+	return n + p.sweepStranded(ctx, work, lr, slots)
+}
+
+// sweepStranded settles the deferred messages of finished claims whose
+// holder died between finishing the claim and settling its message (the
+// message went back to deferred, where no receive finds it, and a
+// finished claim sends no poller for it). Such a claim still names its
+// message (DeferredSeq is cleared only once the message is settled);
+// once its holder is silent for TakeoverAfter, one replica takes it
+// (TakeStranded: a guarded write, so replicas do not race for it), fetches
+// the message by its sequence number and settles it as a copy of a
+// finished claim would be (runStranded). The effect never runs again.
+// It returns how many messages it fetched.
+func (p *Processor) sweepStranded(ctx, work context.Context, lr *liveReceiver, slots chan struct{}) int {
+	free := cap(slots) - len(slots)
+	if free <= 0 {
+		return 0
+	}
+	sctx, cancel := context.WithTimeout(ctx, p.opts.StoreTimeout)
+	stranded, err := p.deferrer.FindStranded(sctx, &claim.FindDueParams{Consumer: p.opts.Consumer, Entity: p.opts.Entity,
+		SilentFor: p.opts.TakeoverAfter, Limit: free})
+	cancel()
+	if err != nil {
+		if !p.storeErr(err) && ctx.Err() == nil {
+			p.log.Warn("looking for stranded deferred messages failed", "error", err)
+		}
+		return 0
+	}
+	n := 0
+	for _, c := range stranded {
+		select {
+		case slots <- struct{}{}:
+		default:
+			return n
+		}
+		if p.fetchStranded(ctx, work, lr, c, slots) {
+			n++
+		} else {
+			<-slots
+		}
+	}
 	return n
+}
+
+// fetchStranded takes the stranded claim c and fetches its message; the
+// message is settled on a worker (holding the slot the caller took). It
+// reports whether a worker was started.
+func (p *Processor) fetchStranded(ctx, work context.Context, lr *liveReceiver, c *claim.Claim, slots chan struct{}) bool {
+	seq := *c.DeferredSeq
+	log := p.log.With("message_id", c.MessageID, "claim_id", c.ID, "sequence_number", seq, "claim_state", c.State)
+	sctx, cancel := context.WithTimeout(ctx, p.opts.StoreTimeout)
+	err := p.deferrer.TakeStranded(sctx, &claim.TakeStrandedParams{ID: c.ID, Seq: seq, State: c.State, SilentFor: p.opts.TakeoverAfter})
+	cancel()
+	switch {
+	case errors.Is(err, claim.ErrStateChanged):
+		p.metrics.StrandedMessages.WithLabelValues("guard").Inc()
+		return false
+	case err != nil:
+		p.metrics.StrandedMessages.WithLabelValues("error").Inc()
+		p.storeErr(err)
+		log.Warn("taking a stranded deferred message failed", "error", err)
+		return false
+	}
+	rctx, rcancel := context.WithTimeout(ctx, p.opts.SettleTimeout)
+	msgs, err := lr.r.ReceiveDeferredMessages(rctx, []int64{seq}, nil)
+	rcancel()
+	var m *azservicebus.ReceivedMessage
+	for _, x := range msgs {
+		if x.SequenceNumber != nil && *x.SequenceNumber == seq {
+			m = x
+		}
+	}
+	switch {
+	case m != nil:
+	case err == nil || isNotFound(err):
+		// Settled after all (the holder's settlement landed before its
+		// claim could forget the message), or expired: nothing to do
+		// but forget it.
+		p.metrics.StrandedMessages.WithLabelValues("gone").Inc()
+		sctx, cancel := context.WithTimeout(ctx, p.opts.StoreTimeout)
+		err := p.deferrer.ClearDeferred(sctx, &claim.ClearDeferredParams{ID: c.ID, Seq: seq})
+		cancel()
+		if err != nil && !errors.Is(err, claim.ErrStateChanged) {
+			p.storeErr(err)
+			log.Warn("forgetting a settled deferred message failed; looked at again later", "error", err)
+		}
+		return false
+	default:
+		p.metrics.StrandedMessages.WithLabelValues("error").Inc()
+		log.Warn("fetching a stranded deferred message failed; looked at again once the claim is silent", "error", err)
+		return false
+	}
+	if !lr.acquire() {
+		log.Warn("the receiver was replaced while fetching a stranded deferred message; it is fetched again later")
+		return false
+	}
+	p.metrics.StrandedMessages.WithLabelValues("settled").Inc()
+	p.inflight.Add(1)
+	d := &delivery{msg: m, lr: lr, received: time.Now(), fetched: true,
+		log: p.log.With("message_id", m.MessageID, "delivery_count", m.DeliveryCount, "sequence_number", seq)}
+	d.stopRenewal = p.renewLock(work, d)
+	go func() {
+		p.settle(d, p.runStranded(work, d, c))
+		<-slots
+	}()
+	return true
+}
+
+// runStranded decides how to settle the stranded message of finished
+// claim c, as the duplicate path settles a copy: completed when the claim
+// was processed or resolved; a failed claim's message carries its
+// failure to the dead-letter queue when the claim names it (failedCopy);
+// a flagged claim's message is completed when the claim stored its
+// payload (an operator's redrive runs from it), dead-lettered with the
+// flag reason otherwise (the dead-letter queue keeps the body).
+func (p *Processor) runStranded(work context.Context, d *delivery, c *claim.Claim) verdict {
+	d.at(c)
+	d.log.Info("settling a deferred message its holder left behind after finishing its claim", "claim_state", c.State)
+	switch c.State {
+	case claim.StateFailed:
+		return p.failedCopy(work, d, c, "why", "stranded deferred message")
+	case claim.StateFlagged:
+		if !p.opts.StorePayload {
+			return deadLettered(ResultFlagged, ReasonClaimFlagged, c.FlagReason)
+		}
+	}
+	return completed(ResultDuplicate, "claim_state", string(c.State), "why", "stranded deferred message of a finished claim")
+}
+
+// ReasonClaimFlagged is the dead-letter reason of a stranded deferred
+// message whose claim is flagged for operators and stored no payload.
+const ReasonClaimFlagged = "ClaimFlagged"
+
+// clearDeferred forgets the deferred message a fetched delivery settled
+// (completed or dead-lettered): the claim no longer names it, and no
+// poller looks for it. When this write fails the claim still names the
+// message: a poller finds it gone later and forgets it then.
+func (p *Processor) clearDeferred(d *delivery) {
+	if d.claimID == 0 || d.msg.SequenceNumber == nil || p.deferrer == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), p.opts.StoreTimeout)
+	err := p.deferrer.ClearDeferred(ctx, &claim.ClearDeferredParams{ID: d.claimID, Seq: *d.msg.SequenceNumber})
+	cancel()
+	switch {
+	case errors.Is(err, claim.ErrStateChanged):
+		// It names no message, or another one: nothing to forget.
+	case err != nil:
+		p.storeErr(err)
+		d.log.Warn("forgetting the settled deferred message failed; a poller forgets it later", "error", err)
+	}
 }
 
 // fetch takes the due claim c and fetches its message by its sequence
@@ -295,6 +445,21 @@ func (p *Processor) fetch(ctx, work context.Context, lr *liveReceiver, c *claim.
 	}
 	switch {
 	case m != nil:
+	case (err == nil || isNotFound(err)) && !c.Deferred():
+		// Not found, but the claim was taken from a holder that went
+		// silent (claimed), or that had not recorded the message as
+		// deferred (released, no due time): that holder, or its broker
+		// session, may still hold the message's lock (a holder whose
+		// store writes failed while it renewed the lock; one killed a
+		// moment ago), and a locked message is not found. Look again
+		// once any lock has ended: the claim waits as deferred, due in
+		// the entity's lock duration; a second "not found" then is
+		// final.
+		p.metrics.DeferredFetches.WithLabelValues("unsure").Inc()
+		wait := p.lockWait()
+		log.Info("the deferred message was not found while its previous holder may still lock it; looking again once any lock has ended", "in", wait)
+		p.giveBack(work, taken, seq, wait, fmt.Sprintf("the deferred message (sequence number %d) was not found; its previous holder may still have locked it", seq))
+		return false
 	case err == nil || isNotFound(err):
 		// Gone: expired, or settled by a delivery that had it (the
 		// deferral was recorded but DeferMessage never happened). Release
@@ -313,18 +478,7 @@ func (p *Processor) fetch(ctx, work context.Context, lr *liveReceiver, c *claim.
 		// The broker did not answer: give the claim back, due again soon.
 		p.metrics.DeferredFetches.WithLabelValues("error").Inc()
 		log.Warn("fetching a deferred message failed; due again at the next poll", "error", err)
-		werr := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
-			err := p.deferrer.Defer(ctx, &claim.DeferParams{ID: taken.ID, Owner: taken.Owner, Seq: seq, DueIn: p.opts.DeferPollInterval,
-				Grace: p.opts.DeferGrace, Error: "fetching the deferred message failed: " + claim.ErrorText(err)})
-			if err != nil {
-				return err
-			}
-			return p.deferrer.SetDue(ctx, &claim.SetDueParams{ID: taken.ID, Owner: taken.Owner, Seq: seq, DueIn: p.opts.DeferPollInterval})
-		})
-		if werr != nil {
-			p.storeErr(werr)
-			log.Warn("giving the due claim back failed; it is fetched again once its holder is silent", "error", werr)
-		}
+		p.giveBack(work, taken, seq, p.opts.DeferPollInterval, "fetching the deferred message failed: "+claim.ErrorText(err))
 		return false
 	}
 	p.metrics.DeferredFetches.WithLabelValues("fetched").Inc()
@@ -347,9 +501,49 @@ func (p *Processor) fetch(ctx, work context.Context, lr *liveReceiver, c *claim.
 	return true
 }
 
+// giveBack returns a taken claim whose message was not fetched to the
+// deferred state, due in dueIn (Defer, then SetDue: the message stays
+// deferred at the broker, as it was). When the writes fail, the claim is
+// fetched again once this holder is silent.
+func (p *Processor) giveBack(work context.Context, taken *claim.Claim, seq int64, dueIn time.Duration, why string) {
+	werr := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
+		err := p.deferrer.Defer(ctx, &claim.DeferParams{ID: taken.ID, Owner: taken.Owner, Seq: seq, DueIn: dueIn,
+			Grace: p.opts.DeferGrace, Error: why})
+		if err != nil && !(errors.Is(err, claim.ErrStateChanged) && p.ownDeferral(work, taken, seq)) {
+			return err
+		}
+		return p.deferrer.SetDue(ctx, &claim.SetDueParams{ID: taken.ID, Owner: taken.Owner, Seq: seq, DueIn: dueIn})
+	})
+	if werr != nil {
+		p.storeErr(werr)
+		p.log.Warn("giving the due claim back failed; it is fetched again once its holder is silent", "claim_id", taken.ID, "error", werr)
+	}
+}
+
+// lockWait is how long after a holder's silence its lock on a message
+// has certainly ended: the entity's lock duration, or Service Bus's
+// longest (5 minutes) when it is not configured.
+func (p *Processor) lockWait() time.Duration {
+	if p.opts.LockDuration > 0 {
+		return p.opts.LockDuration
+	}
+	return 5 * time.Minute
+}
+
 // releaseFetched releases a taken claim whose message could not be
-// fetched.
+// fetched. It forgets the message first (ClearDeferred): a Release keeps
+// DeferredSeq, and a claim that names a message sends a poller for it.
 func (p *Processor) releaseFetched(work context.Context, c *claim.Claim, why string) {
+	if c.DeferredSeq != nil {
+		err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
+			return p.deferrer.ClearDeferred(ctx, &claim.ClearDeferredParams{ID: c.ID, Seq: *c.DeferredSeq})
+		})
+		if err != nil && !errors.Is(err, claim.ErrStateChanged) {
+			p.storeErr(err)
+			p.log.Warn("forgetting a deferred message that is gone failed; the claim is taken again once this holder is silent", "claim_id", c.ID, "error", err)
+			return
+		}
+	}
 	if err := p.release(work, c, errors.New(why), nil); err != nil {
 		p.storeErr(err)
 		p.log.Warn("releasing a claim whose deferred message is gone failed", "claim_id", c.ID, "error", err)

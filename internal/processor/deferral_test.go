@@ -67,9 +67,11 @@ func TestRetryableIsDeferredAndFetchedWhenDue(t *testing.T) {
 		if calls, done := b.eff.Calls("m1"), b.eff.Performed("m1"); calls != 4 || done != 1 {
 			t.Fatalf("calls %d, performed %d; want 4 and 1", calls, done)
 		}
+		// The claim forgets its message just after settling it.
+		b.eventually("the claim forgets its settled message", func() bool { return b.claimOf("m1").DeferredSeq == nil })
 		c := b.claimOf("m1")
-		if c.State != claim.StateProcessed || c.Postponements != 3 || c.PostponedAt == nil || c.DeferredSeq == nil {
-			t.Fatalf("claim: state %s, postponements %d, postponed at %v, deferred seq %v; want processed after 3 postponements",
+		if c.State != claim.StateProcessed || c.Postponements != 3 || c.PostponedAt == nil || c.DeferredSeq != nil {
+			t.Fatalf("claim: state %s, postponements %d, postponed at %v, deferred seq %v; want processed after 3 postponements, its settled message forgotten",
 				c.State, c.Postponements, c.PostponedAt, c.DeferredSeq)
 		}
 		st := b.q.Stats()
@@ -506,6 +508,168 @@ func TestFetchedMessageWhoseLockEndedIsSettledAgain(t *testing.T) {
 		}
 		if c := b.claimOf("m1"); c.State != claim.StateProcessed {
 			t.Fatalf("claim %s, want processed", c.State)
+		}
+	})
+}
+
+// strandedScenario: the first attempt is refused (the message is
+// deferred); the replica that fetches it finishes the claim and "dies"
+// (hook) before it settles the message, whose lock then runs out: the
+// message goes back to deferred, where no receive finds it, and its claim
+// is finished. The poller must find the claim (it still names its
+// message), fetch the message once the holder is silent, and settle it —
+// without running the effect again.
+func strandedScenario(t *testing.T, be string, final error, crash func(*processor.Hooks, func(context.Context, *azservicebus.ReceivedMessage) error)) (*bundle, processor.Options) {
+	b := setup(t, be, membus.QueueOptions{LockDuration: 300 * time.Millisecond})
+	b.eff.behave = func(_, _ string, call int) error {
+		if call == 1 {
+			return sideeffects.Retryable(errors.New("downstream 503"))
+		}
+		return final
+	}
+	opts := b.deferOptions()
+	opts.MaxLockRenewal = 0 // the dead replica's lock runs out (its renewal ends with it)
+	opts.HeartbeatInterval, opts.TakeoverAfter = 100*time.Millisecond, time.Second
+	crash(&opts.Hooks, func(_ context.Context, m *azservicebus.ReceivedMessage) error {
+		if m.DeliveryCount == 2 { // the fetched delivery
+			return processor.ErrCrash
+		}
+		return nil
+	})
+	b.start(opts)
+	b.send("m1", "pay", `{}`, nil)
+	b.waitIdle()
+	return b, opts
+}
+
+func TestStrandedMessageOfAProcessedClaimIsCompleted(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b, opts := strandedScenario(t, be, nil, func(h *processor.Hooks, f func(context.Context, *azservicebus.ReceivedMessage) error) {
+			h.AfterMarkProcessed = f
+		})
+		if calls, done := b.eff.Calls("m1"), b.eff.Performed("m1"); calls != 2 || done != 1 {
+			t.Fatalf("calls %d, performed %d; want 2 and 1 (settling the stranded message runs nothing)", calls, done)
+		}
+		st := b.q.Stats()
+		if st.Deferred != 0 || st.Completed != 1 || st.DeadLettered != 0 || st.LockExpiries < 1 || st.DeferredReceives != 2 {
+			t.Fatalf("broker: %+v; want the lock of the dead holder expired, the message fetched again and completed, none left deferred", st)
+		}
+		// The claim forgets the message just after settling it.
+		b.eventually("the claim forgets its settled message", func() bool { return b.claimOf("m1").DeferredSeq == nil })
+		if c := b.claimOf("m1"); c.State != claim.StateProcessed {
+			t.Fatalf("claim: state %s, want processed", c.State)
+		}
+		if got := int(testutil.ToFloat64(opts.Metrics.StrandedMessages.WithLabelValues("settled"))); got != 1 {
+			t.Errorf("sbclaim_stranded_messages_total{result=settled} = %d, want 1", got)
+		}
+	})
+}
+
+func TestStrandedMessageOfAFailedClaimIsDeadLettered(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b, _ := strandedScenario(t, be, sideeffects.Rejected(errors.New("card declined")), func(h *processor.Hooks, f func(context.Context, *azservicebus.ReceivedMessage) error) {
+			h.AfterFail = f
+		})
+		if calls := b.eff.Calls("m1"); calls != 2 {
+			t.Fatalf("calls %d, want 2 (settling the stranded message runs nothing)", calls)
+		}
+		st := b.q.Stats()
+		if st.Deferred != 0 || st.Completed != 0 || st.DeadLettered != 1 {
+			t.Fatalf("broker: %+v; want the failed claim's message dead-lettered once, none left deferred", st)
+		}
+		dl := b.q.DeadLetters()
+		if len(dl) != 1 || dl[0].DeadLetterReason == nil || *dl[0].DeadLetterReason != claim.FailRejected {
+			t.Fatalf("dead letters %+v, want one with reason %s", dl, claim.FailRejected)
+		}
+		// The claim forgets the message just after settling it.
+		b.eventually("the claim forgets its settled message", func() bool { return b.claimOf("m1").DeferredSeq == nil })
+		if c := b.claimOf("m1"); c.State != claim.StateFailed {
+			t.Fatalf("claim: state %s, want failed", c.State)
+		}
+	})
+}
+
+// muteStore drops the heartbeats of one owner (they "succeed" without a
+// write): its holder goes silent in the store while it still runs and
+// renews its message's lock, as when its writes fail but the broker
+// answers.
+type muteStore struct {
+	claim.Store
+	claim.Deferrer
+	mu   sync.Mutex
+	mute map[string]bool // owner tokens
+}
+
+func (s *muteStore) Heartbeat(ctx context.Context, p *claim.HeartbeatParams) error {
+	s.mu.Lock()
+	muted := s.mute[p.Owner.String()]
+	s.mu.Unlock()
+	if muted {
+		return nil
+	}
+	return s.Store.Heartbeat(ctx, p)
+}
+
+// TestDeferredMessageLockedByASilentHolderIsLookedForAgain: the replica
+// that fetched a deferred message goes silent in the store but keeps the
+// message's lock. Once silent, a poll takes the claim and does not find
+// the message (it is locked): that is not "gone" — the claim waits as
+// deferred for the lock duration, the first holder's late success is
+// noted and its message abandoned back to deferred, and the next fetch
+// finds it and finishes the claim. Nothing is left deferred, nothing is
+// dead-lettered, the reconciler is not needed.
+func TestDeferredMessageLockedByASilentHolderIsLookedForAgain(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{LockDuration: 2 * time.Second})
+		ms := &muteStore{Store: b.store, Deferrer: b.store.(claim.Deferrer), mute: map[string]bool{}}
+		b.store = ms
+		b.eff.behave = func(_, key string, call int) error {
+			switch call {
+			case 1:
+				return sideeffects.Retryable(errors.New("downstream 503"))
+			case 2:
+				// The fetched delivery: its holder goes silent, and the
+				// effect waits until a poll took the claim, missed the
+				// locked message, and gave the claim back as deferred.
+				c := b.claimOf(key)
+				ms.mu.Lock()
+				ms.mute[c.Owner.String()] = true
+				ms.mu.Unlock()
+				deadline := time.Now().Add(30 * time.Second)
+				for time.Now().Before(deadline) {
+					if c := b.claimOf(key); c.Postponements >= 2 && c.Deferred() {
+						return nil
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				return errors.New("the claim was never given back")
+			}
+			return nil
+		}
+		opts := b.deferOptions()
+		opts.HeartbeatInterval, opts.TakeoverAfter = 100*time.Millisecond, time.Second
+		opts.LockDuration = 500 * time.Millisecond // how long the claim waits for a lock to end (the queue's is longer: the renewal holds it)
+		b.start(opts)
+		b.send("m1", "pay", `{}`, nil)
+		b.waitCompleted(b.q, "m1", 1)
+		b.waitIdle()
+
+		if calls := b.eff.Calls("m1"); calls != 3 {
+			t.Fatalf("calls %d, want 3 (refused, the silent holder's late success, the fetch after the lock ended)", calls)
+		}
+		if got := fetches(opts.Metrics, "unsure"); got != 1 {
+			t.Errorf("fetches not found while a holder may lock the message: %d, want 1", got)
+		}
+		if got := fetches(opts.Metrics, "gone"); got != 0 {
+			t.Errorf("fetches taken for gone: %d, want 0", got)
+		}
+		st := b.q.Stats()
+		if st.Deferred != 0 || st.Completed != 1 || st.DeadLettered != 0 {
+			t.Fatalf("broker: %+v; want the message completed once, none left deferred, no dead letter", st)
+		}
+		b.eventually("the claim forgets its settled message", func() bool { return b.claimOf("m1").DeferredSeq == nil })
+		if c := b.claimOf("m1"); c.State != claim.StateProcessed || c.TakeOverPath != claim.PathRedelivery || c.LateSuccessAt == nil {
+			t.Fatalf("claim: state %s, path %s, late success %v; want processed by a fetch, the silent holder's success noted", c.State, c.TakeOverPath, c.LateSuccessAt)
 		}
 	})
 }

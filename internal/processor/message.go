@@ -1081,9 +1081,13 @@ func (p *Processor) settle(d *delivery, v verdict) {
 			Reason: &v.reason, ErrorDescription: &desc})
 	}
 	endSettle(err)
+	gone := v.settle == settleComplete || v.settle == settleDeadLetter
 	switch {
 	case err == nil:
-	case d.fetched && (v.settle == settleComplete || v.settle == settleDeadLetter):
+		if d.fetched && gone {
+			p.clearDeferred(d)
+		}
+	case d.fetched && gone:
 		// A message fetched by its sequence number goes back to deferred
 		// when its lock ends, where no receive finds it and its claim, now
 		// finished, sends no poller for it: fetch it again and settle it,
@@ -1091,7 +1095,9 @@ func (p *Processor) settle(d *delivery, v verdict) {
 		if isLockLost(err) {
 			p.metrics.LockLosses.Inc()
 		}
-		p.settleFetchedAgain(d, v, what, err)
+		if p.settleFetchedAgain(d, v, what, err) {
+			p.clearDeferred(d)
+		}
 	case isLockLost(err):
 		p.metrics.LockLosses.Inc()
 		d.log.Warn(what+": lock lost; the broker redelivers and the claim decides", "error", err)
@@ -1119,13 +1125,15 @@ func (p *Processor) settle(d *delivery, v verdict) {
 // failed: it fetches the message again by its sequence number, with a new
 // lock, and completes or dead-letters it as the verdict says. The claim
 // already holds the outcome; this only keeps the message from staying
-// deferred with nobody to fetch it.
-func (p *Processor) settleFetchedAgain(d *delivery, v verdict, what string, first error) {
+// deferred with nobody to fetch it. It reports whether the message was
+// settled. When it was not, the claim still names it (DeferredSeq): the
+// poller settles it once this replica is silent (FindStranded).
+func (p *Processor) settleFetchedAgain(d *delivery, v verdict, what string, first error) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*p.opts.SettleTimeout)
 	defer cancel()
 	if d.msg.SequenceNumber == nil {
 		d.log.Warn(what+" of a fetched message failed, and it has no sequence number to fetch it again", "error", first)
-		return
+		return false
 	}
 	msgs, err := d.lr.r.ReceiveDeferredMessages(ctx, []int64{*d.msg.SequenceNumber}, nil)
 	if err == nil && len(msgs) != 1 {
@@ -1140,9 +1148,10 @@ func (p *Processor) settleFetchedAgain(d *delivery, v verdict, what string, firs
 		}
 	}
 	if err != nil {
-		d.log.Warn(what+" of a fetched message failed, and settling it again failed: it stays deferred until its time to live (its claim holds the outcome)",
+		d.log.Warn(what+" of a fetched message failed, and settling it again failed: the poller settles it once this replica is silent (its claim holds the outcome)",
 			"error", first, "again", err)
-		return
+		return false
 	}
 	d.log.Info(what+" of a fetched message failed; fetched it again and settled it", "error", first)
+	return true
 }

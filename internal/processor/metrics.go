@@ -31,6 +31,9 @@ type Metrics struct {
 	Postponed       *prometheus.CounterVec // route
 	DeferredDue     prometheus.Gauge
 	DeferredFetches *prometheus.CounterVec // result
+	// Stranded deferred messages: finished claims whose fetched message
+	// was never settled (its holder died), by result.
+	StrandedMessages *prometheus.CounterVec // result
 	// A breaker per route: open (1) or closed (0), and its trips by
 	// reason (failures, probe, config).
 	RouteBreakerOpen  *prometheus.GaugeVec   // route
@@ -113,7 +116,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		DeferredFetches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sbclaim_deferred_fetches_total",
-			Help: "Due claims this replica tried to take and fetch, by result (fetched, guard: another replica took it first, gone: the message was not deferred any more, error).",
+			Help: "Due claims this replica tried to take and fetch, by result (fetched, guard: another replica took it first, gone: the message was not deferred any more, unsure: not found while its previous holder may still lock it, looked for again after the lock duration, error).",
+		}, []string{"result"}),
+		StrandedMessages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sbclaim_stranded_messages_total",
+			Help: "Deferred messages of finished claims that a replica fetched and settled after their holder died before settling them, by result (settled, gone: nothing left to settle, guard: another replica took it first, error).",
 		}, []string{"result"}),
 		RouteBreakerOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "sbclaim_route_breaker_open",
@@ -146,6 +153,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.Postponed = metricreg.Register(reg, m.Postponed)
 		m.DeferredDue = metricreg.Register(reg, m.DeferredDue)
 		m.DeferredFetches = metricreg.Register(reg, m.DeferredFetches)
+		m.StrandedMessages = metricreg.Register(reg, m.StrandedMessages)
 		m.RouteBreakerOpen = metricreg.Register(reg, m.RouteBreakerOpen)
 		m.RouteBreakerTrips = metricreg.Register(reg, m.RouteBreakerTrips)
 	}

@@ -32,7 +32,11 @@ func (s *suite) deferralTests() []struct {
 		{"RedeliveryOfAnotherMessageIsRefusedWhileDeferred", s.deferredRefusesOtherRedelivery},
 		{"RecoveryLeavesADeferredClaimUntilItsGrace", s.deferredNotStale},
 		{"DeferringClaimIsFetchedOnlyOnceItsHolderIsSilent", s.deferringSilent},
-		{"ReleaseForgetsTheDeferredMessage", s.releaseForgets},
+		{"ReleaseKeepsTheDeferredMessageUntilItIsCleared", s.releaseKeeps},
+		{"RecoveryKeepsTheDeferredMessage", s.recoveryKeeps},
+		{"FindStrandedFindsFinishedClaimsThatNameAMessage", s.findStranded},
+		{"TakeStrandedHasExactlyOneWinner", s.takeStrandedOnce},
+		{"ClearDeferredEndsTheWaitForTheMessage", s.clearEndsTheWait},
 	}
 }
 
@@ -314,8 +318,9 @@ func (s *suite) deferringSilent(t *testing.T) {
 	if err != nil {
 		t.Fatalf("TakeDeferred of a silent deferring claim: %v", err)
 	}
-	// Finished, the claim is never found again, however old: it keeps
-	// the sequence number of the message it was fetched with.
+	// Finished, the claim is never found due again, however old: it keeps
+	// the sequence number of the message it was fetched with until that
+	// message is settled (FindStranded finds it, not FindDue).
 	if err := st.MarkProcessed(ctxT(t), &claim.MarkProcessedParams{ID: c.ID, Owner: taken.Owner}); err != nil {
 		t.Fatalf("MarkProcessed: %v", err)
 	}
@@ -328,7 +333,11 @@ func (s *suite) deferringSilent(t *testing.T) {
 	wantErr(t, "TakeDeferred of a processed claim", err, claim.ErrStateChanged)
 }
 
-func (s *suite) releaseForgets(t *testing.T) {
+// releaseKeeps: a Release keeps the message the claim names (a fetched
+// message its holder hands back returns to deferred, and a poller must
+// find it); only ClearDeferred, once the message is settled or gone,
+// forgets it, and then another message may take the claim.
+func (s *suite) releaseKeeps(t *testing.T) {
 	st, d := s.deferrer(t)
 	c := deferOne(t, st, d, "billing", 31, 0, time.Hour)
 	taken, err := d.TakeDeferred(ctxT(t), &claim.TakeDeferredParams{ID: c.ID, PreviousOwner: c.Owner, Owner: uuid.New(),
@@ -338,16 +347,236 @@ func (s *suite) releaseForgets(t *testing.T) {
 	}
 	err = d.SetDue(ctxT(t), &claim.SetDueParams{ID: c.ID, Owner: taken.Owner, Seq: 31})
 	wantErr(t, "SetDue of a claimed claim", err, claim.ErrStateChanged)
-	if err := st.Release(ctxT(t), &claim.ReleaseParams{ID: c.ID, Owner: taken.Owner, Error: "gone"}); err != nil {
+	if err := st.Release(ctxT(t), &claim.ReleaseParams{ID: c.ID, Owner: taken.Owner, Error: "abandoned"}); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	got := mustGet(t, st, c.ID)
-	if got.DeferredSeq != nil || got.DueAt != nil {
-		t.Fatalf("after Release: DeferredSeq %v, DueAt %v; want both cleared (any delivery may take it)", got.DeferredSeq, got.DueAt)
+	if got.DeferredSeq == nil || *got.DeferredSeq != 31 || got.DueAt != nil {
+		t.Fatalf("after Release: DeferredSeq %v, DueAt %v; want 31 kept, no due time", got.DeferredSeq, got.DueAt)
 	}
-	if _, err := st.TakeOver(ctxT(t), &claim.TakeOverParams{ID: c.ID, PreviousOwner: taken.Owner, Owner: uuid.New(),
-		Path: claim.PathRedelivery, SilentFor: time.Minute, By: "host-c", Reason: "released", Seq: ptr(int64(99)),
-		Route: c.Route, Fingerprint: c.Fingerprint}); err != nil {
-		t.Fatalf("redelivery of another message after the release: %v", err)
+	takeOther := func() error {
+		_, err := st.TakeOver(ctxT(t), &claim.TakeOverParams{ID: c.ID, PreviousOwner: taken.Owner, Owner: uuid.New(),
+			Path: claim.PathRedelivery, SilentFor: time.Minute, By: "host-c", Reason: "released", Seq: ptr(int64(99)),
+			Route: c.Route, Fingerprint: c.Fingerprint})
+		return err
+	}
+	wantErr(t, "redelivery of another message while the claim names its own", takeOther(), claim.ErrStateChanged)
+	s.backdate(t, st, c.ID, 10*time.Minute)
+	due, err := d.FindDue(ctxT(t), &claim.FindDueParams{Consumer: "billing", Entity: c.Entity, SilentFor: time.Minute})
+	if err != nil || len(due) != 1 || due[0].ID != c.ID {
+		t.Fatalf("FindDue of a released claim naming its message = %d claims, %v; want it (a poller fetches the message)", len(due), err)
+	}
+	wantErr(t, "ClearDeferred naming another message", d.ClearDeferred(ctxT(t), &claim.ClearDeferredParams{ID: c.ID, Seq: 32}), claim.ErrStateChanged)
+	if err := d.ClearDeferred(ctxT(t), &claim.ClearDeferredParams{ID: c.ID, Seq: 31}); err != nil {
+		t.Fatalf("ClearDeferred: %v", err)
+	}
+	wantErr(t, "ClearDeferred again", d.ClearDeferred(ctxT(t), &claim.ClearDeferredParams{ID: c.ID, Seq: 31}), claim.ErrStateChanged)
+	if got := mustGet(t, st, c.ID); got.DeferredSeq != nil || got.State != claim.StateReleased {
+		t.Fatalf("after ClearDeferred: DeferredSeq %v, state %s; want none, still released", got.DeferredSeq, got.State)
+	}
+	if err := takeOther(); err != nil {
+		t.Fatalf("redelivery of another message once the claim forgot its own: %v", err)
+	}
+}
+
+// recoveryKeeps: the reconciler's recovery of a deferred claim past its
+// grace keeps the message the claim names, so once the claim is finished
+// its message is still found and settled (FindStranded).
+func (s *suite) recoveryKeeps(t *testing.T) {
+	st, d := s.deferrer(t)
+	c := deferOne(t, st, d, "billing", 33, 0, 0)
+	s.backdate(t, st, c.ID, 10*time.Minute)
+	taken, err := st.TakeOver(ctxT(t), &claim.TakeOverParams{ID: c.ID, PreviousOwner: c.Owner, Owner: uuid.New(),
+		Path: claim.PathReconciler, SilentFor: time.Minute, By: "reconciler", Reason: "stale",
+		Route: c.Route, Fingerprint: c.Fingerprint})
+	if err != nil {
+		t.Fatalf("recovery past the grace: %v", err)
+	}
+	if taken.DeferredSeq == nil || *taken.DeferredSeq != 33 || taken.DueAt != nil {
+		t.Fatalf("after recovery: DeferredSeq %v, DueAt %v; want 33 kept, no due time", taken.DeferredSeq, taken.DueAt)
+	}
+	if err := st.MarkProcessed(ctxT(t), &claim.MarkProcessedParams{ID: c.ID, Owner: taken.Owner}); err != nil {
+		t.Fatalf("MarkProcessed: %v", err)
+	}
+	s.backdate(t, st, c.ID, 10*time.Minute)
+	got, err := d.FindStranded(ctxT(t), &claim.FindDueParams{Consumer: "billing", Entity: c.Entity, SilentFor: time.Minute})
+	if err != nil || len(got) != 1 || got[0].ID != c.ID {
+		t.Fatalf("FindStranded after the recovery finished = %d claims, %v; want it", len(got), err)
+	}
+}
+
+// strandedClaim defers a claim under seq, fetches it and finishes it as
+// finish says; it returns the finished claim.
+func (s *suite) strandedClaim(t *testing.T, st claim.Store, d claim.Deferrer, consumer string, seq int64, finish func(c *claim.Claim) error) *claim.Claim {
+	t.Helper()
+	c := deferOne(t, st, d, consumer, seq, 0, time.Hour)
+	taken, err := d.TakeDeferred(ctxT(t), &claim.TakeDeferredParams{ID: c.ID, PreviousOwner: c.Owner, Owner: uuid.New(),
+		Seq: seq, SilentFor: time.Minute, By: "host-a"})
+	if err != nil {
+		t.Fatalf("TakeDeferred: %v", err)
+	}
+	if err := finish(taken); err != nil {
+		t.Fatalf("finishing claim %d: %v", c.ID, err)
+	}
+	return mustGet(t, st, c.ID)
+}
+
+func (s *suite) findStranded(t *testing.T) {
+	st, d := s.deferrer(t)
+	processed := s.strandedClaim(t, st, d, "billing", 51, func(c *claim.Claim) error {
+		return st.MarkProcessed(ctxT(t), &claim.MarkProcessedParams{ID: c.ID, Owner: c.Owner})
+	})
+	failed := s.strandedClaim(t, st, d, "billing", 52, func(c *claim.Claim) error {
+		return st.Fail(ctxT(t), &claim.FailParams{ID: c.ID, Owner: c.Owner, Reason: claim.FailRejected, Error: "declined"})
+	})
+	flagged := s.strandedClaim(t, st, d, "billing", 53, func(c *claim.Claim) error {
+		_, err := st.Flag(ctxT(t), &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: claim.StateClaimed, Reason: "horizon", By: "host-a"})
+		return err
+	})
+	settled := s.strandedClaim(t, st, d, "billing", 54, func(c *claim.Claim) error {
+		if err := st.MarkProcessed(ctxT(t), &claim.MarkProcessedParams{ID: c.ID, Owner: c.Owner}); err != nil {
+			return err
+		}
+		return d.ClearDeferred(ctxT(t), &claim.ClearDeferredParams{ID: c.ID, Seq: 54})
+	})
+	other := s.strandedClaim(t, st, d, "shipping", 55, func(c *claim.Claim) error {
+		return st.MarkProcessed(ctxT(t), &claim.MarkProcessedParams{ID: c.ID, Owner: c.Owner})
+	})
+	held := deferOne(t, st, d, "billing", 56, time.Hour, time.Hour) // deferred, not finished
+	plain := mustWin(t, st, msg("", "billing", "body"))
+	if err := st.MarkProcessed(ctxT(t), &claim.MarkProcessedParams{ID: plain.ID, Owner: plain.Owner}); err != nil {
+		t.Fatalf("MarkProcessed: %v", err)
+	}
+	find := func() map[int64]claim.State {
+		t.Helper()
+		got, err := d.FindStranded(ctxT(t), &claim.FindDueParams{Consumer: "billing", Entity: processed.Entity, SilentFor: time.Minute})
+		if err != nil {
+			t.Fatalf("FindStranded: %v", err)
+		}
+		out := map[int64]claim.State{}
+		for _, c := range got {
+			out[c.ID] = c.State
+		}
+		return out
+	}
+	if got := find(); len(got) != 0 {
+		t.Fatalf("FindStranded with fresh holders = %v, want none (a holder may still be settling)", got)
+	}
+	for _, c := range []*claim.Claim{processed, failed, flagged, settled, other, held, plain} {
+		s.backdate(t, st, c.ID, 10*time.Minute)
+	}
+	got := find()
+	want := map[int64]claim.State{processed.ID: claim.StateProcessed, failed.ID: claim.StateFailed, flagged.ID: claim.StateFlagged}
+	if len(got) != len(want) || got[processed.ID] != claim.StateProcessed || got[failed.ID] != claim.StateFailed || got[flagged.ID] != claim.StateFlagged {
+		t.Fatalf("FindStranded = %v, want %v (not: settled %d, other consumer %d, unfinished %d, never deferred %d)",
+			got, want, settled.ID, other.ID, held.ID, plain.ID)
+	}
+	if got, err := d.FindStranded(ctxT(t), &claim.FindDueParams{Consumer: "billing", Entity: "another/entity", SilentFor: time.Minute}); err != nil || len(got) != 0 {
+		t.Fatalf("FindStranded of another entity = %d claims, %v; want none", len(got), err)
+	}
+}
+
+func (s *suite) takeStrandedOnce(t *testing.T) {
+	st, d := s.deferrer(t)
+	c := s.strandedClaim(t, st, d, "billing", 61, func(c *claim.Claim) error {
+		return st.MarkProcessed(ctxT(t), &claim.MarkProcessedParams{ID: c.ID, Owner: c.Owner})
+	})
+	take := func(seq int64, state claim.State) error {
+		return d.TakeStranded(ctxT(t), &claim.TakeStrandedParams{ID: c.ID, Seq: seq, State: state, SilentFor: time.Minute})
+	}
+	wantErr(t, "TakeStranded of a fresh claim", take(61, claim.StateProcessed), claim.ErrStateChanged)
+	s.backdate(t, st, c.ID, 10*time.Minute)
+	wantErr(t, "TakeStranded naming another message", take(62, claim.StateProcessed), claim.ErrStateChanged)
+	wantErr(t, "TakeStranded naming another state", take(61, claim.StateFailed), claim.ErrStateChanged)
+	if err := take(61, claim.StateClaimed); err == nil || errors.Is(err, claim.ErrStateChanged) {
+		t.Fatalf("TakeStranded of an unfinished state: %v, want a validation error", err)
+	}
+	const racers = 8
+	var (
+		wg           sync.WaitGroup
+		mu           sync.Mutex
+		wins, guards int
+	)
+	for range racers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := take(61, claim.StateProcessed)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				wins++
+			case errors.Is(err, claim.ErrStateChanged):
+				guards++
+			default:
+				t.Errorf("TakeStranded: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if wins != 1 || guards != racers-1 {
+		t.Fatalf("%d winners and %d refused by the guard, want 1 and %d", wins, guards, racers-1)
+	}
+	got := mustGet(t, st, c.ID)
+	if got.State != claim.StateProcessed || got.Owner != c.Owner || got.DeferredSeq == nil || *got.DeferredSeq != 61 {
+		t.Fatalf("after TakeStranded: state %s, owner %s (was %s), DeferredSeq %v; want only the heartbeat changed", got.State, got.Owner, c.Owner, got.DeferredSeq)
+	}
+	// The winner settles it; until it is silent nobody else finds it.
+	if found, err := d.FindStranded(ctxT(t), &claim.FindDueParams{Consumer: "billing", Entity: c.Entity, SilentFor: time.Minute}); err != nil || len(found) != 0 {
+		t.Fatalf("FindStranded while the winner settles = %d claims, %v; want none", len(found), err)
+	}
+	if err := d.ClearDeferred(ctxT(t), &claim.ClearDeferredParams{ID: c.ID, Seq: 61}); err != nil {
+		t.Fatalf("ClearDeferred: %v", err)
+	}
+	s.backdate(t, st, c.ID, 10*time.Minute)
+	if found, err := d.FindStranded(ctxT(t), &claim.FindDueParams{Consumer: "billing", Entity: c.Entity, SilentFor: time.Minute}); err != nil || len(found) != 0 {
+		t.Fatalf("FindStranded once settled = %d claims, %v; want none", len(found), err)
+	}
+}
+
+// clearEndsTheWait: a deferred claim whose message is settled by someone
+// else (ClearDeferred) waits for nothing: the reconciler's recovery finds
+// it at once instead of after its grace.
+func (s *suite) clearEndsTheWait(t *testing.T) {
+	st, d := s.deferrer(t)
+	c := deferOne(t, st, d, "billing", 71, time.Hour, time.Hour)
+	if err := d.ClearDeferred(ctxT(t), &claim.ClearDeferredParams{ID: c.ID, Seq: 71}); err != nil {
+		t.Fatalf("ClearDeferred: %v", err)
+	}
+	got := mustGet(t, st, c.ID)
+	if got.State != claim.StateReleased || got.DeferredSeq != nil || got.DueAt != nil || got.NextAttemptAt != nil {
+		t.Fatalf("after ClearDeferred: state %s, DeferredSeq %v, DueAt %v, NextAttemptAt %v; want released, all cleared", got.State, got.DeferredSeq, got.DueAt, got.NextAttemptAt)
+	}
+	s.backdate(t, st, c.ID, 10*time.Minute)
+	stale, err := st.FindStale(ctxT(t), &claim.FindStaleParams{StaleAfter: time.Minute})
+	if err != nil {
+		t.Fatalf("FindStale: %v", err)
+	}
+	found := false
+	for _, sc := range stale {
+		found = found || sc.ID == c.ID
+	}
+	if !found {
+		t.Fatal("FindStale did not find a released claim whose message was settled")
+	}
+	// A claim that waits on its own schedule (a hand-off: released with
+	// a next attempt, no due time) keeps it.
+	h := mustWin(t, st, msg("", "billing", "body"))
+	if err := d.Defer(ctxT(t), &claim.DeferParams{ID: h.ID, Owner: h.Owner, Seq: 72}); err != nil {
+		t.Fatalf("Defer: %v", err)
+	}
+	taken, err := d.TakeDeferred(ctxT(t), &claim.TakeDeferredParams{ID: h.ID, PreviousOwner: h.Owner, Owner: uuid.New(), Seq: 72, SilentFor: time.Nanosecond, By: "host-b"})
+	if err != nil {
+		t.Fatalf("TakeDeferred: %v", err)
+	}
+	if err := st.Release(ctxT(t), &claim.ReleaseParams{ID: h.ID, Owner: taken.Owner, Error: "handed off", NextAttemptIn: time.Hour}); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if err := d.ClearDeferred(ctxT(t), &claim.ClearDeferredParams{ID: h.ID, Seq: 72}); err != nil {
+		t.Fatalf("ClearDeferred: %v", err)
+	}
+	if got := mustGet(t, st, h.ID); got.DeferredSeq != nil || got.NextAttemptAt == nil {
+		t.Fatalf("hand-off after ClearDeferred: DeferredSeq %v, NextAttemptAt %v; want none and its next attempt kept", got.DeferredSeq, got.NextAttemptAt)
 	}
 }

@@ -104,3 +104,50 @@ WHERE Id = `+id+` AND Owner = `+previous+` AND DeferredSeq = `+seq+`
 	}
 	return out[0], nil
 }
+
+// strandedPredicate is FindStranded's and TakeStranded's test, adding the
+// SilentFor parameters to a. It starts with IX_Claims_Deferred's filter.
+func strandedPredicate(a *args, silentFor time.Duration) string {
+	return "DeferredSeq IS NOT NULL AND State IN ('processed', 'failed', 'flagged', 'resolved')" +
+		" AND HeartbeatUtc < " + agoSQL(a, silentFor)
+}
+
+// FindStranded lists the finished claims whose deferred message was never
+// settled, longest silent first (see claim.Deferrer).
+func (s *Store) FindStranded(ctx context.Context, params *claim.FindDueParams) ([]*claim.Claim, error) {
+	limit, err := claim.ValidateFindDue(params)
+	if err != nil {
+		return nil, err
+	}
+	var a args
+	n := a.add(int64(limit), declID)
+	consumer, entity := a.add(text(params.Consumer), declConsumer), a.add(text(params.Entity), declEntity)
+	out, err := queryClaims(ctx, s.db, `SELECT TOP (`+n+`) `+columns+` FROM dbo.Claims
+WHERE Consumer = `+consumer+` AND Entity = `+entity+` AND `+strandedPredicate(&a, params.SilentFor)+`
+ORDER BY HeartbeatUtc;`, a)
+	if err != nil {
+		return nil, fmt.Errorf("find stranded claims: %w", err)
+	}
+	return out, nil
+}
+
+// TakeStranded lets one caller settle a stranded claim's message (see
+// claim.Deferrer). The state is validated (a finished one) and written
+// literally, like Flag's.
+func (s *Store) TakeStranded(ctx context.Context, params *claim.TakeStrandedParams) error {
+	if err := claim.ValidateTakeStranded(params); err != nil {
+		return err
+	}
+	a := args{{params.ID, declID}, {params.Seq, declID}}
+	return s.execGuarded(ctx, "take the stranded message of", params.ID, `UPDATE dbo.Claims SET HeartbeatUtc = SYSUTCDATETIME()
+OUTPUT INSERTED.Id
+WHERE Id = @p1 AND DeferredSeq = @p2 AND State = '`+string(params.State)+`' AND `+strandedPredicate(&a, params.SilentFor)+`;`, a...)
+}
+
+// ClearDeferred forgets a settled deferred message (see claim.Deferrer).
+func (s *Store) ClearDeferred(ctx context.Context, params *claim.ClearDeferredParams) error {
+	return s.execGuarded(ctx, "clear the deferred message of", params.ID, `UPDATE dbo.Claims SET DeferredSeq = NULL, DueUtc = NULL,
+    NextAttemptUtc = CASE WHEN DueUtc IS NOT NULL THEN NULL ELSE NextAttemptUtc END
+OUTPUT INSERTED.Id
+WHERE Id = @p1 AND DeferredSeq = @p2;`, param{params.ID, declID}, param{params.Seq, declID})
+}

@@ -462,7 +462,7 @@ SET State = 'claimed', Owner = `+owner+`, ClaimedBy = `+by+`, TakenOverFrom = St
     KeyRevisedBy = CASE WHEN `+newKey+` = 1 THEN `+by+` ELSE KeyRevisedBy END,
     KeyRevisedUtc = CASE WHEN `+newKey+` = 1 THEN @now ELSE KeyRevisedUtc END,
     KeyRevisionNote = CASE WHEN `+newKey+` = 1 THEN `+reason+` ELSE KeyRevisionNote END,
-    DeferredSeq = NULL, DueUtc = NULL
+    DeferredSeq = CASE WHEN `+path+` = 'redelivery' THEN NULL ELSE DeferredSeq END, DueUtc = NULL
 `+historyInto(what, "DELETED.State", "INSERTED.ClaimedBy", "INSERTED.TakeOverPath", "INSERTED.TakeOverReason", "DELETED.Owner")+
 		`OUTPUT `+insertedColumns+`
 WHERE Id = `+id+` AND Owner = `+previous+`
@@ -619,7 +619,7 @@ func (s *Store) Release(ctx context.Context, params *claim.ReleaseParams) error 
 	}
 	return s.execGuarded(ctx, "release", params.ID, declareNow+`UPDATE dbo.Claims
 SET State = 'released', ReleasedUtc = @now, HeartbeatUtc = @now, LastError = @p3, NextAttemptUtc = `+next+`,
-    DeferredSeq = NULL, DueUtc = NULL, `+setAnswer("@p4")+`
+    DueUtc = NULL, `+setAnswer("@p4")+`
 `+simpleHistory(claim.ChangeReleased, "DELETED.State", "INSERTED.ClaimedBy", "INSERTED.LastError")+`OUTPUT INSERTED.Id
 WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`, a...)
 }
@@ -673,7 +673,7 @@ FROM dbo.Claims AS c JOIN @w AS w ON w.Id = c.Id
 WHERE w.Kind = ` + kindAttempt + ` AND c.Owner = w.Owner AND c.State = 'claimed';
 UPDATE c SET State = 'released', ReleasedUtc = @now, HeartbeatUtc = @now, LastError = w.Err,
 	NextAttemptUtc = CASE WHEN w.NextSec > 0 OR w.NextUs > 0 THEN DATEADD(microsecond, w.NextUs, DATEADD(second, w.NextSec, @now)) END,
-	DeferredSeq = NULL, DueUtc = NULL,
+	DueUtc = NULL,
 	Answer = COALESCE(w.Answer, c.Answer), AnswerUtc = CASE WHEN w.Answer IS NULL THEN c.AnswerUtc ELSE @now END
 OUTPUT INSERTED.Id, 'released', INSERTED.State, INSERTED.ClaimedBy, INSERTED.LastError, INSERTED.Owner,
 	CASE WHEN INSERTED.EffectKey <> N'' THEN INSERTED.EffectKey ELSE INSERTED.MessageId END

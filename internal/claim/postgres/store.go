@@ -427,7 +427,7 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 		key_revised_by = CASE WHEN $11::bool THEN $2 ELSE key_revised_by END,
 		key_revised_utc = CASE WHEN $11::bool THEN now() ELSE key_revised_utc END,
 		key_revision_note = CASE WHEN $11::bool THEN $5 ELSE key_revision_note END,
-		deferred_seq = NULL, due_utc = NULL
+		deferred_seq = CASE WHEN $4::text = 'redelivery' THEN NULL ELSE deferred_seq END, due_utc = NULL
 		WHERE id = $9 AND owner = $10 AND (route = '' OR (route = $6 AND fingerprint = $7))
 		AND (NOT $11::bool OR key_revision = $13)
 		AND `+takeOverGuard(params)+seqParam[params.Path]+`
@@ -545,7 +545,7 @@ func setProcessed(answer string) string {
 func setReleased(err, next, answer string) string {
 	return `state = 'released', released_utc = now(), heartbeat_utc = now(), last_error = ` + err + `,
 		next_attempt_utc = CASE WHEN ` + next + ` > 0 THEN now() + make_interval(secs => ` + next + `) END,
-		deferred_seq = NULL, due_utc = NULL, ` + setAnswerTo(answer)
+		due_utc = NULL, ` + setAnswerTo(answer)
 }
 
 func setAttempt(err, next, answer string) string {

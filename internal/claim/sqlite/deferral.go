@@ -97,3 +97,44 @@ func (s *Store) TakeDeferred(ctx context.Context, params *claim.TakeDeferredPara
 	}
 	return c, nil
 }
+
+// strandedPredicate is FindStranded's and TakeStranded's test; ?1 is the
+// SilentFor modifier (see ago).
+const strandedPredicate = `deferred_seq IS NOT NULL AND state IN ('processed', 'failed', 'flagged', 'resolved')
+	AND heartbeat_utc < ` + agoSQL
+
+// FindStranded lists the finished claims whose deferred message was never
+// settled, longest silent first (see claim.Deferrer).
+func (s *Store) FindStranded(ctx context.Context, params *claim.FindDueParams) ([]*claim.Claim, error) {
+	limit, err := claim.ValidateFindDue(params)
+	if err != nil {
+		return nil, err
+	}
+	q := `SELECT ` + columns + ` FROM claims WHERE consumer = ?2 AND entity = ?3 AND ` + strandedPredicate + `
+		ORDER BY heartbeat_utc LIMIT ?4`
+	var out []*claim.Claim
+	if err := queryClaims(ctx, s.db, q, []any{ago(params.SilentFor), params.Consumer, params.Entity, limit},
+		func(c *claim.Claim) { out = append(out, c) }); err != nil {
+		return nil, fmt.Errorf("find stranded claims: %w", err)
+	}
+	return out, nil
+}
+
+// TakeStranded lets one caller settle a stranded claim's message (see
+// claim.Deferrer).
+func (s *Store) TakeStranded(ctx context.Context, params *claim.TakeStrandedParams) error {
+	if err := claim.ValidateTakeStranded(params); err != nil {
+		return err
+	}
+	return s.execGuarded(ctx, "take the stranded message of", params.ID, `UPDATE claims SET heartbeat_utc = `+nowSQL+`
+		WHERE id = ?2 AND deferred_seq = ?3 AND state = ?4 AND `+strandedPredicate,
+		ago(params.SilentFor), params.ID, params.Seq, string(params.State))
+}
+
+// ClearDeferred forgets a settled deferred message (see claim.Deferrer).
+func (s *Store) ClearDeferred(ctx context.Context, params *claim.ClearDeferredParams) error {
+	return s.execGuarded(ctx, "clear the deferred message of", params.ID,
+		`UPDATE claims SET deferred_seq = NULL, due_utc = NULL,
+		next_attempt_utc = CASE WHEN due_utc IS NOT NULL THEN NULL ELSE next_attempt_utc END
+		WHERE id = ?1 AND deferred_seq = ?2`, params.ID, params.Seq)
+}

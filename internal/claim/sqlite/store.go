@@ -515,7 +515,7 @@ func (s *Store) TakeOver(ctx context.Context, params *claim.TakeOverParams) (*cl
 		key_revised_by = CASE WHEN ?11 = 1 THEN ?2 ELSE key_revised_by END,
 		key_revised_utc = CASE WHEN ?11 = 1 THEN `+nowSQL+` ELSE key_revised_utc END,
 		key_revision_note = CASE WHEN ?11 = 1 THEN ?5 ELSE key_revision_note END,
-		deferred_seq = NULL, due_utc = NULL
+		deferred_seq = CASE WHEN ?4 = 'redelivery' THEN NULL ELSE deferred_seq END, due_utc = NULL
 		WHERE id = ?9 AND owner = ?10 AND (route = '' OR (route = ?6 AND fingerprint = ?7))
 		AND (?11 = 0 OR key_revision = ?13)
 		AND `+takeOverGuard(params)+`
@@ -653,7 +653,7 @@ func outcomeSQL(w claim.OutcomeWrite) (string, []any, error) {
 	case claim.WriteRelease:
 		next, args := nextAttempt(args, v.NextAttemptIn, "NULL")
 		return `UPDATE claims SET state = 'released', released_utc = ` + nowSQL + `, heartbeat_utc = ` + nowSQL + `, last_error = ?1,
-		next_attempt_utc = ` + next + `, deferred_seq = NULL, due_utc = NULL, ` + setAnswer(4) + guard, args, nil
+		next_attempt_utc = ` + next + `, due_utc = NULL, ` + setAnswer(4) + guard, args, nil
 	case claim.WriteRecordAttempt:
 		next, args := nextAttempt(args, v.NextAttemptIn, "next_attempt_utc")
 		return `UPDATE claims SET attempts = attempts + 1, last_error = ?1, next_attempt_utc = ` + next + `, ` + setAnswer(4) + guard, args, nil

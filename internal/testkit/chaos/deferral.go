@@ -120,6 +120,7 @@ func (s *traceStore) TakeDeferred(ctx context.Context, p *claim.TakeDeferredPara
 		s.led.tookOver(key, s.host, &claim.TakeOverParams{ID: p.ID, PreviousOwner: p.PreviousOwner, Owner: p.Owner,
 			Path: claim.PathRedelivery, SilentFor: p.SilentFor, By: p.By, Reason: p.Reason}, start, end)
 	}
+	s.led.maybeGranted(key, s.host, p.Owner, err)
 	s.hist.add(key, "%s TakeDeferred claim %d (seq %d, from %.8s): %s", s.host, p.ID, p.Seq, p.PreviousOwner, errText(err))
 	return c, err
 }
@@ -154,4 +155,89 @@ func (s *lostAckStore) TakeDeferred(ctx context.Context, p *claim.TakeDeferredPa
 		return nil, err
 	}
 	return d.TakeDeferred(ctx, p)
+}
+
+func (s *gateStore) FindStranded(ctx context.Context, p *claim.FindDueParams) ([]*claim.Claim, error) {
+	if err := s.pass(ctx, "FindStranded", 0); err != nil {
+		return nil, err
+	}
+	d, err := deferrerOf(s.inner)
+	if err != nil {
+		return nil, err
+	}
+	return d.FindStranded(ctx, p)
+}
+
+func (s *gateStore) TakeStranded(ctx context.Context, p *claim.TakeStrandedParams) error {
+	if err := s.pass(ctx, "TakeStranded", p.ID); err != nil {
+		return err
+	}
+	d, err := deferrerOf(s.inner)
+	if err != nil {
+		return err
+	}
+	return d.TakeStranded(ctx, p)
+}
+
+func (s *gateStore) ClearDeferred(ctx context.Context, p *claim.ClearDeferredParams) error {
+	if err := s.pass(ctx, "ClearDeferred", p.ID); err != nil {
+		return err
+	}
+	d, err := deferrerOf(s.inner)
+	if err != nil {
+		return err
+	}
+	return d.ClearDeferred(ctx, p)
+}
+
+func (s *traceStore) FindStranded(ctx context.Context, p *claim.FindDueParams) ([]*claim.Claim, error) {
+	d, err := deferrerOf(s.Store)
+	if err != nil {
+		return nil, err
+	}
+	return d.FindStranded(ctx, p)
+}
+
+func (s *traceStore) TakeStranded(ctx context.Context, p *claim.TakeStrandedParams) error {
+	d, err := deferrerOf(s.Store)
+	if err != nil {
+		return err
+	}
+	err = d.TakeStranded(ctx, p)
+	s.hist.add(s.hist.keyOf(p.ID), "%s TakeStranded claim %d (%s, seq %d): %s", s.host, p.ID, p.State, p.Seq, errText(err))
+	return err
+}
+
+func (s *traceStore) ClearDeferred(ctx context.Context, p *claim.ClearDeferredParams) error {
+	d, err := deferrerOf(s.Store)
+	if err != nil {
+		return err
+	}
+	err = d.ClearDeferred(ctx, p)
+	s.hist.add(s.hist.keyOf(p.ID), "%s ClearDeferred claim %d (seq %d): %s", s.host, p.ID, p.Seq, errText(err))
+	return err
+}
+
+func (s *lostAckStore) FindStranded(ctx context.Context, p *claim.FindDueParams) ([]*claim.Claim, error) {
+	d, err := deferrerOf(s.Store)
+	if err != nil {
+		return nil, err
+	}
+	return d.FindStranded(ctx, p)
+}
+
+func (s *lostAckStore) TakeStranded(ctx context.Context, p *claim.TakeStrandedParams) error {
+	d, err := deferrerOf(s.Store)
+	if err != nil {
+		return err
+	}
+	return d.TakeStranded(ctx, p)
+}
+
+func (s *lostAckStore) ClearDeferred(ctx context.Context, p *claim.ClearDeferredParams) error {
+	d, err := deferrerOf(s.Store)
+	if err != nil {
+		return err
+	}
+	return d.ClearDeferred(ctx, p)
 }

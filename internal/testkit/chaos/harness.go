@@ -695,6 +695,7 @@ func (h *harness) startReplica() {
 
 		MaxConcurrentCalls: h.cfg.MaxConcurrentCalls,
 		MaxLockRenewal:     30 * time.Second,
+		LockDuration:       h.cfg.LockDuration,
 		HeartbeatInterval:  h.cfg.HeartbeatInterval,
 		TakeoverAfter:      h.cfg.TakeoverAfter,
 		StaleAfter:         h.cfg.StaleAfter,
@@ -1080,6 +1081,9 @@ func (h *harness) explainLocked(c *claim.Claim) (why, kind string) {
 	}
 	if h.heldAtDeath[holder][c.MessageID] {
 		return fmt.Sprintf("%s was killed holding it", holder), "killed holding it"
+	}
+	if h.led.grantUnanswered(c.MessageID, holder) {
+		return fmt.Sprintf("%s's call that took it got no answer (a timeout, or the replica killed mid-call) and may have committed: nobody held it", holder), "grant unanswered"
 	}
 	return "", "UNEXPLAINED"
 }

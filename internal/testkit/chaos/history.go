@@ -33,6 +33,10 @@ func (h *harness) checkHistory(ctx context.Context, rep *Report, claims map[stri
 			grants[key] = append(grants[key], g.owner)
 		}
 	}
+	unsure := make(map[string]map[uuid.UUID]string, len(h.led.unsure))
+	for key, os := range h.led.unsure {
+		unsure[key] = os
+	}
 	h.led.mu.Unlock()
 	for _, id := range ids {
 		c := claims[id]
@@ -47,9 +51,9 @@ func (h *harness) checkHistory(ctx context.Context, rep *Report, claims map[stri
 		for i, e := range hist {
 			switch e.What {
 			case claim.ChangeClaimed:
-				granted = append(granted, e.Owner)
+				granted = grantOf(granted, e.Owner, grants[id], unsure[id], &rep.UnansweredGrants)
 			case claim.ChangeTakenOver, claim.ChangeRedriven:
-				granted = append(granted, e.Owner)
+				granted = grantOf(granted, e.Owner, grants[id], unsure[id], &rep.UnansweredGrants)
 				takeOvers++
 				if i > 0 && e.PreviousOwner != hist[i-1].Owner {
 					rep.violate("claim %d (%s): history row %d takes the claim from owner %s, the previous row left it with %s", c.ID, id, e.ID, e.PreviousOwner, hist[i-1].Owner)
@@ -71,6 +75,21 @@ func (h *harness) checkHistory(ctx context.Context, rep *Report, claims map[stri
 		}
 		if !slices.Equal(granted, grants[id]) {
 			rep.violate("claim %d (%s): the history grants owners %v, the harness traced %v", c.ID, id, granted, grants[id])
+			rep.history(id, h.hist.of(id))
 		}
 	}
+}
+
+// grantOf appends a grant the history shows, unless its call failed
+// without a refusal (a timeout, a replica killed mid-call): it committed,
+// but its caller never learned it, so the harness traced no grant, and
+// nobody acted as that owner (a later take-over from it is traced). Those
+// are counted apart. (A caller may retry with the same owner token and
+// learn it then: that grant is traced.)
+func grantOf(granted []uuid.UUID, o uuid.UUID, traced []uuid.UUID, unsure map[uuid.UUID]string, unanswered *int) []uuid.UUID {
+	if _, ok := unsure[o]; ok && !slices.Contains(traced, o) {
+		*unanswered++
+		return granted
+	}
+	return append(granted, o)
 }

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -36,9 +37,13 @@ import (
 type ledger struct {
 	takeoverAfter, staleAfter time.Duration
 
-	mu       sync.Mutex
-	owners   map[uuid.UUID]*owner
-	grants   map[string][]grant // key → grants in order
+	mu     sync.Mutex
+	owners map[uuid.UUID]*owner
+	grants map[string][]grant // key → grants in order
+	// unsure: owners a grant's call offered, whose call failed without
+	// a refusal (a timeout, a replica killed mid-call): it may have
+	// committed. The history may show them; nobody acted as them.
+	unsure   map[string]map[uuid.UUID]string // key → owner → host
 	requests map[string][]request
 	wins     map[string]int
 	problems []string
@@ -67,7 +72,38 @@ func newLedger(takeoverAfter, staleAfter time.Duration) *ledger {
 	return &ledger{
 		takeoverAfter: takeoverAfter, staleAfter: staleAfter,
 		owners: map[uuid.UUID]*owner{}, grants: map[string][]grant{}, requests: map[string][]request{}, wins: map[string]int{},
+		unsure: map[string]map[uuid.UUID]string{},
 	}
+}
+
+// maybeGranted records a grant's call that failed with err: unless the
+// store refused it (the guard, the route), it may have committed with
+// nobody told.
+func (l *ledger) maybeGranted(key, host string, o uuid.UUID, err error) {
+	if err == nil || errors.Is(err, claim.ErrStateChanged) || errors.Is(err, claim.ErrRouteChanged) || key == "" {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.unsure[key] == nil {
+		l.unsure[key] = map[uuid.UUID]string{}
+	}
+	l.unsure[key][o] = host
+}
+
+// grantUnanswered reports whether host made a grant's call for key that
+// failed without a refusal: the claim may have been granted to an owner
+// nobody knew of, which nobody heartbeats, and which only a take-over
+// after its silence moves on.
+func (l *ledger) grantUnanswered(key, host string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, h := range l.unsure[key] {
+		if h == host {
+			return true
+		}
+	}
+	return false
 }
 
 func (l *ledger) problem(format string, args ...any) {

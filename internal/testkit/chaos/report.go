@@ -76,6 +76,10 @@ type Report struct {
 	// HistoryRows counts the history rows checked (checkHistory): one per
 	// change of a routed claim's owner or state.
 	HistoryRows int
+	// UnansweredGrants counts grants the history shows whose call failed
+	// without a refusal (a timeout, a replica killed mid-call): committed,
+	// never answered, so never traced (checkHistory).
+	UnansweredGrants int
 	// RecoveryExplained counts reconciler recoveries by what explains
 	// them (each must be explained, like a flag).
 	RecoveryExplained map[string]int
@@ -263,7 +267,7 @@ func (r *Report) Write(w io.Writer) {
 		fmt.Fprintf(w, " %s %d;", s, r.ClaimStates[s])
 	}
 	fmt.Fprintf(w, " reconciler flagged %d %s; operators' redrives at the end %d\n", r.Flagged, fmtMap(r.FlagReasons), r.Redriven)
-	fmt.Fprintf(w, "history: %d rows over %d claims, chained change by change, one per grant the harness traced\n", r.HistoryRows, r.Distinct)
+	fmt.Fprintf(w, "history: %d rows over %d claims, chained change by change, one per grant the harness traced (and %d committed grants whose caller got an error instead)\n", r.HistoryRows, r.Distinct, r.UnansweredGrants)
 	fmt.Fprintf(w, "flagged claims explained by: %s (unexplained %d); reconciler recoveries explained by: %s\n",
 		fmtMap(r.FlagExplained), r.Unexplained, fmtMap(r.RecoveryExplained))
 

@@ -115,6 +115,7 @@ func (s *traceStore) ClaimBatch(ctx context.Context, p *claim.ClaimBatchParams) 
 		}
 		switch {
 		case err != nil:
+			s.led.maybeGranted(c.MessageID, s.host, c.Owner, err)
 			s.hist.add(c.MessageID, "%s ClaimBatch (delivery %d): %s", s.host, c.DeliveryCount, errText(err))
 		case i < len(res) && res[i].Claim != nil:
 			r := res[i]
@@ -138,6 +139,7 @@ func (s *traceStore) TakeOver(ctx context.Context, p *claim.TakeOverParams) (*cl
 		s.hist.add(key, "%s TakeOver claim %d (path %s, delivery %d, from %.8s): ok, new owner %.8s", s.host, p.ID, p.Path, p.DeliveryCount, p.PreviousOwner, p.Owner)
 		return c, nil
 	}
+	s.led.maybeGranted(key, s.host, p.Owner, err)
 	s.hist.add(key, "%s TakeOver claim %d (path %s, delivery %d, from %.8s): %s", s.host, p.ID, p.Path, p.DeliveryCount, p.PreviousOwner, errText(err))
 	return c, err
 }
