@@ -777,7 +777,9 @@ func deferredNote(c *sbclaim.Claim) string {
 	case c.Deferred:
 		return fmt.Sprintf("sequence number %d, deferred at Service Bus until it is due", *c.DeferredSeq)
 	case c.State == sbclaim.StateClaimed:
-		return fmt.Sprintf("sequence number %d, fetched by %s", *c.DeferredSeq, printable(c.ClaimedBy, 0))
+		return fmt.Sprintf("sequence number %d, claim held by %s (the message is fetched, or stays deferred until it is settled)", *c.DeferredSeq, printable(c.ClaimedBy, 0))
+	case c.State == sbclaim.StateReleased:
+		return fmt.Sprintf("sequence number %d, handed back: fetched again once its holder is silent", *c.DeferredSeq)
 	}
-	return fmt.Sprintf("sequence number %d (not waiting: fetched, gone or settled)", *c.DeferredSeq)
+	return fmt.Sprintf("sequence number %d (not waiting for it: it is settled once its holder is silent, or forgotten if it is gone)", *c.DeferredSeq)
 }

@@ -48,9 +48,14 @@ type Deferrer interface {
 	// Entity whose deferred message a processor should fetch: released
 	// with DueAt passed; released with a DeferredSeq but no DueAt for
 	// SilentFor (the holder died between Defer and SetDue: its message may
-	// be deferred, or was never); or claimed with a DeferredSeq by a
-	// holder silent for SilentFor (a processor that fetched it and died).
-	// It changes nothing.
+	// be deferred, or was never; or it released the claim of a fetched
+	// message it handed back: the message carries the retry, whatever
+	// NextAttemptAt says); or
+	// claimed with a DeferredSeq by a processor that took it from its
+	// message (TakeOverPath redelivery) and has been silent for SilentFor
+	// (it fetched the message and died). A claim the reconciler or an
+	// operator holds is theirs to finish: it keeps its message for the
+	// stranded sweep. It changes nothing.
 	FindDue(ctx context.Context, params *FindDueParams) ([]*Claim, error)
 
 	// TakeDeferred gives a claim found by FindDue to a new owner, guarded

@@ -290,8 +290,10 @@ type TakeOverParams struct {
 	// Seq (PathRedelivery) is the broker sequence number of the taking
 	// delivery. A claim that names another message (DeferredSeq: deferred,
 	// being deferred, or fetched by its holder) is refused: that message
-	// carries the claim. A take-over, like a Release, clears DeferredSeq
-	// and DueAt.
+	// carries the claim. A take-over clears DueAt; a take-over by
+	// redelivery (the claim's own message) also clears DeferredSeq, the
+	// reconciler's and an operator's keep it (the message is still
+	// deferred: see Deferrer).
 	Seq *int64
 	// NewKey (PathOperator only) moves the claim to a new idempotency key
 	// in the same guarded write: KeyRevision + 1, EffectKey the claim's

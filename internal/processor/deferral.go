@@ -186,6 +186,9 @@ func deferredElsewhere(d *delivery, c *claim.Claim) (bool, string) {
 		// Its holder fetched the claim's deferred message. If it died, the
 		// message goes back to deferred when its lock ends and a poller
 		// takes the claim again once the holder is silent.
+		if c.TakeOverPath != claim.PathRedelivery {
+			return true, fmt.Sprintf("the claim is held by %s (%s), and its message (sequence number %d) stays deferred until it is settled", c.ClaimedBy, c.TakeOverPath, *c.DeferredSeq)
+		}
 		return true, fmt.Sprintf("the claim's deferred message (sequence number %d) was fetched by %s and carries the work", *c.DeferredSeq, c.ClaimedBy)
 	}
 	return false, ""
@@ -266,7 +269,8 @@ func (p *Processor) pollOnce(ctx, work context.Context, slots chan struct{}) int
 // message went back to deferred, where no receive finds it, and a
 // finished claim sends no poller for it). Such a claim still names its
 // message (DeferredSeq is cleared only once the message is settled);
-// once its holder is silent for TakeoverAfter, one replica takes it
+// once its holder is silent for strandedAfter (its lock has ended, so a
+// "not found" is final), one replica takes it
 // (TakeStranded: a guarded write, so replicas do not race for it), fetches
 // the message by its sequence number and settles it as a copy of a
 // finished claim would be (runStranded). The effect never runs again.
@@ -278,7 +282,7 @@ func (p *Processor) sweepStranded(ctx, work context.Context, lr *liveReceiver, s
 	}
 	sctx, cancel := context.WithTimeout(ctx, p.opts.StoreTimeout)
 	stranded, err := p.deferrer.FindStranded(sctx, &claim.FindDueParams{Consumer: p.opts.Consumer, Entity: p.opts.Entity,
-		SilentFor: p.opts.TakeoverAfter, Limit: free})
+		SilentFor: p.strandedAfter(), Limit: free})
 	cancel()
 	if err != nil {
 		if !p.storeErr(err) && ctx.Err() == nil {
@@ -309,7 +313,7 @@ func (p *Processor) fetchStranded(ctx, work context.Context, lr *liveReceiver, c
 	seq := *c.DeferredSeq
 	log := p.log.With("message_id", c.MessageID, "claim_id", c.ID, "sequence_number", seq, "claim_state", c.State)
 	sctx, cancel := context.WithTimeout(ctx, p.opts.StoreTimeout)
-	err := p.deferrer.TakeStranded(sctx, &claim.TakeStrandedParams{ID: c.ID, Seq: seq, State: c.State, SilentFor: p.opts.TakeoverAfter})
+	err := p.deferrer.TakeStranded(sctx, &claim.TakeStrandedParams{ID: c.ID, Seq: seq, State: c.State, SilentFor: p.strandedAfter()})
 	cancel()
 	switch {
 	case errors.Is(err, claim.ErrStateChanged):
@@ -354,7 +358,7 @@ func (p *Processor) fetchStranded(ctx, work context.Context, lr *liveReceiver, c
 		log.Warn("the receiver was replaced while fetching a stranded deferred message; it is fetched again later")
 		return false
 	}
-	p.metrics.StrandedMessages.WithLabelValues("settled").Inc()
+	p.metrics.StrandedMessages.WithLabelValues("fetched").Inc()
 	p.inflight.Add(1)
 	d := &delivery{msg: m, lr: lr, received: time.Now(), fetched: true,
 		log: p.log.With("message_id", m.MessageID, "delivery_count", m.DeliveryCount, "sequence_number", seq)}
@@ -372,15 +376,31 @@ func (p *Processor) fetchStranded(ctx, work context.Context, lr *liveReceiver, c
 // failure to the dead-letter queue when the claim names it (failedCopy);
 // a flagged claim's message is completed when the claim stored its
 // payload (an operator's redrive runs from it), dead-lettered with the
-// flag reason otherwise (the dead-letter queue keeps the body).
+// flag reason otherwise (the dead-letter queue keeps the body). A message
+// whose key is not the claim's is abandoned (back to deferred) and
+// forgotten by the claim.
 func (p *Processor) runStranded(work context.Context, d *delivery, c *claim.Claim) verdict {
 	d.at(c)
+	if key, err := p.opts.Key(d.msg); err != nil || key != c.MessageID {
+		// Not this claim's message (an entity recreated since: its
+		// sequence numbers start again): leave it to its own claim, and
+		// forget it here.
+		d.log.Warn("the stranded claim's sequence number names another message; forgetting it", "claim_key", c.MessageID, "message_key", key)
+		sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
+		err := p.deferrer.ClearDeferred(sctx, &claim.ClearDeferredParams{ID: c.ID, Seq: *d.msg.SequenceNumber})
+		cancel()
+		if err != nil && !errors.Is(err, claim.ErrStateChanged) {
+			p.storeErr(err)
+		}
+		d.claimID = 0 // settling it forgets nothing of c
+		return abandoned(ResultAbandoned, "why", "stranded claim's sequence number names another message")
+	}
 	d.log.Info("settling a deferred message its holder left behind after finishing its claim", "claim_state", c.State)
 	switch c.State {
 	case claim.StateFailed:
 		return p.failedCopy(work, d, c, "why", "stranded deferred message")
 	case claim.StateFlagged:
-		if !p.opts.StorePayload {
+		if c.Payload == nil {
 			return deadLettered(ResultFlagged, ReasonClaimFlagged, c.FlagReason)
 		}
 	}
@@ -452,11 +472,11 @@ func (p *Processor) fetch(ctx, work context.Context, lr *liveReceiver, c *claim.
 		// session, may still hold the message's lock (a holder whose
 		// store writes failed while it renewed the lock; one killed a
 		// moment ago), and a locked message is not found. Look again
-		// once any lock has ended: the claim waits as deferred, due in
-		// the entity's lock duration; a second "not found" then is
-		// final.
+		// once any lock has ended: the claim waits as deferred, due
+		// once that holder's lock has certainly ended (holdWait); a
+		// second "not found" then is final.
 		p.metrics.DeferredFetches.WithLabelValues("unsure").Inc()
-		wait := p.lockWait()
+		wait := p.holdWait()
 		log.Info("the deferred message was not found while its previous holder may still lock it; looking again once any lock has ended", "in", wait)
 		p.giveBack(work, taken, seq, wait, fmt.Sprintf("the deferred message (sequence number %d) was not found; its previous holder may still have locked it", seq))
 		return false
@@ -477,8 +497,15 @@ func (p *Processor) fetch(ctx, work context.Context, lr *liveReceiver, c *claim.
 	default:
 		// The broker did not answer: give the claim back, due again soon.
 		p.metrics.DeferredFetches.WithLabelValues("error").Inc()
-		log.Warn("fetching a deferred message failed; due again at the next poll", "error", err)
-		p.giveBack(work, taken, seq, p.opts.DeferPollInterval, "fetching the deferred message failed: "+claim.ErrorText(err))
+		// Taken from a silent holder, the message may be locked by it:
+		// the next look must wait as long as a "not found" would, or a
+		// "not found" then would look final.
+		wait := p.opts.DeferPollInterval
+		if !c.Deferred() {
+			wait = p.holdWait()
+		}
+		log.Warn("fetching a deferred message failed; due again later", "in", wait, "error", err)
+		p.giveBack(work, taken, seq, wait, "fetching the deferred message failed: "+claim.ErrorText(err))
 		return false
 	}
 	p.metrics.DeferredFetches.WithLabelValues("fetched").Inc()
@@ -520,14 +547,30 @@ func (p *Processor) giveBack(work context.Context, taken *claim.Claim, seq int64
 	}
 }
 
-// lockWait is how long after a holder's silence its lock on a message
-// has certainly ended: the entity's lock duration, or Service Bus's
-// longest (5 minutes) when it is not configured.
-func (p *Processor) lockWait() time.Duration {
+// lockDuration is the entity's lock duration, or Service Bus's longest
+// (5 minutes) when it is not configured.
+func (p *Processor) lockDuration() time.Duration {
 	if p.opts.LockDuration > 0 {
 		return p.opts.LockDuration
 	}
 	return 5 * time.Minute
+}
+
+// holdWait is how long after its last sign of life in the store a holder
+// may still lock its message: a holder whose store writes fail goes on
+// running its effect and renewing the lock for up to MaxLockRenewal, then
+// the lock lasts its duration, then the holder may still settle.
+func (p *Processor) holdWait() time.Duration {
+	return max(p.opts.MaxLockRenewal, 0) + p.lockDuration() + p.opts.SettleTimeout
+}
+
+// strandedAfter is how long a finished claim's holder must have been
+// silent before the sweep fetches its message: it wrote its outcome, so
+// its store answered; it then settles at once, trying twice within
+// 2 x SettleTimeout, and if it died, its lock ends within the lock
+// duration. Never less than TakeoverAfter.
+func (p *Processor) strandedAfter() time.Duration {
+	return max(p.opts.TakeoverAfter, p.lockDuration()+3*p.opts.SettleTimeout)
 }
 
 // releaseFetched releases a taken claim whose message could not be

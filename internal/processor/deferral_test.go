@@ -530,6 +530,9 @@ func strandedScenario(t *testing.T, be string, final error, crash func(*processo
 	opts := b.deferOptions()
 	opts.MaxLockRenewal = 0 // the dead replica's lock runs out (its renewal ends with it)
 	opts.HeartbeatInterval, opts.TakeoverAfter = 100*time.Millisecond, time.Second
+	// The sweep waits for the dead holder's lock to end: the lock
+	// duration plus three settle timeouts (0.9 s), at least TakeoverAfter.
+	opts.LockDuration, opts.SettleTimeout = 300*time.Millisecond, 200*time.Millisecond
 	crash(&opts.Hooks, func(_ context.Context, m *azservicebus.ReceivedMessage) error {
 		if m.DeliveryCount == 2 { // the fetched delivery
 			return processor.ErrCrash
@@ -559,8 +562,8 @@ func TestStrandedMessageOfAProcessedClaimIsCompleted(t *testing.T) {
 		if c := b.claimOf("m1"); c.State != claim.StateProcessed {
 			t.Fatalf("claim: state %s, want processed", c.State)
 		}
-		if got := int(testutil.ToFloat64(opts.Metrics.StrandedMessages.WithLabelValues("settled"))); got != 1 {
-			t.Errorf("sbclaim_stranded_messages_total{result=settled} = %d, want 1", got)
+		if got := int(testutil.ToFloat64(opts.Metrics.StrandedMessages.WithLabelValues("fetched"))); got != 1 {
+			t.Errorf("sbclaim_stranded_messages_total{result=fetched} = %d, want 1", got)
 		}
 	})
 }
@@ -648,7 +651,9 @@ func TestDeferredMessageLockedByASilentHolderIsLookedForAgain(t *testing.T) {
 		}
 		opts := b.deferOptions()
 		opts.HeartbeatInterval, opts.TakeoverAfter = 100*time.Millisecond, time.Second
-		opts.LockDuration = 500 * time.Millisecond // how long the claim waits for a lock to end (the queue's is longer: the renewal holds it)
+		// How long the claim waits for the silent holder's lock to end:
+		// its renewal (1.5 s) + the lock duration + a settle timeout.
+		opts.MaxLockRenewal, opts.LockDuration, opts.SettleTimeout = 1500*time.Millisecond, 500*time.Millisecond, 500*time.Millisecond
 		b.start(opts)
 		b.send("m1", "pay", `{}`, nil)
 		b.waitCompleted(b.q, "m1", 1)

@@ -823,6 +823,13 @@ func (p *Processor) lost(work context.Context, d *delivery, c *claim.Claim, eo s
 		// Work remains and nobody holds it: keep the message.
 		return abandoned(ResultLost, attrs...)
 	}
+	if d.fetched && now.State.Unfinished() && now.DeferredSeq != nil && d.msg.SequenceNumber != nil && *now.DeferredSeq == *d.msg.SequenceNumber {
+		// A poller took the claim to fetch this very message (this
+		// holder looked silent): it carries the work. Hand it back to
+		// deferred for that poller, which looks again once this lock
+		// has ended.
+		return abandoned(ResultLost, attrs...)
+	}
 	if messageless(now) {
 		// Taken by the reconciler's recovery or an operator's redrive,
 		// which have no message: keep it, so that a final answer they

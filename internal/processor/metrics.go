@@ -120,7 +120,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 		StrandedMessages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sbclaim_stranded_messages_total",
-			Help: "Deferred messages of finished claims that a replica fetched and settled after their holder died before settling them, by result (settled, gone: nothing left to settle, guard: another replica took it first, error).",
+			Help: "Deferred messages of finished claims that a replica fetched and settled after their holder died before settling them, by result (fetched: fetched to be settled, gone: nothing left to settle, guard: another replica took it first, error).",
 		}, []string{"result"}),
 		RouteBreakerOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "sbclaim_route_breaker_open",

@@ -395,6 +395,24 @@ func (s *suite) recoveryKeeps(t *testing.T) {
 	if taken.DeferredSeq == nil || *taken.DeferredSeq != 33 || taken.DueAt != nil {
 		t.Fatalf("after recovery: DeferredSeq %v, DueAt %v; want 33 kept, no due time", taken.DeferredSeq, taken.DueAt)
 	}
+	findDue := func() int {
+		t.Helper()
+		got, err := d.FindDue(ctxT(t), &claim.FindDueParams{Consumer: "billing", Entity: c.Entity, SilentFor: time.Minute})
+		if err != nil {
+			t.Fatalf("FindDue: %v", err)
+		}
+		return len(got)
+	}
+	// The reconciler holds it: even silent (its recovery got an unknown
+	// outcome and wrote nothing), it is the reconciler's to finish, not a
+	// poller's to fetch.
+	s.backdate(t, st, c.ID, 10*time.Minute)
+	if n := findDue(); n != 0 {
+		t.Fatalf("FindDue returned a claim the reconciler holds (%d)", n)
+	}
+	_, err = d.TakeDeferred(ctxT(t), &claim.TakeDeferredParams{ID: c.ID, PreviousOwner: taken.Owner, Owner: uuid.New(),
+		Seq: 33, SilentFor: time.Minute, By: "host-b"})
+	wantErr(t, "TakeDeferred of a claim the reconciler holds", err, claim.ErrStateChanged)
 	if err := st.MarkProcessed(ctxT(t), &claim.MarkProcessedParams{ID: c.ID, Owner: taken.Owner}); err != nil {
 		t.Fatalf("MarkProcessed: %v", err)
 	}
@@ -566,7 +584,8 @@ func (s *suite) clearEndsTheWait(t *testing.T) {
 	if err := d.Defer(ctxT(t), &claim.DeferParams{ID: h.ID, Owner: h.Owner, Seq: 72}); err != nil {
 		t.Fatalf("Defer: %v", err)
 	}
-	taken, err := d.TakeDeferred(ctxT(t), &claim.TakeDeferredParams{ID: h.ID, PreviousOwner: h.Owner, Owner: uuid.New(), Seq: 72, SilentFor: time.Nanosecond, By: "host-b"})
+	s.backdate(t, st, h.ID, 10*time.Minute)
+	taken, err := d.TakeDeferred(ctxT(t), &claim.TakeDeferredParams{ID: h.ID, PreviousOwner: h.Owner, Owner: uuid.New(), Seq: 72, SilentFor: time.Minute, By: "host-b"})
 	if err != nil {
 		t.Fatalf("TakeDeferred: %v", err)
 	}

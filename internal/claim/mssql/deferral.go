@@ -51,7 +51,10 @@ WHERE Id = @p1 AND Owner = @p2 AND State = 'released' AND DeferredSeq = @p3 AND 
 // so the optimizer matches the filtered index.
 func duePredicate(a *args, silentFor time.Duration) string {
 	return "DeferredSeq IS NOT NULL AND State IN ('claimed', 'released')" +
-		" AND ((State = 'released' AND DueUtc <= SYSUTCDATETIME()) OR ((State = 'claimed' OR (State = 'released' AND DueUtc IS NULL)) AND HeartbeatUtc < " + agoSQL(a, silentFor) + "))"
+		" AND ((State = 'released' AND DueUtc <= SYSUTCDATETIME())" +
+		" OR ((State = 'claimed' AND TakeOverPath = 'redelivery'" +
+		" OR State = 'released' AND DueUtc IS NULL)" +
+		" AND HeartbeatUtc < " + agoSQL(a, silentFor) + "))"
 }
 
 // FindDue lists the claims whose deferred message is due, earliest first.

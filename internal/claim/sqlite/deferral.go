@@ -46,7 +46,9 @@ func (s *Store) SetDue(ctx context.Context, params *claim.SetDueParams) error {
 // duePredicate is FindDue's and TakeDeferred's test; ?1 is the SilentFor
 // modifier (see ago).
 const duePredicate = `deferred_seq IS NOT NULL AND ((state = 'released' AND due_utc <= ` + nowSQL + `)
-	OR ((state = 'claimed' OR (state = 'released' AND due_utc IS NULL)) AND heartbeat_utc < ` + agoSQL + `))`
+	OR ((state = 'claimed' AND take_over_path = 'redelivery'
+		OR state = 'released' AND due_utc IS NULL)
+		AND heartbeat_utc < ` + agoSQL + `))`
 
 // FindDue lists the claims whose deferred message is due, earliest first.
 func (s *Store) FindDue(ctx context.Context, params *claim.FindDueParams) ([]*claim.Claim, error) {

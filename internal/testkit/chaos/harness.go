@@ -1075,14 +1075,14 @@ func (h *harness) explainLocked(c *claim.Claim) (why, kind string) {
 	if h.timedOut[c.MessageID] {
 		return "an effect request of it got no answer within the route's timeout: its outcome was unknown", "answer timed out"
 	}
-	holder := c.ClaimedBy
+	holder, holderOwner := c.ClaimedBy, c.Owner
 	if c.TakeOverPath == claim.PathReconciler || c.TakeOverPath == claim.PathOperator {
-		holder = c.PreviousHolder // who left it to the reconciler
+		holder, holderOwner = c.PreviousHolder, c.PreviousOwner // who left it to the reconciler
 	}
 	if h.heldAtDeath[holder][c.MessageID] {
 		return fmt.Sprintf("%s was killed holding it", holder), "killed holding it"
 	}
-	if h.led.grantUnanswered(c.MessageID, holder) {
+	if h.led.grantUnanswered(c.MessageID, holderOwner) {
 		return fmt.Sprintf("%s's call that took it got no answer (a timeout, or the replica killed mid-call) and may have committed: nobody held it", holder), "grant unanswered"
 	}
 	return "", "UNEXPLAINED"

@@ -91,19 +91,15 @@ func (l *ledger) maybeGranted(key, host string, o uuid.UUID, err error) {
 	l.unsure[key][o] = host
 }
 
-// grantUnanswered reports whether host made a grant's call for key that
-// failed without a refusal: the claim may have been granted to an owner
-// nobody knew of, which nobody heartbeats, and which only a take-over
-// after its silence moves on.
-func (l *ledger) grantUnanswered(key, host string) bool {
+// grantUnanswered reports whether owner o of key was offered by a
+// grant's call that failed without a refusal: the claim was granted to an
+// owner nobody knew of, which nobody heartbeats, and which only a
+// take-over after its silence moves on.
+func (l *ledger) grantUnanswered(key string, o uuid.UUID) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, h := range l.unsure[key] {
-		if h == host {
-			return true
-		}
-	}
-	return false
+	_, ok := l.unsure[key][o]
+	return ok
 }
 
 func (l *ledger) problem(format string, args ...any) {
