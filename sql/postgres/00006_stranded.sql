@@ -8,13 +8,19 @@
 -- index covers every state: deferred_seq is cleared once the message is
 -- settled, so the index holds only claims whose message is still at the
 -- broker.
+--
+-- Built CONCURRENTLY (outside a transaction), so a large claims table
+-- keeps taking writes while it builds. A build that fails (a lock
+-- timeout) leaves an INVALID index behind: drop ix_claims_deferred_any
+-- and migrate again.
 
+-- +goose NO TRANSACTION
 -- +goose Up
-DROP INDEX ix_claims_deferred;
-CREATE INDEX ix_claims_deferred ON claims (consumer, entity, due_utc)
+CREATE INDEX CONCURRENTLY ix_claims_deferred_any ON claims (consumer, entity, due_utc)
     WHERE deferred_seq IS NOT NULL;
+DROP INDEX CONCURRENTLY IF EXISTS ix_claims_deferred;
 
 -- +goose Down
-DROP INDEX ix_claims_deferred;
-CREATE INDEX ix_claims_deferred ON claims (consumer, entity, due_utc)
+CREATE INDEX CONCURRENTLY ix_claims_deferred ON claims (consumer, entity, due_utc)
     WHERE deferred_seq IS NOT NULL AND state IN ('claimed', 'released');
+DROP INDEX CONCURRENTLY IF EXISTS ix_claims_deferred_any;

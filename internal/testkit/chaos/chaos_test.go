@@ -589,8 +589,12 @@ func TestChaosMisconfiguredSQLite(t *testing.T) {
 	if !rep.Pass() {
 		t.Fatalf("misconfigured: exactly-once violated:\n%s", strings.Join(rep.Violations, "\n"))
 	}
-	if len(rep.Windows) != 1 || rep.Windows[0].Keys == 0 || rep.Windows[0].PerformedAfter != rep.Windows[0].Keys {
-		t.Errorf("windows %+v: want the misconfiguration's, every refused message performed after it", rep.Windows)
+	// A refused request may repeat a key performed before the window (a
+	// holder that took over a claim whose outcome was not yet recorded:
+	// on a loaded machine a heartbeat can be late); every other refused
+	// message is performed after it (and the run checks none during it).
+	if w := rep.Windows; len(w) != 1 || w[0].Keys == 0 || w[0].PerformedAfter == 0 || w[0].PerformedAfter+w[0].PerformedBefore != w[0].Keys {
+		t.Errorf("windows %+v: want the misconfiguration's, every refused message performed after it (or before it began)", rep.Windows)
 	}
 	if rep.ClaimStates[claim.StateFailed] != 0 || rep.BrokerDeadLettered != 0 || rep.Postponed == 0 {
 		t.Errorf("failed claims %d, dead-lettered by the broker %d, postponed %d; want 0, 0, some",

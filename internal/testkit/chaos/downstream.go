@@ -162,6 +162,10 @@ type WindowReport struct {
 	// PerformedAfter counts those messages whose effect was performed
 	// after the window ended (all of them, or the run fails).
 	PerformedAfter int
+	// PerformedBefore counts those whose effect had been performed before
+	// the window began: the refused request was a repeat (a holder that
+	// took over a claim whose outcome was not recorded yet).
+	PerformedBefore int
 	// LastEffect is the time from the window's end to the last effect of
 	// a message it refused.
 	LastEffect time.Duration
@@ -192,6 +196,7 @@ func (h *harness) checkWindows(rep *Report) {
 				// Performed before the window: the refused request was a
 				// repeat (a recovery of a claim whose outcome was not
 				// recorded).
+				wr.PerformedBefore++
 			case !at.After(w.end):
 				rep.violate("%s: %s performed at %s, before the window ended (%s)", w.fault, key, at.Format(time.TimeOnly), w.end.Format(time.TimeOnly))
 			default:

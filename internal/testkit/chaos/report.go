@@ -208,8 +208,8 @@ func (r *Report) WindowLines() []string {
 	lines := []string{fmt.Sprintf("downstream windows: dead-lettered by the broker %d (MaxDeliveryCountExceeded), postponed %d (deferrals at the broker %d, fetched by sequence number %d)",
 		r.BrokerDeadLettered, r.Postponed, r.Queue.Deferrals, r.Queue.DeferredReceives)}
 	for _, w := range r.Windows {
-		lines = append(lines, fmt.Sprintf("  %s: window %s, %d requests refused for %d messages; %d of them performed after the window ended; from the window's end to the last effect %s",
-			w.Fault, w.Duration.Round(time.Millisecond), w.Refused, w.Keys, w.PerformedAfter, w.LastEffect.Round(time.Millisecond)))
+		lines = append(lines, fmt.Sprintf("  %s: window %s, %d requests refused for %d messages; %d of them performed after the window ended (%d before it began: the refused request was a repeat); from the window's end to the last effect %s",
+			w.Fault, w.Duration.Round(time.Millisecond), w.Refused, w.Keys, w.PerformedAfter, w.PerformedBefore, w.LastEffect.Round(time.Millisecond)))
 	}
 	return lines
 }
