@@ -325,15 +325,7 @@ func (p *Processor) fetchStranded(ctx, work context.Context, lr *liveReceiver, c
 		log.Warn("taking a stranded deferred message failed", "error", err)
 		return false
 	}
-	rctx, rcancel := context.WithTimeout(ctx, p.opts.SettleTimeout)
-	msgs, err := lr.r.ReceiveDeferredMessages(rctx, []int64{seq}, nil)
-	rcancel()
-	var m *azservicebus.ReceivedMessage
-	for _, x := range msgs {
-		if x.SequenceNumber != nil && *x.SequenceNumber == seq {
-			m = x
-		}
-	}
+	m, err := p.fetchBySeq(ctx, lr, seq)
 	switch {
 	case m != nil:
 	case err == nil || isNotFound(err):
@@ -454,15 +446,7 @@ func (p *Processor) fetch(ctx, work context.Context, lr *liveReceiver, c *claim.
 	}
 	p.metrics.TakeOvers.WithLabelValues(string(claim.PathRedelivery)).Inc()
 
-	rctx, rcancel := context.WithTimeout(ctx, p.opts.SettleTimeout)
-	msgs, err := lr.r.ReceiveDeferredMessages(rctx, []int64{seq}, nil)
-	rcancel()
-	var m *azservicebus.ReceivedMessage
-	for _, x := range msgs {
-		if x.SequenceNumber != nil && *x.SequenceNumber == seq {
-			m = x
-		}
-	}
+	m, err := p.fetchBySeq(ctx, lr, seq)
 	switch {
 	case m != nil:
 	case (err == nil || isNotFound(err)) && !c.Deferred():
@@ -571,6 +555,21 @@ func (p *Processor) holdWait() time.Duration {
 // duration. Never less than TakeoverAfter.
 func (p *Processor) strandedAfter() time.Duration {
 	return max(p.opts.TakeoverAfter, p.lockDuration()+3*p.opts.SettleTimeout)
+}
+
+// fetchBySeq fetches the deferred message with sequence number seq, or
+// nil when the broker returned none (err says why, CodeNotFound when it
+// is not deferred: gone, or locked by another receiver).
+func (p *Processor) fetchBySeq(ctx context.Context, lr *liveReceiver, seq int64) (*azservicebus.ReceivedMessage, error) {
+	rctx, cancel := context.WithTimeout(ctx, p.opts.SettleTimeout)
+	defer cancel()
+	msgs, err := lr.r.ReceiveDeferredMessages(rctx, []int64{seq}, nil)
+	for _, m := range msgs {
+		if m.SequenceNumber != nil && *m.SequenceNumber == seq {
+			return m, err
+		}
+	}
+	return nil, err
 }
 
 // releaseFetched releases a taken claim whose message could not be
