@@ -612,8 +612,35 @@ func (p *Processor) runFetched(work context.Context, d *delivery, c *claim.Claim
 		// performed; a manual route's downstream does not honour the key.
 		return p.flagHeldFor(work, d, c, fmt.Sprintf("route %q (recovery manual): the holder of the deferred message (%s) went silent; its effect's outcome is unknown",
 			d.handler.Name, c.PreviousHolder))
+	case c.Payload != nil && int(d.msg.DeliveryCount) >= p.opts.MaxDeliveryCount:
+		return p.handOffLast(work, d, c)
 	}
 	return p.runHeld(work, d, c)
+}
+
+// handOffLast hands the claim of a fetched message on its last delivery
+// to the reconciler's recovery without attempting the effect: a replica
+// that died during the attempt would leave the message to its lock, and
+// the broker dead-letters a message whose lock ends on its last delivery.
+// The claim is released (due at once) with its stored payload, which
+// carries it; the message is completed.
+func (p *Processor) handOffLast(work context.Context, d *delivery, c *claim.Claim) verdict {
+	cause := fmt.Sprintf("the deferred message's deliveries are spent (delivery %d of %d): its stored payload carries the claim to the reconciler's recovery",
+		d.msg.DeliveryCount, p.opts.MaxDeliveryCount)
+	err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
+		return p.opts.Store.Release(ctx, &claim.ReleaseParams{ID: c.ID, Owner: c.Owner, Error: cause})
+	})
+	switch {
+	case errors.Is(err, claim.ErrStateChanged):
+		return p.lost(work, d, c, sideeffects.OutcomeRetryable)
+	case err != nil:
+		// The claim stays claimed and goes silent: the reconciler's
+		// recovery takes it once stale. The message goes all the same
+		// (an abandon would dead-letter it).
+		p.storeErr(err)
+		d.log.Warn("handing the claim of a message on its last delivery to the reconciler failed; it recovers the claim once stale", "error", err)
+	}
+	return completed(ResultHandedOff, "why", cause)
 }
 
 // deferred records, once settle deferred the message, when it is due

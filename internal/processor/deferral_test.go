@@ -111,11 +111,12 @@ func outageScenario(t *testing.T, be string, deferral bool) (*bundle, processor.
 
 // TestOutageLongerThanTheDeliveryBudgetDeadLettersNothing: each fetch of a
 // deferred message counts as a delivery, so the third one is the last the
-// broker allows. The processor does not defer it again (the broker would
-// dead-letter it): it hands the claim to the reconciler — released, next
-// attempt due, payload stored — and completes the message. The
-// reconciler's recovery then performs the effect once. The broker
-// dead-letters nothing.
+// broker allows. The processor does not attempt the effect on it (a
+// replica that died during the attempt would leave the message to its
+// lock, and the broker would dead-letter it): it hands the claim to the
+// reconciler — released, payload stored — and completes the message. The
+// reconciler's recovery then retries it until the downstream is back and
+// performs the effect once. The broker dead-letters nothing.
 func TestOutageLongerThanTheDeliveryBudgetDeadLettersNothing(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, be string) {
 		b, opts := outageScenario(t, be, true)
@@ -125,11 +126,15 @@ func TestOutageLongerThanTheDeliveryBudgetDeadLettersNothing(t *testing.T) {
 		// The outcome is counted just after the message is completed.
 		b.eventually("the hand-off counted", func() bool { return outcomes(opts.Metrics, processor.ResultHandedOff) == 1 })
 		c := b.claimOf("m1")
-		if c.State != claim.StateReleased || c.Payload == nil || c.NextAttemptAt == nil || c.Postponements != 2 {
-			t.Fatalf("claim: state %s, payload %v, next attempt %v, postponements %d; want released with its payload after 2 postponements",
-				c.State, c.Payload != nil, c.NextAttemptAt, c.Postponements)
+		if c.State != claim.StateReleased || c.Payload == nil || c.Postponements != 2 || !strings.Contains(c.LastError, "deliveries are spent (delivery 3 of 3)") {
+			t.Fatalf("claim: state %s, payload %v, postponements %d, last error %q; want released with its payload after 2 postponements, handed off on the last delivery",
+				c.State, c.Payload != nil, c.Postponements, c.LastError)
+		}
+		if calls := b.eff.Calls("m1"); calls != 2 {
+			t.Fatalf("calls %d before the reconciler, want 2 (the last delivery attempts nothing)", calls)
 		}
 		rec, err := reconciler.New(b.store, reconciler.Config{StaleAfter: 30 * time.Millisecond, HeartbeatInterval: 10 * time.Millisecond,
+			RecoveryBackoff: 10 * time.Millisecond, RecoveryBackoffMax: 10 * time.Millisecond,
 			Routes: reconciler.Routes{"billing": b.router}}, slog.New(slog.DiscardHandler), nil)
 		if err != nil {
 			t.Fatal(err)
@@ -676,5 +681,42 @@ func TestDeferredMessageLockedByASilentHolderIsLookedForAgain(t *testing.T) {
 		if c := b.claimOf("m1"); c.State != claim.StateProcessed || c.TakeOverPath != claim.PathRedelivery || c.LateSuccessAt == nil {
 			t.Fatalf("claim: state %s, path %s, late success %v; want processed by a fetch, the silent holder's success noted", c.State, c.TakeOverPath, c.LateSuccessAt)
 		}
+	})
+}
+
+// TestLastDeliveryOfAFetchedMessageIsHandedOffUnattempted: the fetched
+// delivery is the message's last (MaxDeliveryCount 2). The effect is not
+// attempted on it: the claim is released to the reconciler with its
+// stored payload, the message completed, and the claim forgets it. The
+// broker dead-letters nothing, whatever happens to the replica after.
+func TestLastDeliveryOfAFetchedMessageIsHandedOffUnattempted(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{MaxDeliveryCount: 2})
+		b.eff.behave = func(_, _ string, call int) error {
+			if call == 1 {
+				return sideeffects.Retryable(errors.New("downstream 503"))
+			}
+			return nil
+		}
+		opts := b.deferOptions()
+		opts.MaxDeliveryCount = 2
+		b.start(opts)
+		b.send("m1", "pay", `{}`, nil)
+		b.waitCompleted(b.q, "m1", 1)
+		b.waitIdle()
+
+		if st := b.q.Stats(); st.DeadLettered != 0 || st.Completed != 1 || st.Deferred != 0 || st.DeferredReceives != 1 {
+			t.Fatalf("broker: %+v; want the fetched last delivery completed, not dead-lettered", st)
+		}
+		if calls := b.eff.Calls("m1"); calls != 1 {
+			t.Fatalf("calls %d, want 1 (the last delivery attempts nothing)", calls)
+		}
+		b.eventually("the claim forgets its message", func() bool { return b.claimOf("m1").DeferredSeq == nil })
+		c := b.claimOf("m1")
+		if c.State != claim.StateReleased || c.Payload == nil || !strings.Contains(c.LastError, "deliveries are spent") {
+			t.Fatalf("claim: state %s, payload stored %v, last error %q; want released to the reconciler with its payload", c.State, c.Payload != nil, c.LastError)
+		}
+		// The outcome is counted just after the message is completed.
+		b.eventually("the hand-off counted", func() bool { return outcomes(opts.Metrics, processor.ResultHandedOff) == 1 })
 	})
 }

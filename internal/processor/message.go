@@ -819,16 +819,28 @@ func (p *Processor) lost(work context.Context, d *delivery, c *claim.Claim, eo s
 	default:
 		d.log.Info("claim lost while its effect ran; the effect was cancelled", attrs...)
 	}
+	// keep hands the message back to the broker for the claim's next
+	// attempt — except a fetched message on its last delivery, which an
+	// abandon would dead-letter: the claim's stored payload carries the
+	// work then, and the message is completed (the claim forgets it, and
+	// a poller that took the claim to fetch it finds nothing and, once
+	// sure, releases it to the reconciler's recovery).
+	keep := func() verdict {
+		if d.fetched && now.Payload != nil && int(d.msg.DeliveryCount) >= p.opts.MaxDeliveryCount {
+			return completed(ResultLost, append(attrs, "why", "the message's last delivery: its claim's stored payload carries the work")...)
+		}
+		return abandoned(ResultLost, attrs...)
+	}
 	if now.State == claim.StateReleased {
 		// Work remains and nobody holds it: keep the message.
-		return abandoned(ResultLost, attrs...)
+		return keep()
 	}
 	if d.fetched && now.State.Unfinished() && now.DeferredSeq != nil && d.msg.SequenceNumber != nil && *now.DeferredSeq == *d.msg.SequenceNumber {
 		// A poller took the claim to fetch this very message (this
 		// holder looked silent): it carries the work. Hand it back to
 		// deferred for that poller, which looks again once this lock
 		// has ended.
-		return abandoned(ResultLost, attrs...)
+		return keep()
 	}
 	if messageless(now) {
 		// Taken by the reconciler's recovery or an operator's redrive,

@@ -1082,6 +1082,9 @@ func (h *harness) explainLocked(c *claim.Claim) (why, kind string) {
 	if h.heldAtDeath[holder][c.MessageID] {
 		return fmt.Sprintf("%s was killed holding it", holder), "killed holding it"
 	}
+	if c.Postponements > 0 && c.TakeOverPath == claim.PathReconciler {
+		return fmt.Sprintf("postponed %d times, its message's deliveries ran out: handed to the reconciler", c.Postponements), "deliveries spent by postponements"
+	}
 	if h.led.grantUnanswered(c.MessageID, holderOwner) {
 		return fmt.Sprintf("%s's call that took it got no answer (a timeout, or the replica killed mid-call) and may have committed: nobody held it", holder), "grant unanswered"
 	}
