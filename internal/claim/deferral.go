@@ -69,8 +69,9 @@ type Deferrer interface {
 
 	// FindStranded returns, longest silent first, the finished claims
 	// (processed, failed, flagged, resolved) of Consumer and Entity that
-	// still name a deferred message (DeferredSeq) and whose last holder
-	// has been silent for SilentFor: a holder that fetched the message,
+	// still name a deferred message (DeferredSeq), whose last heartbeat
+	// and the write that finished them are both older than SilentFor: a
+	// holder that fetched the message,
 	// finished the claim and died before it settled the message, which
 	// then went back to deferred where no receive finds it. It changes
 	// nothing.

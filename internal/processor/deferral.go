@@ -73,14 +73,8 @@ func (p *Processor) postpone(work context.Context, d *delivery, c *claim.Claim, 
 	if res.Outcome != sideeffects.OutcomeRetryable {
 		cause = "outcome unknown (repeated later with the same key): " + cause
 	}
-	// The horizon, by the database clock: HeartbeatAt is when this
-	// attempt took the claim, PostponedAt the first postponement.
-	if c.PostponedAt != nil && b.Horizon > 0 {
-		if waited := c.HeartbeatAt.Sub(*c.PostponedAt); waited >= b.Horizon {
-			reason := fmt.Sprintf("route %q: not performed after retrying for %s (%d postponements; horizon %s): %s",
-				d.handler.Name, waited.Round(time.Second), c.Postponements, b.Horizon, cause)
-			return p.flagHeldFor(work, d, c, reason), true
-		}
+	if reason, past := pastHorizon(d, c, cause); past {
+		return p.flagHeldFor(work, d, c, reason), true
 	}
 	var retryAfter time.Duration
 	var se *sideeffects.Error
@@ -93,8 +87,10 @@ func (p *Processor) postpone(work context.Context, d *delivery, c *claim.Claim, 
 		if !p.opts.StorePayload {
 			return verdict{}, false // nothing else can carry the claim: let the broker dead-letter it
 		}
+		spent := fmt.Sprintf("the message's deliveries are spent (delivery %d of %d): its stored payload carries the claim to the reconciler's recovery: %s",
+			d.msg.DeliveryCount, p.opts.MaxDeliveryCount, cause)
 		err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
-			return p.opts.Store.Release(ctx, &claim.ReleaseParams{ID: c.ID, Owner: c.Owner, Error: cause, NextAttemptIn: delay, Answer: res.Answer})
+			return p.opts.Store.Release(ctx, &claim.ReleaseParams{ID: c.ID, Owner: c.Owner, Error: spent, NextAttemptIn: delay, Answer: res.Answer})
 		})
 		if v, done := p.afterPostponeWrite(work, d, c, res, err); done {
 			return v, true
@@ -121,6 +117,23 @@ func (p *Processor) postpone(work context.Context, d *delivery, c *claim.Claim, 
 	d.deferral = &claim.SetDueParams{ID: c.ID, Owner: c.Owner, Seq: *d.msg.SequenceNumber, DueIn: delay}
 	return verdict{result: ResultPostponed, settle: settleDefer,
 		attrs: []any{"due_in", delay.Round(time.Millisecond).String(), "postponements", c.Postponements + 1, "error", res.Err}}, true
+}
+
+// pastHorizon reports whether claim c has been postponed for longer than
+// its route's horizon, by the database clock (HeartbeatAt is when this
+// attempt took the claim, PostponedAt the first postponement), with the
+// reason to flag it with.
+func pastHorizon(d *delivery, c *claim.Claim, cause string) (string, bool) {
+	b := d.handler.Backoff.WithDefaults()
+	if c.PostponedAt == nil || b.Horizon <= 0 {
+		return "", false
+	}
+	waited := c.HeartbeatAt.Sub(*c.PostponedAt)
+	if waited < b.Horizon {
+		return "", false
+	}
+	return fmt.Sprintf("route %q: not performed after retrying for %s (%d postponements; horizon %s): %s",
+		d.handler.Name, waited.Round(time.Second), c.Postponements, b.Horizon, cause), true
 }
 
 // afterPostponeWrite ends the delivery when the write that postpones the
@@ -548,13 +561,15 @@ func (p *Processor) holdWait() time.Duration {
 	return max(p.opts.MaxLockRenewal, 0) + p.lockDuration() + p.opts.SettleTimeout
 }
 
-// strandedAfter is how long a finished claim's holder must have been
-// silent before the sweep fetches its message: it wrote its outcome, so
-// its store answered; it then settles at once, trying twice within
-// 2 x SettleTimeout, and if it died, its lock ends within the lock
-// duration. Never less than TakeoverAfter.
+// strandedAfter is how long a finished claim must have been quiet (its
+// last heartbeat, and the write that finished it) before the sweep
+// fetches its message and takes a "not found" as final: as long as a
+// holder may still lock the message (holdWait) — the claim may have been
+// finished by someone else (the reconciler, an operator) while a silent
+// holder still renewed its lock — plus the settlement it may then retry.
+// Never less than TakeoverAfter.
 func (p *Processor) strandedAfter() time.Duration {
-	return max(p.opts.TakeoverAfter, p.lockDuration()+3*p.opts.SettleTimeout)
+	return max(p.opts.TakeoverAfter, p.holdWait()+p.opts.SettleTimeout)
 }
 
 // fetchBySeq fetches the deferred message with sequence number seq, or
@@ -613,6 +628,9 @@ func (p *Processor) runFetched(work context.Context, d *delivery, c *claim.Claim
 		return p.flagHeldFor(work, d, c, fmt.Sprintf("route %q (recovery manual): the holder of the deferred message (%s) went silent; its effect's outcome is unknown",
 			d.handler.Name, c.PreviousHolder))
 	case c.Payload != nil && int(d.msg.DeliveryCount) >= p.opts.MaxDeliveryCount:
+		if reason, past := pastHorizon(d, c, c.LastError); past {
+			return p.flagHeldFor(work, d, c, reason)
+		}
 		return p.handOffLast(work, d, c)
 	}
 	return p.runHeld(work, d, c)
@@ -622,13 +640,16 @@ func (p *Processor) runFetched(work context.Context, d *delivery, c *claim.Claim
 // to the reconciler's recovery without attempting the effect: a replica
 // that died during the attempt would leave the message to its lock, and
 // the broker dead-letters a message whose lock ends on its last delivery.
-// The claim is released (due at once) with its stored payload, which
-// carries it; the message is completed.
+// The claim is released with its stored payload, which carries it, due
+// after the route's next delay (as a postponement would have been); the
+// message is completed. A claim past its route's horizon is flagged
+// instead (runFetched).
 func (p *Processor) handOffLast(work context.Context, d *delivery, c *claim.Claim) verdict {
 	cause := fmt.Sprintf("the deferred message's deliveries are spent (delivery %d of %d): its stored payload carries the claim to the reconciler's recovery",
 		d.msg.DeliveryCount, p.opts.MaxDeliveryCount)
+	delay := d.handler.Backoff.WithDefaults().Delay(c.Postponements, 0)
 	err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
-		return p.opts.Store.Release(ctx, &claim.ReleaseParams{ID: c.ID, Owner: c.Owner, Error: cause})
+		return p.opts.Store.Release(ctx, &claim.ReleaseParams{ID: c.ID, Owner: c.Owner, Error: cause, NextAttemptIn: delay})
 	})
 	switch {
 	case errors.Is(err, claim.ErrStateChanged):

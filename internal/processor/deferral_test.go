@@ -533,11 +533,12 @@ func strandedScenario(t *testing.T, be string, final error, crash func(*processo
 		return final
 	}
 	opts := b.deferOptions()
-	opts.MaxLockRenewal = 0 // the dead replica's lock runs out (its renewal ends with it)
 	opts.HeartbeatInterval, opts.TakeoverAfter = 100*time.Millisecond, time.Second
-	// The sweep waits for the dead holder's lock to end: the lock
-	// duration plus three settle timeouts (0.9 s), at least TakeoverAfter.
-	opts.LockDuration, opts.SettleTimeout = 300*time.Millisecond, 200*time.Millisecond
+	// The dead replica's lock runs out (its renewal ends with it). The
+	// sweep waits as long as a holder may still lock the message: its
+	// renewal + the lock duration + two settle timeouts (1.2 + 0.3 +
+	// 0.4 = 1.9 s, longer than TakeoverAfter).
+	opts.MaxLockRenewal, opts.LockDuration, opts.SettleTimeout = 1200*time.Millisecond, 300*time.Millisecond, 200*time.Millisecond
 	crash(&opts.Hooks, func(_ context.Context, m *azservicebus.ReceivedMessage) error {
 		if m.DeliveryCount == 2 { // the fetched delivery
 			return processor.ErrCrash
@@ -638,7 +639,11 @@ func TestDeferredMessageLockedByASilentHolderIsLookedForAgain(t *testing.T) {
 			case 2:
 				// The fetched delivery: its holder goes silent, and the
 				// effect waits until a poll took the claim, missed the
-				// locked message, and gave the claim back as deferred.
+				// locked message, and gave the claim back as deferred —
+				// then runs on for a second, past the lock duration
+				// (0.5 s) but within the wait for the holder (2.5 s): a
+				// poll that looked again after the lock duration alone
+				// would miss the message again and forget it.
 				c := b.claimOf(key)
 				ms.mu.Lock()
 				ms.mute[c.Owner.String()] = true
@@ -646,6 +651,7 @@ func TestDeferredMessageLockedByASilentHolderIsLookedForAgain(t *testing.T) {
 				deadline := time.Now().Add(30 * time.Second)
 				for time.Now().Before(deadline) {
 					if c := b.claimOf(key); c.Postponements >= 2 && c.Deferred() {
+						time.Sleep(time.Second)
 						return nil
 					}
 					time.Sleep(20 * time.Millisecond)
@@ -715,6 +721,15 @@ func TestLastDeliveryOfAFetchedMessageIsHandedOffUnattempted(t *testing.T) {
 		c := b.claimOf("m1")
 		if c.State != claim.StateReleased || c.Payload == nil || !strings.Contains(c.LastError, "deliveries are spent") {
 			t.Fatalf("claim: state %s, payload stored %v, last error %q; want released to the reconciler with its payload", c.State, c.Payload != nil, c.LastError)
+		}
+		// Its history says why (the chaos harness reads it to explain the
+		// reconciler's recovery).
+		hist, err := b.store.History(context.Background(), c.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if last := hist[len(hist)-1]; last.What != claim.ChangeReleased || !strings.Contains(last.Reason, "deliveries are spent") {
+			t.Fatalf("last history row %+v: want the release, saying the deliveries are spent", last)
 		}
 		// The outcome is counted just after the message is completed.
 		b.eventually("the hand-off counted", func() bool { return outcomes(opts.Metrics, processor.ResultHandedOff) == 1 })

@@ -10,17 +10,20 @@
 -- broker.
 --
 -- Built CONCURRENTLY (outside a transaction), so a large claims table
--- keeps taking writes while it builds. A build that fails (a lock
--- timeout) leaves an INVALID index behind: drop ix_claims_deferred_any
--- and migrate again.
+-- keeps taking writes while it builds. A build that failed or was cut
+-- short leaves an INVALID index behind, or a valid one whose version was
+-- never recorded: the first statement drops whatever a try before left,
+-- so migrating again just works.
 
 -- +goose NO TRANSACTION
 -- +goose Up
+DROP INDEX CONCURRENTLY IF EXISTS ix_claims_deferred_any;
 CREATE INDEX CONCURRENTLY ix_claims_deferred_any ON claims (consumer, entity, due_utc)
     WHERE deferred_seq IS NOT NULL;
 DROP INDEX CONCURRENTLY IF EXISTS ix_claims_deferred;
 
 -- +goose Down
+DROP INDEX CONCURRENTLY IF EXISTS ix_claims_deferred;
 CREATE INDEX CONCURRENTLY ix_claims_deferred ON claims (consumer, entity, due_utc)
     WHERE deferred_seq IS NOT NULL AND state IN ('claimed', 'released');
 DROP INDEX CONCURRENTLY IF EXISTS ix_claims_deferred_any;

@@ -492,6 +492,22 @@ func (s *suite) findStranded(t *testing.T) {
 	if got, err := d.FindStranded(ctxT(t), &claim.FindDueParams{Consumer: "billing", Entity: "another/entity", SilentFor: time.Minute}); err != nil || len(got) != 0 {
 		t.Fatalf("FindStranded of another entity = %d claims, %v; want none", len(got), err)
 	}
+	// Finished just now by someone else than its silent holder (the
+	// reconciler flagging it, say): the finish counts as the last sign of
+	// life, however old the heartbeat.
+	late := deferOne(t, st, d, "billing", 57, 0, time.Hour)
+	lateHeld, err := d.TakeDeferred(ctxT(t), &claim.TakeDeferredParams{ID: late.ID, PreviousOwner: late.Owner, Owner: uuid.New(),
+		Seq: 57, SilentFor: time.Minute, By: "host-a"})
+	if err != nil {
+		t.Fatalf("TakeDeferred: %v", err)
+	}
+	s.backdate(t, st, late.ID, 10*time.Minute)
+	if _, err := st.Flag(ctxT(t), &claim.FlagParams{ID: late.ID, Owner: lateHeld.Owner, State: claim.StateClaimed, Reason: "stale", By: "reconciler"}); err != nil {
+		t.Fatalf("Flag: %v", err)
+	}
+	if got := find(); len(got) != len(want) {
+		t.Fatalf("FindStranded = %v: it returned a claim finished a moment ago (%d) whose heartbeat is old", got, late.ID)
+	}
 }
 
 func (s *suite) takeStrandedOnce(t *testing.T) {

@@ -110,9 +110,14 @@ WHERE Id = `+id+` AND Owner = `+previous+` AND DeferredSeq = `+seq+`
 
 // strandedPredicate is FindStranded's and TakeStranded's test, adding the
 // SilentFor parameters to a. It starts with IX_Claims_Deferred's filter.
+// The silence counts from the last heartbeat and from the write that
+// finished the claim (which need not be its holder's).
 func strandedPredicate(a *args, silentFor time.Duration) string {
+	ago := agoSQL(a, silentFor)
 	return "DeferredSeq IS NOT NULL AND State IN ('processed', 'failed', 'flagged', 'resolved')" +
-		" AND HeartbeatUtc < " + agoSQL(a, silentFor)
+		" AND HeartbeatUtc < " + ago +
+		" AND COALESCE(CASE State WHEN 'processed' THEN ProcessedUtc WHEN 'failed' THEN FailedUtc" +
+		" WHEN 'flagged' THEN FlaggedUtc ELSE ResolvedUtc END, HeartbeatUtc) < " + ago
 }
 
 // FindStranded lists the finished claims whose deferred message was never

@@ -100,9 +100,13 @@ func (s *Store) TakeDeferred(ctx context.Context, params *claim.TakeDeferredPara
 }
 
 // strandedPredicate is FindStranded's and TakeStranded's test; $1 is
-// SilentFor in seconds.
+// SilentFor in seconds. The silence counts from the last heartbeat and
+// from the write that finished the claim (which need not be its holder's:
+// the reconciler or an operator may finish it).
 const strandedPredicate = `deferred_seq IS NOT NULL AND state IN ('processed', 'failed', 'flagged', 'resolved')
-	AND heartbeat_utc < now() - make_interval(secs => $1)`
+	AND heartbeat_utc < now() - make_interval(secs => $1)
+	AND coalesce(CASE state WHEN 'processed' THEN processed_utc WHEN 'failed' THEN failed_utc
+		WHEN 'flagged' THEN flagged_utc ELSE resolved_utc END, heartbeat_utc) < now() - make_interval(secs => $1)`
 
 // FindStranded lists the finished claims whose deferred message was never
 // settled, longest silent first (see claim.Deferrer).

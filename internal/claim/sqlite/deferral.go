@@ -101,9 +101,13 @@ func (s *Store) TakeDeferred(ctx context.Context, params *claim.TakeDeferredPara
 }
 
 // strandedPredicate is FindStranded's and TakeStranded's test; ?1 is the
-// SilentFor modifier (see ago).
+// SilentFor modifier (see ago). The silence counts from the last
+// heartbeat and from the write that finished the claim (which need not be
+// its holder's: the reconciler or an operator may finish it).
 const strandedPredicate = `deferred_seq IS NOT NULL AND state IN ('processed', 'failed', 'flagged', 'resolved')
-	AND heartbeat_utc < ` + agoSQL
+	AND heartbeat_utc < ` + agoSQL + `
+	AND coalesce(CASE state WHEN 'processed' THEN processed_utc WHEN 'failed' THEN failed_utc
+		WHEN 'flagged' THEN flagged_utc ELSE resolved_utc END, heartbeat_utc) < ` + agoSQL
 
 // FindStranded lists the finished claims whose deferred message was never
 // settled, longest silent first (see claim.Deferrer).

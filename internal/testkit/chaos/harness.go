@@ -1082,8 +1082,8 @@ func (h *harness) explainLocked(c *claim.Claim) (why, kind string) {
 	if h.heldAtDeath[holder][c.MessageID] {
 		return fmt.Sprintf("%s was killed holding it", holder), "killed holding it"
 	}
-	if c.Postponements > 0 && c.TakeOverPath == claim.PathReconciler {
-		return fmt.Sprintf("postponed %d times, its message's deliveries ran out: handed to the reconciler", c.Postponements), "deliveries spent by postponements"
+	if c.Postponements > 0 && c.TakeOverPath == claim.PathReconciler && h.handedOff(c.ID) {
+		return fmt.Sprintf("postponed %d times, its message's deliveries ran out: a processor handed it to the reconciler", c.Postponements), "deliveries spent by postponements"
 	}
 	if h.led.grantUnanswered(c.MessageID, holderOwner) {
 		return fmt.Sprintf("%s's call that took it got no answer (a timeout, or the replica killed mid-call) and may have committed: nobody held it", holder), "grant unanswered"
@@ -1304,4 +1304,22 @@ func (h *harness) verify(ctx context.Context, rep *Report) {
 			rep.violate("fault %s is on but never happened", f)
 		}
 	}
+}
+
+// handedOff reports whether claim id's history shows a processor handing
+// it to the reconciler because its message's deliveries were spent (a
+// release whose reason says so).
+func (h *harness) handedOff(id int64) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	hist, err := h.db.Store.History(ctx, id)
+	if err != nil {
+		return false
+	}
+	for _, e := range hist {
+		if e.What == claim.ChangeReleased && strings.Contains(e.Reason, "deliveries are spent") {
+			return true
+		}
+	}
+	return false
 }
