@@ -45,9 +45,14 @@ import (
 // Each fetch by sequence number counts as a delivery (see brokertest's
 // DeferredReceiveCounts): a message whose DeliveryCount has reached
 // MaxDeliveryCount cannot be deferred again — the broker would dead-letter
-// it — so its claim is handed off: released with its next attempt due and
-// its stored payload, the message completed, and the reconciler's
-// recovery repeats it then.
+// it. Nor is it deferred on the delivery before: its fetch would be the
+// last delivery, and a replica dying while holding a last delivery leaves
+// the message to a lock that ends in a dead letter. So from the
+// second-to-last delivery on, its claim is handed off: released with its
+// next attempt due and its stored payload, the message completed, and the
+// reconciler's recovery repeats it then. A fetch on the last delivery
+// (after the holder of the one before died) hands off without an attempt
+// (handOffLast).
 
 // ReasonRetryHorizon is the dead-letter reason of a message whose claim
 // was flagged at its route's retry horizon when no payload is stored (with
@@ -83,7 +88,11 @@ func (p *Processor) postpone(work context.Context, d *delivery, c *claim.Claim, 
 	}
 	delay := b.Delay(c.Postponements, retryAfter)
 
-	if int(d.msg.DeliveryCount) >= p.opts.MaxDeliveryCount {
+	// From the second-to-last delivery on when a payload can carry the
+	// claim (see above); without one, deferring on it is still better
+	// than abandoning.
+	n := int(d.msg.DeliveryCount)
+	if n >= p.opts.MaxDeliveryCount || (p.opts.StorePayload && n >= p.opts.MaxDeliveryCount-1) {
 		if !p.opts.StorePayload {
 			return verdict{}, false // nothing else can carry the claim: let the broker dead-letter it
 		}

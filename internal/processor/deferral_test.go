@@ -111,12 +111,13 @@ func outageScenario(t *testing.T, be string, deferral bool) (*bundle, processor.
 
 // TestOutageLongerThanTheDeliveryBudgetDeadLettersNothing: each fetch of a
 // deferred message counts as a delivery, so the third one is the last the
-// broker allows. The processor does not attempt the effect on it (a
-// replica that died during the attempt would leave the message to its
-// lock, and the broker would dead-letter it): it hands the claim to the
-// reconciler — released, payload stored — and completes the message. The
-// reconciler's recovery then retries it until the downstream is back and
-// performs the effect once. The broker dead-letters nothing.
+// broker allows. The processor does not defer the message on the second
+// (its fetch would be the last delivery, and a replica dying while holding
+// it would leave the message to a lock that ends in a dead letter): it
+// hands the claim to the reconciler — released, payload stored — and
+// completes the message. The reconciler's recovery then retries it until
+// the downstream is back and performs the effect once. The broker
+// dead-letters nothing.
 func TestOutageLongerThanTheDeliveryBudgetDeadLettersNothing(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, be string) {
 		b, opts := outageScenario(t, be, true)
@@ -126,12 +127,15 @@ func TestOutageLongerThanTheDeliveryBudgetDeadLettersNothing(t *testing.T) {
 		// The outcome is counted just after the message is completed.
 		b.eventually("the hand-off counted", func() bool { return outcomes(opts.Metrics, processor.ResultHandedOff) == 1 })
 		c := b.claimOf("m1")
-		if c.State != claim.StateReleased || c.Payload == nil || c.Postponements != 2 || !strings.Contains(c.LastError, "deliveries are spent (delivery 3 of 3)") {
-			t.Fatalf("claim: state %s, payload %v, postponements %d, last error %q; want released with its payload after 2 postponements, handed off on the last delivery",
+		if c.State != claim.StateReleased || c.Payload == nil || c.Postponements != 1 || !strings.Contains(c.LastError, "deliveries are spent (delivery 2 of 3)") {
+			t.Fatalf("claim: state %s, payload %v, postponements %d, last error %q; want released with its payload after 1 postponement, handed off on the second-to-last delivery",
 				c.State, c.Payload != nil, c.Postponements, c.LastError)
 		}
 		if calls := b.eff.Calls("m1"); calls != 2 {
-			t.Fatalf("calls %d before the reconciler, want 2 (the last delivery attempts nothing)", calls)
+			t.Fatalf("calls %d before the reconciler, want 2", calls)
+		}
+		if st := b.q.Stats(); st.DeferredReceives != 1 {
+			t.Fatalf("broker %+v: want one fetch (the last delivery is never fetched)", st)
 		}
 		rec, err := reconciler.New(b.store, reconciler.Config{StaleAfter: 30 * time.Millisecond, HeartbeatInterval: 10 * time.Millisecond,
 			RecoveryBackoff: 10 * time.Millisecond, RecoveryBackoffMax: 10 * time.Millisecond,
@@ -690,14 +694,16 @@ func TestDeferredMessageLockedByASilentHolderIsLookedForAgain(t *testing.T) {
 	})
 }
 
-// TestLastDeliveryOfAFetchedMessageIsHandedOffUnattempted: the fetched
-// delivery is the message's last (MaxDeliveryCount 2). The effect is not
-// attempted on it: the claim is released to the reconciler with its
-// stored payload, the message completed, and the claim forgets it. The
-// broker dead-letters nothing, whatever happens to the replica after.
+// TestLastDeliveryOfAFetchedMessageIsHandedOffUnattempted: the replica
+// holding the fetched second-to-last delivery dies during the effect
+// (MaxDeliveryCount 3); its lock ends, the message goes back to deferred,
+// and the poller fetches it once the holder is silent — on its last
+// delivery. The effect is not attempted on it: the claim is released to
+// the reconciler with its stored payload, the message completed, and the
+// claim forgets it. The broker dead-letters nothing.
 func TestLastDeliveryOfAFetchedMessageIsHandedOffUnattempted(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, be string) {
-		b := setup(t, be, membus.QueueOptions{MaxDeliveryCount: 2})
+		b := setup(t, be, membus.QueueOptions{MaxDeliveryCount: 3, LockDuration: 300 * time.Millisecond})
 		b.eff.behave = func(_, _ string, call int) error {
 			if call == 1 {
 				return sideeffects.Retryable(errors.New("downstream 503"))
@@ -705,17 +711,24 @@ func TestLastDeliveryOfAFetchedMessageIsHandedOffUnattempted(t *testing.T) {
 			return nil
 		}
 		opts := b.deferOptions()
-		opts.MaxDeliveryCount = 2
+		opts.MaxDeliveryCount = 3
+		opts.HeartbeatInterval, opts.TakeoverAfter = 100*time.Millisecond, time.Second
+		opts.Hooks.AfterEffect = func(_ context.Context, m *azservicebus.ReceivedMessage) error {
+			if m.DeliveryCount == 2 { // the fetched second-to-last delivery
+				return processor.ErrCrash
+			}
+			return nil
+		}
 		b.start(opts)
 		b.send("m1", "pay", `{}`, nil)
 		b.waitCompleted(b.q, "m1", 1)
 		b.waitIdle()
 
-		if st := b.q.Stats(); st.DeadLettered != 0 || st.Completed != 1 || st.Deferred != 0 || st.DeferredReceives != 1 {
-			t.Fatalf("broker: %+v; want the fetched last delivery completed, not dead-lettered", st)
+		if st := b.q.Stats(); st.DeadLettered != 0 || st.Completed != 1 || st.Deferred != 0 || st.DeferredReceives != 2 || st.LockExpiries < 1 {
+			t.Fatalf("broker: %+v; want the dead holder's lock expired and the fetched last delivery completed, not dead-lettered", st)
 		}
-		if calls := b.eff.Calls("m1"); calls != 1 {
-			t.Fatalf("calls %d, want 1 (the last delivery attempts nothing)", calls)
+		if calls := b.eff.Calls("m1"); calls != 2 {
+			t.Fatalf("calls %d, want 2 (the last delivery attempts nothing)", calls)
 		}
 		b.eventually("the claim forgets its message", func() bool { return b.claimOf("m1").DeferredSeq == nil })
 		c := b.claimOf("m1")

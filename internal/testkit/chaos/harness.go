@@ -1210,6 +1210,7 @@ func (h *harness) verify(ctx context.Context, rep *Report) {
 				desc = *m.DeadLetterErrorDescription
 			}
 			rep.violate("unexpected dead letter %s (delivery %d): %s: %s", m.MessageID, m.DeliveryCount, reason, desc)
+			rep.history(m.MessageID, h.hist.of(m.MessageID))
 		}
 	}
 	for _, id := range h.poison {
