@@ -71,12 +71,7 @@ func (s *Server) redriveParams(id int64, op *Operator, n string) *reconciler.Red
 // operator did not ask for. noteNeeded says why a note is required
 // ("" when it is not). ok is false when the response was written.
 func (s *Server) actionForm(w http.ResponseWriter, r *http.Request, noteNeeded func(newKey bool) string) (id int64, op *Operator, n string, newKey, ok bool) {
-	id, ok = claimID(r)
-	if !ok {
-		s.renderError(w, r, http.StatusNotFound, "Not found", "Claim ids are positive integers.")
-		return 0, nil, "", false, false
-	}
-	if op = s.authorize(w, r); op == nil {
+	if id, op, ok = s.actionClaim(w, r); !ok {
 		return 0, nil, "", false, false
 	}
 	n, err := note(r)
@@ -90,7 +85,7 @@ func (s *Server) actionForm(w http.ResponseWriter, r *http.Request, noteNeeded f
 		err = errors.New(noteNeeded(newKey))
 	}
 	if err != nil {
-		s.renderClaim(w, r, http.StatusBadRequest, id, &Flash{Kind: "error", Title: "Refused: " + err.Error(), Lines: []string{"Nothing was changed."}})
+		s.refuse(w, r, id, err)
 		return 0, nil, "", false, false
 	}
 	return id, op, n, newKey, true
@@ -119,13 +114,7 @@ func (s *Server) serveRedrive(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, fmt.Sprintf("/claims/%d?done=redriven", id), http.StatusSeeOther)
 		return
 	}
-	status, flash := actionFailure(id, err)
-	s.log.Warn("console: redrive did not complete", "claim_id", id, "by", op.By(), "err", err)
-	if status == http.StatusNotFound {
-		s.renderError(w, r, status, "Not found", fmt.Sprintf("There is no claim %d.", id))
-		return
-	}
-	s.renderClaim(w, r, status, id, flash)
+	s.actionFailed(w, r, id, "redrive", op, err)
 }
 
 // serveHandOff is the redrive of a claim whose effect is code the console
@@ -133,13 +122,8 @@ func (s *Server) serveRedrive(w http.ResponseWriter, r *http.Request) {
 // released, audited, for that binary's reconciler passes to re-run with
 // its idempotency key.
 func (s *Server) serveHandOff(w http.ResponseWriter, r *http.Request) {
-	id, ok := claimID(r)
+	id, op, ok := s.actionClaim(w, r)
 	if !ok {
-		s.renderError(w, r, http.StatusNotFound, "Not found", "Claim ids are positive integers.")
-		return
-	}
-	op := s.authorize(w, r)
-	if op == nil {
 		return
 	}
 	n, err := note(r)
@@ -147,7 +131,7 @@ func (s *Server) serveHandOff(w http.ResponseWriter, r *http.Request) {
 		err = errors.New("a note is required: say why it should run again, for whoever reads this claim next")
 	}
 	if err != nil {
-		s.renderClaim(w, r, http.StatusBadRequest, id, &Flash{Kind: "error", Title: "Refused: " + err.Error(), Lines: []string{"Nothing was changed."}})
+		s.refuse(w, r, id, err)
 		return
 	}
 	_, err = reconciler.HandOff(actionCtx(r), s.opts.Store, &reconciler.HandOffParams{ID: id, By: op.By(), Note: n, StoreTimeout: s.opts.StoreTimeout})
@@ -156,13 +140,7 @@ func (s *Server) serveHandOff(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, fmt.Sprintf("/claims/%d?done=handedoff", id), http.StatusSeeOther)
 		return
 	}
-	status, flash := actionFailure(id, err)
-	s.log.Warn("console: hand-off did not complete", "claim_id", id, "by", op.By(), "err", err)
-	if status == http.StatusNotFound {
-		s.renderError(w, r, status, "Not found", fmt.Sprintf("There is no claim %d.", id))
-		return
-	}
-	s.renderClaim(w, r, status, id, flash)
+	s.actionFailed(w, r, id, "hand-off", op, err)
 }
 
 // retry runs reconciler.Retry on claim id: here when the console can run
@@ -195,13 +173,7 @@ func (s *Server) serveRetry(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, fmt.Sprintf("/claims/%d?done=retried", id), http.StatusSeeOther)
 		return
 	}
-	status, flash := actionFailure(id, err)
-	s.log.Warn("console: retry did not complete", "claim_id", id, "by", op.By(), "err", err)
-	if status == http.StatusNotFound {
-		s.renderError(w, r, status, "Not found", fmt.Sprintf("There is no claim %d.", id))
-		return
-	}
-	s.renderClaim(w, r, status, id, flash)
+	s.actionFailed(w, r, id, "retry", op, err)
 }
 
 // actionFailure is what the operator reads when an action did not
@@ -264,13 +236,8 @@ func resolution(r *http.Request) (claim.Resolution, bool) {
 }
 
 func (s *Server) serveResolve(w http.ResponseWriter, r *http.Request) {
-	id, ok := claimID(r)
+	id, op, ok := s.actionClaim(w, r)
 	if !ok {
-		s.renderError(w, r, http.StatusNotFound, "Not found", "Claim ids are positive integers.")
-		return
-	}
-	op := s.authorize(w, r)
-	if op == nil {
 		return
 	}
 	res, ok := resolution(r)
@@ -284,7 +251,7 @@ func (s *Server) serveResolve(w http.ResponseWriter, r *http.Request) {
 		err = errors.New("a note is required: say why, for whoever reads this claim next")
 	}
 	if err != nil {
-		s.renderClaim(w, r, http.StatusBadRequest, id, &Flash{Kind: "error", Title: "Refused: " + err.Error(), Lines: []string{"Nothing was changed."}})
+		s.refuse(w, r, id, err)
 		return
 	}
 	_, err = reconciler.Resolve(actionCtx(r), s.opts.Store, &reconciler.ResolveParams{ID: id, Resolution: res, By: op.By(), Note: n,
@@ -294,13 +261,7 @@ func (s *Server) serveResolve(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, fmt.Sprintf("/claims/%d?done=resolved", id), http.StatusSeeOther)
 		return
 	}
-	status, flash := actionFailure(id, err)
-	s.log.Warn("console: resolve did not complete", "claim_id", id, "by", op.By(), "err", err)
-	if status == http.StatusNotFound {
-		s.renderError(w, r, status, "Not found", fmt.Sprintf("There is no claim %d.", id))
-		return
-	}
-	s.renderClaim(w, r, status, id, flash)
+	s.actionFailed(w, r, id, "resolve", op, err)
 }
 
 // Bulk actions act on the flagged claims a filter matches, at most
@@ -514,3 +475,36 @@ func (s *Server) serveBulk(w http.ResponseWriter, r *http.Request) {
 // errHandedOff marks, inside serveBulk, a retry that released its claim
 // instead of running it.
 var errHandedOff = errors.New("handed off")
+
+// actionClaim reads the claim id of an action's path and the operator
+// allowed to act; ok is false when it answered the request itself (no
+// such id, no operator).
+func (s *Server) actionClaim(w http.ResponseWriter, r *http.Request) (id int64, op *Operator, ok bool) {
+	if id, ok = claimID(r); !ok {
+		s.renderError(w, r, http.StatusNotFound, "Not found", "Claim ids are positive integers.")
+		return 0, nil, false
+	}
+	if op = s.authorize(w, r); op == nil {
+		return 0, nil, false
+	}
+	return id, op, true
+}
+
+// refuse shows claim id with the reason an action was refused before it
+// changed anything.
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request, id int64, err error) {
+	s.renderClaim(w, r, http.StatusBadRequest, id, &Flash{Kind: "error", Title: "Refused: " + err.Error(), Lines: []string{"Nothing was changed."}})
+}
+
+// actionFailed shows the outcome of an action on claim id that did not
+// complete (a refusal, someone acting first, a store error), or "not
+// found" when there is no such claim.
+func (s *Server) actionFailed(w http.ResponseWriter, r *http.Request, id int64, action string, op *Operator, err error) {
+	status, flash := actionFailure(id, err)
+	s.log.Warn("console: "+action+" did not complete", "claim_id", id, "by", op.By(), "err", err)
+	if status == http.StatusNotFound {
+		s.renderError(w, r, status, "Not found", fmt.Sprintf("There is no claim %d.", id))
+		return
+	}
+	s.renderClaim(w, r, status, id, flash)
+}

@@ -168,20 +168,13 @@ func (p *Processor) ownDeferral(work context.Context, c *claim.Claim, seq int64)
 	return err == nil && now.State == claim.StateReleased && now.Owner == c.Owner && now.DeferredSeq != nil && *now.DeferredSeq == seq
 }
 
-// flagHeld hands a claim this delivery holds to operators with reason,
+// flagHeldFor hands a claim this delivery holds to operators with reason,
 // and settles the message: completed when the claim stored its payload
 // (an operator's redrive runs from it), dead-lettered otherwise (the
 // dead-letter queue keeps the body).
 func (p *Processor) flagHeldFor(work context.Context, d *delivery, c *claim.Claim, reason string) verdict {
-	sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
-	_, err := p.opts.Store.Flag(sctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: claim.StateClaimed, Reason: reason, By: p.opts.Host})
-	cancel()
-	switch {
-	case errors.Is(err, claim.ErrStateChanged):
-		return p.lost(work, d, c, sideeffects.OutcomeRetryable)
-	case err != nil:
-		p.storeErr(err)
-		return abandoned(ResultUnknown, "why", "flagging the claim failed", "error", err)
+	if v, done := p.flag(work, d, c, reason, sideeffects.OutcomeRetryable); done {
+		return v
 	}
 	d.log.Warn("claim flagged for operators", "why", reason)
 	if !p.opts.StorePayload {
@@ -355,11 +348,7 @@ func (p *Processor) fetchStranded(ctx, work context.Context, lr *liveReceiver, c
 		// claim could forget the message), or expired: nothing to do
 		// but forget it.
 		p.metrics.StrandedMessages.WithLabelValues("gone").Inc()
-		sctx, cancel := context.WithTimeout(ctx, p.opts.StoreTimeout)
-		err := p.deferrer.ClearDeferred(sctx, &claim.ClearDeferredParams{ID: c.ID, Seq: seq})
-		cancel()
-		if err != nil && !errors.Is(err, claim.ErrStateChanged) {
-			p.storeErr(err)
+		if err := p.forget(ctx, c.ID, seq); err != nil {
 			log.Warn("forgetting a settled deferred message failed; looked at again later", "error", err)
 		}
 		return false
@@ -400,11 +389,8 @@ func (p *Processor) runStranded(work context.Context, d *delivery, c *claim.Clai
 		// sequence numbers start again): leave it to its own claim, and
 		// forget it here.
 		d.log.Warn("the stranded claim's sequence number names another message; forgetting it", "claim_key", c.MessageID, "message_key", key)
-		sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
-		err := p.deferrer.ClearDeferred(sctx, &claim.ClearDeferredParams{ID: c.ID, Seq: *d.msg.SequenceNumber})
-		cancel()
-		if err != nil && !errors.Is(err, claim.ErrStateChanged) {
-			p.storeErr(err)
+		if err := p.forget(work, c.ID, *d.msg.SequenceNumber); err != nil {
+			d.log.Warn("forgetting the other message failed; looked at again later", "error", err)
 		}
 		d.claimID = 0 // settling it forgets nothing of c
 		return abandoned(ResultAbandoned, "why", "stranded claim's sequence number names another message")
@@ -433,16 +419,24 @@ func (p *Processor) clearDeferred(d *delivery) {
 	if d.claimID == 0 || d.msg.SequenceNumber == nil || p.deferrer == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), p.opts.StoreTimeout)
-	err := p.deferrer.ClearDeferred(ctx, &claim.ClearDeferredParams{ID: d.claimID, Seq: *d.msg.SequenceNumber})
-	cancel()
-	switch {
-	case errors.Is(err, claim.ErrStateChanged):
-		// It names no message, or another one: nothing to forget.
-	case err != nil:
-		p.storeErr(err)
+	if err := p.forget(context.Background(), d.claimID, *d.msg.SequenceNumber); err != nil {
 		d.log.Warn("forgetting the settled deferred message failed; a poller forgets it later", "error", err)
 	}
+}
+
+// forget clears claim id's deferred message seq (ClearDeferred), retrying
+// a write whose answer was lost. A claim that names no message, or
+// another one, has nothing to forget: not an error. A store error is
+// counted (storeErr) and returned.
+func (p *Processor) forget(ctx context.Context, id, seq int64) error {
+	err := held.Write(ctx, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
+		return p.deferrer.ClearDeferred(ctx, &claim.ClearDeferredParams{ID: id, Seq: seq})
+	})
+	if err != nil && !errors.Is(err, claim.ErrStateChanged) {
+		p.storeErr(err)
+		return err
+	}
+	return nil
 }
 
 // fetch takes the due claim c and fetches its message by its sequence
@@ -601,11 +595,7 @@ func (p *Processor) fetchBySeq(ctx context.Context, lr *liveReceiver, seq int64)
 // DeferredSeq, and a claim that names a message sends a poller for it.
 func (p *Processor) releaseFetched(work context.Context, c *claim.Claim, why string) {
 	if c.DeferredSeq != nil {
-		err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
-			return p.deferrer.ClearDeferred(ctx, &claim.ClearDeferredParams{ID: c.ID, Seq: *c.DeferredSeq})
-		})
-		if err != nil && !errors.Is(err, claim.ErrStateChanged) {
-			p.storeErr(err)
+		if err := p.forget(work, c.ID, *c.DeferredSeq); err != nil {
 			p.log.Warn("forgetting a deferred message that is gone failed; the claim is taken again once this holder is silent", "claim_id", c.ID, "error", err)
 			return
 		}

@@ -663,15 +663,12 @@ func (p *Processor) recordRoute(d *delivery, probe bool, res held.Result) held.R
 	return res
 }
 
-// flagHeld hands the claim this delivery holds to operators at once: the
-// effect's answer says a person must decide (sideeffects.NeedsOperator:
-// a failure the downstream stored under the key and replays to every
-// repeat), so repeating it would only get the same answer. The answer is
-// on the claim already (each failed attempt records it). The message is
-// completed: the flagged claim is the record, and every later copy of
-// the key completes as a duplicate.
-func (p *Processor) flagHeld(work context.Context, d *delivery, c *claim.Claim, res held.Result) verdict {
-	reason := held.OperatorReason(res.Err)
+// flag flags the claim this delivery holds with reason, retrying a write
+// whose answer was lost. done is true, with the delivery's verdict, when
+// it could not: the claim was lost (lost), or the store failed — the
+// claim then stays claimed and goes silent, and whoever takes it over
+// decides again (the same answer, or the same horizon, flags it).
+func (p *Processor) flag(work context.Context, d *delivery, c *claim.Claim, reason string, eo sideeffects.Outcome) (verdict, bool) {
 	err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
 		_, err := p.opts.Store.Flag(ctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: claim.StateClaimed, Reason: reason, By: p.opts.Host})
 		return err
@@ -681,14 +678,26 @@ func (p *Processor) flagHeld(work context.Context, d *delivery, c *claim.Claim, 
 	}
 	switch {
 	case errors.Is(err, claim.ErrStateChanged):
-		return p.lost(work, d, c, res.Outcome)
+		return p.lost(work, d, c, eo), true
 	case err != nil:
-		// The claim stays claimed and goes silent; whoever takes it over
-		// repeats the effect with the same key, gets the same answer and
-		// flags it.
 		p.storeErr(err)
-		d.log.Warn("the answer needs an operator but flagging the claim failed", "error", err)
-		return abandoned(ResultUnknown, "why", "flagging the claim failed", "error", err)
+		d.log.Warn("flagging the claim failed", "why", reason, "error", err)
+		return abandoned(ResultUnknown, "why", "flagging the claim failed", "error", err), true
+	}
+	return verdict{}, false
+}
+
+// flagHeld hands the claim this delivery holds to operators at once: the
+// effect's answer says a person must decide (sideeffects.NeedsOperator:
+// a failure the downstream stored under the key and replays to every
+// repeat), so repeating it would only get the same answer. The answer is
+// on the claim already (each failed attempt records it). The message is
+// completed: the flagged claim is the record, and every later copy of
+// the key completes as a duplicate.
+func (p *Processor) flagHeld(work context.Context, d *delivery, c *claim.Claim, res held.Result) verdict {
+	reason := held.OperatorReason(res.Err)
+	if v, done := p.flag(work, d, c, reason, res.Outcome); done {
+		return v
 	}
 	d.log.Warn("claim flagged for operators: the downstream's answer needs a person", "error", res.Err)
 	v := completed(ResultFlagged, "why", reason, "effect_outcome", res.Outcome)

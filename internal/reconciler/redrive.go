@@ -185,28 +185,10 @@ func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (c *claim
 		return c, &RefusedError{ID: c.ID, Claim: c, Err: ErrNoPayload,
 			Why: "its payload was not stored (payload storage was off when it was claimed), so it cannot be re-run; resolve it by hand"}
 	}
-	router := p.Routes.For(c.Consumer)
-	if router == nil {
-		return c, &RefusedError{ID: c.ID, Claim: c, Err: claim.ErrRouteChanged,
-			Why: fmt.Sprintf("no routes are configured for its consumer %q", c.Consumer)}
-	}
 	msg := MessageFromClaim(c)
-	h, err := router.Route(msg)
-	if err != nil {
-		return c, &RefusedError{ID: c.ID, Claim: c, Err: err, Why: fmt.Sprintf("the routes file routes no effect to it: %v", err)}
-	}
-	if h.Effect == nil {
-		return c, &RefusedError{ID: c.ID, Claim: c, Err: ErrNotRedrivable,
-			Why: fmt.Sprintf("route %q is a database-only (transactional) effect, which cannot be re-run alone", h.Name)}
-	}
-	if c.RouteDiffers(h.Name, h.Fingerprint) {
-		return c, &RefusedError{ID: c.ID, Claim: c, Err: claim.ErrRouteChanged,
-			Why: fmt.Sprintf("it was taken for route %q (fingerprint %s), but this routes file routes it to %q (fingerprint %s): give the routes file of consumer %q as it was",
-				c.Route, c.Fingerprint, h.Name, h.Fingerprint, c.Consumer)}
-	}
-	if p.NewKey && !h.AllowNewKey {
-		return c, &RefusedError{ID: c.ID, Claim: c, Err: ErrNewKeyNotAllowed,
-			Why: fmt.Sprintf("route %q does not allow a new idempotency key (allowNewKey: true in the routes file): a new key is a new request the downstream deduplicates nothing against; redrive it with its key %q", h.Name, c.Key())}
+	h, refused := routeFor(c, p.Routes, p.NewKey, "redrive", "")
+	if refused != nil {
+		return c, refused
 	}
 
 	if !p.NewKey && h.KeyLifetime > 0 {
@@ -433,4 +415,39 @@ func MessageFromClaim(c *claim.Claim) *azservicebus.ReceivedMessage {
 		}
 	}
 	return msg
+}
+
+// routeFor resolves the effect that re-runs claim c (an operator's redrive
+// or retry, verb) under routes. It refuses, with a *RefusedError that
+// changes nothing: a consumer without routes (noRoutes, when not empty,
+// says what to do instead), a message no route takes, a database-only
+// route (ErrNotRedrivable), a route other than the one the claim was
+// taken for (claim.ErrRouteChanged: a wrong routes file would send the
+// key to another effect), and newKey on a route without allowNewKey.
+func routeFor(c *claim.Claim, routes Routes, newKey bool, verb, noRoutes string) (sideeffects.Handler, *RefusedError) {
+	refuse := func(err error, why string) (sideeffects.Handler, *RefusedError) {
+		return sideeffects.Handler{}, &RefusedError{ID: c.ID, Claim: c, Err: err, Why: why}
+	}
+	router := routes.For(c.Consumer)
+	if router == nil {
+		why := fmt.Sprintf("no routes are configured for its consumer %q", c.Consumer)
+		if noRoutes != "" {
+			why += " (" + noRoutes + ")"
+		}
+		return refuse(claim.ErrRouteChanged, why)
+	}
+	h, err := router.Route(MessageFromClaim(c))
+	switch {
+	case err != nil:
+		return refuse(err, fmt.Sprintf("the routes file routes no effect to it: %v", err))
+	case h.Effect == nil:
+		return refuse(ErrNotRedrivable, fmt.Sprintf("route %q is a database-only (transactional) effect, which cannot be re-run alone", h.Name))
+	case c.RouteDiffers(h.Name, h.Fingerprint):
+		return refuse(claim.ErrRouteChanged, fmt.Sprintf("it was taken for route %q (fingerprint %s), but this routes file routes it to %q (fingerprint %s): give the routes file of consumer %q as it was",
+			c.Route, c.Fingerprint, h.Name, h.Fingerprint, c.Consumer))
+	case newKey && !h.AllowNewKey:
+		return refuse(ErrNewKeyNotAllowed, fmt.Sprintf("route %q does not allow a new idempotency key (allowNewKey: true in the routes file): a new key is a new request the downstream deduplicates nothing against; %s it with its key %q",
+			h.Name, verb, c.Key()))
+	}
+	return h, nil
 }

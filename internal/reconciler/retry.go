@@ -98,27 +98,9 @@ func Retry(ctx context.Context, store claim.Store, p *RetryParams) (c *claim.Cla
 	var h sideeffects.Handler
 	routed := false
 	if !handOff || p.NewKey {
-		router := p.Routes.For(c.Consumer)
-		if router == nil {
-			return c, &RefusedError{ID: c.ID, Claim: c, Err: claim.ErrRouteChanged,
-				Why: fmt.Sprintf("no routes are configured for its consumer %q (retry it with a hand-off, to the binary that runs it)", c.Consumer)}
-		}
-		h, err = router.Route(MessageFromClaim(c))
-		if err != nil {
-			return c, &RefusedError{ID: c.ID, Claim: c, Err: err, Why: fmt.Sprintf("the routes file routes no effect to it: %v", err)}
-		}
-		if h.Effect == nil {
-			return c, &RefusedError{ID: c.ID, Claim: c, Err: ErrNotRedrivable,
-				Why: fmt.Sprintf("route %q is a database-only (transactional) effect, which cannot be re-run alone", h.Name)}
-		}
-		if c.RouteDiffers(h.Name, h.Fingerprint) {
-			return c, &RefusedError{ID: c.ID, Claim: c, Err: claim.ErrRouteChanged,
-				Why: fmt.Sprintf("it was taken for route %q (fingerprint %s), but this routes file routes it to %q (fingerprint %s)",
-					c.Route, c.Fingerprint, h.Name, h.Fingerprint)}
-		}
-		if p.NewKey && !h.AllowNewKey {
-			return c, &RefusedError{ID: c.ID, Claim: c, Err: ErrNewKeyNotAllowed,
-				Why: fmt.Sprintf("route %q does not allow a new idempotency key (allowNewKey: true in the routes file): retry it with its key %q", h.Name, c.Key())}
+		var refused *RefusedError
+		if h, refused = routeFor(c, p.Routes, p.NewKey, "retry", "retry it with a hand-off, to the binary that runs it"); refused != nil {
+			return c, refused
 		}
 		routed = true
 	}
