@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/reconciler"
 )
 
 // ClaimState is where a claim is in its life: claimed, processed,
@@ -218,24 +219,10 @@ func publicOrNil(c *claim.Claim) *Claim {
 }
 
 // message rebuilds the claim's message from what the claim keeps, the
-// way a redrive and the recovery pass route it.
+// way a redrive and the recovery pass route it (reconciler.MessageFromClaim).
 func (c *Claim) message() *azservicebus.ReceivedMessage {
-	msg := &azservicebus.ReceivedMessage{MessageID: c.DedupKey, Body: c.Payload}
-	if c.Subject != "" {
-		subject := c.Subject
-		msg.Subject = &subject
-	}
-	if c.ContentType != "" {
-		contentType := c.ContentType
-		msg.ContentType = &contentType
-	}
-	if len(c.Properties) > 0 {
-		msg.ApplicationProperties = make(map[string]any, len(c.Properties))
-		for k, v := range c.Properties {
-			msg.ApplicationProperties[k] = v
-		}
-	}
-	return msg
+	return reconciler.MessageFromClaim(&claim.Claim{MessageID: c.DedupKey, Payload: c.Payload,
+		Subject: c.Subject, ContentType: c.ContentType, Properties: c.Properties})
 }
 
 // Claim returns one claim by id; the error wraps ErrNotFound when there

@@ -59,6 +59,12 @@ func duePredicate(a *args, silentFor time.Duration) string {
 
 // FindDue lists the claims whose deferred message is due, earliest first.
 func (s *Store) FindDue(ctx context.Context, params *claim.FindDueParams) ([]*claim.Claim, error) {
+	return s.findDeferred(ctx, "find due claims", params, duePredicate, "COALESCE(DueUtc, HeartbeatUtc)")
+}
+
+// findDeferred lists the claims of params' consumer and entity that match
+// predicate (which adds its SilentFor parameters), in order.
+func (s *Store) findDeferred(ctx context.Context, op string, params *claim.FindDueParams, predicate func(*args, time.Duration) string, order string) ([]*claim.Claim, error) {
 	limit, err := claim.ValidateFindDue(params)
 	if err != nil {
 		return nil, err
@@ -67,10 +73,10 @@ func (s *Store) FindDue(ctx context.Context, params *claim.FindDueParams) ([]*cl
 	n := a.add(int64(limit), declID)
 	consumer, entity := a.add(text(params.Consumer), declConsumer), a.add(text(params.Entity), declEntity)
 	out, err := queryClaims(ctx, s.db, `SELECT TOP (`+n+`) `+columns+` FROM dbo.Claims
-WHERE Consumer = `+consumer+` AND Entity = `+entity+` AND `+duePredicate(&a, params.SilentFor)+`
-ORDER BY COALESCE(DueUtc, HeartbeatUtc);`, a)
+WHERE Consumer = `+consumer+` AND Entity = `+entity+` AND `+predicate(&a, params.SilentFor)+`
+ORDER BY `+order+`;`, a)
 	if err != nil {
-		return nil, fmt.Errorf("find due claims: %w", err)
+		return nil, fmt.Errorf("%s: %w", op, err)
 	}
 	return out, nil
 }
@@ -123,20 +129,7 @@ func strandedPredicate(a *args, silentFor time.Duration) string {
 // FindStranded lists the finished claims whose deferred message was never
 // settled, longest silent first (see claim.Deferrer).
 func (s *Store) FindStranded(ctx context.Context, params *claim.FindDueParams) ([]*claim.Claim, error) {
-	limit, err := claim.ValidateFindDue(params)
-	if err != nil {
-		return nil, err
-	}
-	var a args
-	n := a.add(int64(limit), declID)
-	consumer, entity := a.add(text(params.Consumer), declConsumer), a.add(text(params.Entity), declEntity)
-	out, err := queryClaims(ctx, s.db, `SELECT TOP (`+n+`) `+columns+` FROM dbo.Claims
-WHERE Consumer = `+consumer+` AND Entity = `+entity+` AND `+strandedPredicate(&a, params.SilentFor)+`
-ORDER BY HeartbeatUtc;`, a)
-	if err != nil {
-		return nil, fmt.Errorf("find stranded claims: %w", err)
-	}
-	return out, nil
+	return s.findDeferred(ctx, "find stranded claims", params, strandedPredicate, "HeartbeatUtc")
 }
 
 // TakeStranded lets one caller settle a stranded claim's message (see

@@ -52,16 +52,22 @@ const duePredicate = `deferred_seq IS NOT NULL AND ((state = 'released' AND due_
 
 // FindDue lists the claims whose deferred message is due, earliest first.
 func (s *Store) FindDue(ctx context.Context, params *claim.FindDueParams) ([]*claim.Claim, error) {
+	return s.findDeferred(ctx, "find due claims", params, duePredicate, "coalesce(due_utc, heartbeat_utc)")
+}
+
+// findDeferred lists the claims of params' consumer and entity that match
+// predicate (?1 is the SilentFor modifier), in order.
+func (s *Store) findDeferred(ctx context.Context, op string, params *claim.FindDueParams, predicate, order string) ([]*claim.Claim, error) {
 	limit, err := claim.ValidateFindDue(params)
 	if err != nil {
 		return nil, err
 	}
-	q := `SELECT ` + columns + ` FROM claims WHERE consumer = ?2 AND entity = ?3 AND ` + duePredicate + `
-		ORDER BY coalesce(due_utc, heartbeat_utc) LIMIT ?4`
+	q := `SELECT ` + columns + ` FROM claims WHERE consumer = ?2 AND entity = ?3 AND ` + predicate + `
+		ORDER BY ` + order + ` LIMIT ?4`
 	var out []*claim.Claim
 	if err := queryClaims(ctx, s.db, q, []any{ago(params.SilentFor), params.Consumer, params.Entity, limit},
 		func(c *claim.Claim) { out = append(out, c) }); err != nil {
-		return nil, fmt.Errorf("find due claims: %w", err)
+		return nil, fmt.Errorf("%s: %w", op, err)
 	}
 	return out, nil
 }
@@ -112,18 +118,7 @@ const strandedPredicate = `deferred_seq IS NOT NULL AND state IN ('processed', '
 // FindStranded lists the finished claims whose deferred message was never
 // settled, longest silent first (see claim.Deferrer).
 func (s *Store) FindStranded(ctx context.Context, params *claim.FindDueParams) ([]*claim.Claim, error) {
-	limit, err := claim.ValidateFindDue(params)
-	if err != nil {
-		return nil, err
-	}
-	q := `SELECT ` + columns + ` FROM claims WHERE consumer = ?2 AND entity = ?3 AND ` + strandedPredicate + `
-		ORDER BY heartbeat_utc LIMIT ?4`
-	var out []*claim.Claim
-	if err := queryClaims(ctx, s.db, q, []any{ago(params.SilentFor), params.Consumer, params.Entity, limit},
-		func(c *claim.Claim) { out = append(out, c) }); err != nil {
-		return nil, fmt.Errorf("find stranded claims: %w", err)
-	}
-	return out, nil
+	return s.findDeferred(ctx, "find stranded claims", params, strandedPredicate, "heartbeat_utc")
 }
 
 // TakeStranded lets one caller settle a stranded claim's message (see
