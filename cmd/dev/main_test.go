@@ -281,7 +281,7 @@ func TestDevRestartRecoversClaims(t *testing.T) {
 
 	p = start(t, "-dir", dir, "-payments", "0")
 	p.until(regexp.MustCompile(fmt.Sprintf(`^  %d unfinished: the reconciler recovers them`, claims)), 45*time.Second)
-	m := p.until(regexp.MustCompile(`^resumed: the (\d+) claim\(s\) an earlier run left unfinished are now (.*); (\d+) effected once`), 45*time.Second)
+	m := p.until(regexp.MustCompile(`^resumed: the (\d+) claim\(s\) an earlier run left unfinished are now (.*); (\d+) effected once`), time.Minute)
 	if m[1] != strconv.Itoa(claims) || m[2] != fmt.Sprintf("%d processed, 1 failed, 1 flagged", payments) || m[3] != strconv.Itoa(payments) {
 		t.Errorf("after the restart: %q", m[0])
 	}

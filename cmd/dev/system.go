@@ -279,7 +279,8 @@ func runSystem(ctx context.Context, cfg config, logger *slog.Logger, logPath str
 		out.Printf("nothing sent (-payments 0)\n")
 	}
 	if ctx.Err() == nil {
-		out.Printf("running until Ctrl-C: the console is at %s/ (resolve or redrive the flagged claim there)\n", consoleURL)
+		out.Printf("running until Ctrl-C: the console is at %s/\n", consoleURL)
+		out.Printf("  open the flagged claim there: the downstream stored a failure under its key, so redrive it under a new key, or resolve it\n")
 	}
 	select {
 	case <-ctx.Done():
