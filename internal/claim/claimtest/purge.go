@@ -109,7 +109,9 @@ func (s *suite) purgeKeepsDeferred(t *testing.T) {
 	ctx := ctxT(t)
 	var ids []int64
 	for i, finish := range []func(c *claim.Claim) error{
-		func(c *claim.Claim) error { return st.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: c.ID, Owner: c.Owner}) },
+		func(c *claim.Claim) error {
+			return st.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: c.ID, Owner: c.Owner})
+		},
 		func(c *claim.Claim) error {
 			return st.Fail(ctx, &claim.FailParams{ID: c.ID, Owner: c.Owner, Reason: claim.FailRejected, Error: "declined"})
 		},
