@@ -90,10 +90,12 @@ func (p *Processor) postpone(work context.Context, d *delivery, c *claim.Claim, 
 
 	// From the second-to-last delivery on when a payload can carry the
 	// claim (see above); without one, deferring on it is still better
-	// than abandoning.
-	n := int(d.msg.DeliveryCount)
-	if n >= p.opts.MaxDeliveryCount || (p.opts.StorePayload && n >= p.opts.MaxDeliveryCount-1) {
-		if !p.opts.StorePayload {
+	// than abandoning. Whether one can is the claim's to say, not this
+	// replica's option: the replica that took the claim may have stored
+	// none (replicas configured differently, a rolling deploy).
+	n, stored := int(d.msg.DeliveryCount), c.Payload != nil
+	if n >= p.opts.MaxDeliveryCount || (stored && n >= p.opts.MaxDeliveryCount-1) {
+		if !stored {
 			return verdict{}, false // nothing else can carry the claim: let the broker dead-letter it
 		}
 		spent := fmt.Sprintf("the message's deliveries are spent (delivery %d of %d): its stored payload carries the claim to the reconciler's recovery: %s",
@@ -171,13 +173,14 @@ func (p *Processor) ownDeferral(work context.Context, c *claim.Claim, seq int64)
 // flagHeldFor hands a claim this delivery holds to operators with reason,
 // and settles the message: completed when the claim stored its payload
 // (an operator's redrive runs from it), dead-lettered otherwise (the
-// dead-letter queue keeps the body).
+// dead-letter queue keeps the body) — the claim's payload decides, not
+// this replica's option.
 func (p *Processor) flagHeldFor(work context.Context, d *delivery, c *claim.Claim, reason string) verdict {
 	if v, done := p.flag(work, d, c, reason, sideeffects.OutcomeRetryable); done {
 		return v
 	}
 	d.log.Warn("claim flagged for operators", "why", reason)
-	if !p.opts.StorePayload {
+	if c.Payload == nil {
 		return deadLettered(ResultFlagged, ReasonRetryHorizon, reason)
 	}
 	return completed(ResultFlagged, "why", reason)

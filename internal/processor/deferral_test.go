@@ -748,3 +748,87 @@ func TestLastDeliveryOfAFetchedMessageIsHandedOffUnattempted(t *testing.T) {
 		b.eventually("the hand-off counted", func() bool { return outcomes(opts.Metrics, processor.ResultHandedOff) == 1 })
 	})
 }
+
+// payloadlessDeferral claims m1 on a replica that stores no payload,
+// whose effect is refused (the claim is deferred), stops it, and returns
+// the options of a second replica that stores payloads (a rolling deploy
+// that turns them on): the claim it fetches holds no payload, whatever
+// its own option says.
+func payloadlessDeferral(t *testing.T, be string, backoff sideeffects.Backoff, behave func(_, _ string, call int) error) (*bundle, processor.Options) {
+	b := setup(t, be, membus.QueueOptions{MaxDeliveryCount: 3})
+	b.eff.behave = behave
+	opts := b.deferOptions()
+	b.router.backoff = backoff
+	opts.MaxDeliveryCount = 3
+	first := opts
+	first.StorePayload = false
+	first.DeferPollInterval = time.Hour // the second replica fetches it
+	_, stop := b.start(first)
+	b.send("m1", "pay", `{}`, nil)
+	b.eventually("the payloadless claim deferred", func() bool {
+		for _, c := range b.claims() {
+			return c.Deferred()
+		}
+		return false
+	})
+	stop()
+	if c := b.claimOf("m1"); c.Payload != nil {
+		t.Fatalf("the first replica stored a payload")
+	}
+	return b, opts
+}
+
+// TestHandOffDecidesFromTheClaimsPayload: a claim taken by a replica
+// that stores no payload is fetched, on its second-to-last delivery, by
+// one that does. Nothing could carry a hand-off to the reconciler (no
+// payload), so the message is deferred again, not completed; the last
+// delivery performs the effect.
+func TestHandOffDecidesFromTheClaimsPayload(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b, opts := payloadlessDeferral(t, be, quickBackoff, func(_, _ string, call int) error {
+			if call <= 2 {
+				return sideeffects.Retryable(errors.New("downstream 503"))
+			}
+			return nil
+		})
+		b.start(opts)
+		b.waitCompleted(b.q, "m1", 1)
+		b.waitIdle()
+		if calls, done := b.eff.Calls("m1"), b.eff.Performed("m1"); calls != 3 || done != 1 {
+			t.Fatalf("calls %d, performed %d; want 3 and 1 (deferred twice, performed on the last delivery)", calls, done)
+		}
+		if c := b.claimOf("m1"); c.State != claim.StateProcessed {
+			t.Fatalf("claim: state %s (%s); want processed, not handed to a reconciler that has no payload", c.State, c.LastError)
+		}
+		if got := outcomes(opts.Metrics, processor.ResultHandedOff); got != 0 {
+			t.Fatalf("%d hand-offs of a claim without a payload", got)
+		}
+		if st := b.q.Stats(); st.DeadLettered != 0 || st.Completed != 1 {
+			t.Fatalf("broker: %+v; want completed once, no dead letter", st)
+		}
+	})
+}
+
+// TestHorizonOfAPayloadlessClaimDeadLetters: the same claim, past its
+// route's horizon on the replica that stores payloads: it is flagged and
+// its message dead-lettered (the dead-letter queue keeps the body), not
+// completed with nothing left to redrive from.
+func TestHorizonOfAPayloadlessClaimDeadLetters(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		short := quickBackoff
+		short.Horizon = time.Millisecond
+		b, opts := payloadlessDeferral(t, be, short, func(_, _ string, _ int) error { return sideeffects.Retryable(errors.New("downstream 503")) })
+		b.start(opts)
+		b.eventually("the message dead-lettered", func() bool { return b.q.Stats().DeadLettered == 1 })
+		b.waitIdle()
+		if got := b.deadLetterReasons()["m1"]; got != processor.ReasonRetryHorizon {
+			t.Fatalf("dead-letter reason %q, want %s", got, processor.ReasonRetryHorizon)
+		}
+		if c := b.claimOf("m1"); c.State != claim.StateFlagged || c.Payload != nil {
+			t.Fatalf("claim: state %s; want flagged", c.State)
+		}
+		if st := b.q.Stats(); st.Completed != 0 {
+			t.Fatalf("broker: %+v; want nothing completed", st)
+		}
+	})
+}
