@@ -479,6 +479,9 @@ func (p *Processor) fetch(ctx, work context.Context, lr *liveReceiver, c *claim.
 		// once that holder's lock has certainly ended (holdWait); a
 		// second "not found" then is final.
 		p.metrics.DeferredFetches.WithLabelValues("unsure").Inc()
+		if p.flagUnknown(work, c, taken, "its deferred message was not found (its lock may still be held)") {
+			return false
+		}
 		wait := p.holdWait()
 		log.Info("the deferred message was not found while its previous holder may still lock it; looking again once any lock has ended", "in", wait)
 		p.giveBack(work, taken, seq, wait, fmt.Sprintf("the deferred message (sequence number %d) was not found; its previous holder may still have locked it", seq))
@@ -505,6 +508,9 @@ func (p *Processor) fetch(ctx, work context.Context, lr *liveReceiver, c *claim.
 		// "not found" then would look final.
 		wait := p.opts.DeferPollInterval
 		if !c.Deferred() {
+			if p.flagUnknown(work, c, taken, "fetching its deferred message failed: "+claim.ErrorText(err)) {
+				return false
+			}
 			wait = p.holdWait()
 		}
 		log.Warn("fetching a deferred message failed; due again later", "in", wait, "error", err)
@@ -529,6 +535,67 @@ func (p *Processor) fetch(ctx, work context.Context, lr *liveReceiver, c *claim.
 		<-slots
 	}()
 	return true
+}
+
+// flagUnknown decides for a claim taken from a holder that went silent
+// (c as found: claimed) whose message was not fetched (missed, why): that
+// holder may have performed the effect, so its outcome is unknown, and a
+// give-back (released, due later) would tell the next fetch, and the
+// reconciler's recovery, that it was not performed. When the claim's
+// route may repeat it with the same key (recovery auto, the route
+// unchanged), it returns false and the caller gives the claim back.
+// Otherwise (a manual or changed route, or one that cannot be told from
+// the claim) it flags the claim taken, and reports true: its message
+// stays deferred, and the holder settles it or the stranded sweep does
+// once its lock has ended. When the flag cannot be written the claim
+// stays taken and silent, and the next poll decides again.
+func (p *Processor) flagUnknown(work context.Context, c, taken *claim.Claim, why string) bool {
+	if c.State != claim.StateClaimed {
+		return false // released: the effect was not performed
+	}
+	route := p.unrepeatable(c)
+	if route == "" {
+		return false
+	}
+	reason := fmt.Sprintf("%s: the holder of the deferred message (%s) went silent; its effect's outcome is unknown, and %s", route, c.ClaimedBy, why)
+	err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
+		_, err := p.opts.Store.Flag(ctx, &claim.FlagParams{ID: taken.ID, Owner: taken.Owner, State: claim.StateClaimed, Reason: reason, By: p.opts.Host})
+		return err
+	})
+	if errors.Is(err, claim.ErrStateChanged) && p.ownState(work, taken, claim.StateFlagged) {
+		err = nil // an earlier try committed but its answer was lost
+	}
+	log := p.log.With("message_id", c.MessageID, "claim_id", c.ID, "sequence_number", *c.DeferredSeq)
+	switch {
+	case errors.Is(err, claim.ErrStateChanged):
+		log.Info("the claim changed while flagging its unknown outcome; left as it is", "why", reason)
+	case err != nil:
+		p.storeErr(err)
+		log.Warn("flagging a claim whose outcome is unknown failed; the next poll decides again", "why", reason, "error", err)
+	default:
+		log.Warn("claim flagged for operators", "why", reason)
+	}
+	return true
+}
+
+// unrepeatable says why claim c's effect, whose outcome is unknown, must
+// not be repeated under its key by the route it routes to now (a manual
+// route, a changed route, or one that cannot be told from what the claim
+// stored), or "" when it may (recovery auto, the route it was taken for).
+func (p *Processor) unrepeatable(c *claim.Claim) string {
+	h, err := p.opts.Router.Route(sideeffects.MessageFromClaim(c))
+	switch {
+	case err != nil:
+		return fmt.Sprintf("its route cannot be told from what the claim stored (%v)", err)
+	case h.Effect == nil:
+		return fmt.Sprintf("route %q has no effect that can be repeated alone", h.Name)
+	case c.RouteDiffers(h.Name, h.Fingerprint):
+		return fmt.Sprintf("route changed: the claim was taken for route %q (fingerprint %s), it now routes to %q (fingerprint %s)",
+			c.Route, c.Fingerprint, h.Name, h.Fingerprint)
+	case h.Manual():
+		return fmt.Sprintf("route %q (recovery manual)", h.Name)
+	}
+	return ""
 }
 
 // giveBack returns a taken claim whose message was not fetched to the

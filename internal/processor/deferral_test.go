@@ -832,3 +832,64 @@ func TestHorizonOfAPayloadlessClaimDeadLetters(t *testing.T) {
 		}
 	})
 }
+
+// TestSilentHolderOfAManualRoutesDeferredMessageIsFlagged: the replica
+// that fetched a manual route's deferred message performs the effect and
+// goes silent in the store before recording it, while it keeps the
+// message's lock. Once silent, a poll takes the claim and misses the
+// locked message. The effect's outcome is unknown and the route does not
+// let its key be repeated: the claim is flagged there and then — not
+// given back as released and due, whose next fetch ran the effect a
+// second time. The holder's late success is noted, and the message is
+// settled once its lock has ended (its claim stored the payload: it is
+// completed). The effect ran once.
+func TestSilentHolderOfAManualRoutesDeferredMessageIsFlagged(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{LockDuration: 2 * time.Second})
+		ms := &muteStore{Store: b.store, Deferrer: b.store.(claim.Deferrer), mute: map[string]bool{}}
+		b.store = ms
+		b.eff.behave = func(_, key string, call int) error {
+			switch call {
+			case 1:
+				return sideeffects.Retryable(errors.New("downstream 503"))
+			case 2:
+				// The fetched delivery: its holder goes silent, and the
+				// effect returns (performed) only once a poll took the
+				// claim and missed the locked message.
+				c := b.claimOf(key)
+				ms.mu.Lock()
+				ms.mute[c.Owner.String()] = true
+				ms.mu.Unlock()
+				deadline := time.Now().Add(30 * time.Second)
+				for time.Now().Before(deadline) {
+					if c := b.claimOf(key); c.State == claim.StateFlagged || (c.Postponements >= 2 && c.Deferred()) {
+						time.Sleep(time.Second)
+						return nil
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				return errors.New("the claim was never taken from its silent holder")
+			}
+			return nil
+		}
+		opts := b.deferOptions()
+		opts.HeartbeatInterval, opts.TakeoverAfter = 100*time.Millisecond, time.Second
+		opts.MaxLockRenewal, opts.LockDuration, opts.SettleTimeout = 1500*time.Millisecond, 500*time.Millisecond, 500*time.Millisecond
+		b.start(opts)
+		b.send("m1", "manual", `{}`, nil)
+		b.waitCompleted(b.q, "m1", 1)
+		b.waitIdle()
+
+		if calls := b.eff.Calls("m1"); calls != 2 {
+			t.Fatalf("calls %d, want 2 (refused, then performed by the holder that went silent): a manual route's effect ran again", calls)
+		}
+		c := b.claimOf("m1")
+		if c.State != claim.StateFlagged || !strings.Contains(c.FlagReason, "unknown") || c.LateSuccessAt == nil {
+			t.Fatalf("claim: state %s (%q), late success %v; want flagged, its outcome unknown, the silent holder's success noted", c.State, c.FlagReason, c.LateSuccessAt)
+		}
+		if st := b.q.Stats(); st.Completed != 1 || st.DeadLettered != 0 {
+			t.Fatalf("broker: %+v; want the message completed once, no dead letter", st)
+		}
+		b.eventually("the claim forgets its settled message", func() bool { return b.claimOf("m1").DeferredSeq == nil })
+	})
+}
