@@ -1067,6 +1067,13 @@ func (h *harness) noteProcessorFlags(rep *Report, flagged []*claim.Claim) {
 			prev.ClaimedBy, prev.Owner, prev.TakeOverPath = c.PreviousHolder, c.PreviousOwner, ""
 			if pw, pk := h.explainLocked(&prev); pw != "" {
 				why, kind = "the holder it was taken from: "+pw, "previous holder: "+pk
+			} else if silent, ok := h.led.takenWhileSilent(c.PreviousOwner); ok && strings.Contains(c.FlagReason, "went silent") {
+				// Alive, but it showed no life in the store for the
+				// take-over window (a late heartbeat on a loaded machine):
+				// the take-over was legitimate (the ledger checked it),
+				// and a manual route's unknown outcome is an operator's.
+				why = fmt.Sprintf("its holder %s showed no life for %s (the take-over window): a late heartbeat, and a manual route's unknown outcome is an operator's", c.PreviousHolder, silent.Round(time.Millisecond))
+				kind = "previous holder silent (late heartbeat)"
 			}
 		}
 		h.hist.add(c.MessageID, "a processor flagged claim %d (%s; claimed by %s, taken from %s)", c.ID, c.FlagReason, c.ClaimedBy, c.PreviousHolder)
