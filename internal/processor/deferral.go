@@ -368,7 +368,6 @@ func (p *Processor) fetch(ctx, work context.Context, lr *liveReceiver, c *claim.
 		return false
 	}
 
-
 	if !lr.acquire() {
 		// The receiver was retired meanwhile: the message's lock runs
 		// out, it goes back to deferred, and the claim's silent holder
