@@ -414,20 +414,8 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 				d.log.Debug("claim held by a live attempt; waiting for its outcome", "holder", c.ClaimedBy)
 			}
 			if time.Now().Add(poll).After(until) {
-				if messageless(c) {
-					// The holder is the reconciler's recovery or an
-					// operator's redrive: it has no message, so a final
-					// answer it reaches could only be dead-lettered by a
-					// copy. Hand this one back: its redelivery watches
-					// again, and carries the answer (failedCopy).
-					return abandoned(ResultAbandoned, "why", "holder without a message (recovery or redrive) still alive at the end of the lock-renewal window: the message is kept for its outcome",
-						"holder", c.ClaimedBy, "path", string(c.TakeOverPath))
-				}
-				// The lock-renewal window is spent and the holder still
-				// shows life. Completing is safe: the claim is the trace,
-				// the holder settles its own message (dead-lettering a
-				// final answer), and if it dies the reconciler recovers it.
-				return completed(ResultDuplicate, "why", "holder still alive at the end of the lock-renewal window", "holder", c.ClaimedBy)
+				dec := protocol.WatchEnded(messageless(c))
+				return verdict{result: dec.Result, settle: dec.Settle, attrs: []any{"why", dec.Why, "holder", c.ClaimedBy, "path", string(c.TakeOverPath)}}
 			}
 			select {
 			case <-ctx.Done():

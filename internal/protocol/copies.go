@@ -226,6 +226,22 @@ func Duplicate(s DuplicateStep) DuplicateAction {
 	return DupWait
 }
 
+// WatchEnded decides a duplicate delivery that waited for a live holder
+// to the end of its lock-renewal window, the holder still alive:
+//
+//	the holder has no message (the reconciler's recovery, an operator's
+//	redrive) ─► abandon: a final answer it reaches can only be
+//	            dead-lettered by a copy, and the redelivery watches again
+//	otherwise ─► complete: the claim is the trace, the holder settles its
+//	            own message, and if it dies the reconciler recovers it
+func WatchEnded(messageless bool) Decision {
+	if messageless {
+		return Decision{Settle: Abandon, Result: ResultAbandoned,
+			Why: "holder without a message (recovery or redrive) still alive at the end of the lock-renewal window: the message is kept for its outcome"}
+	}
+	return Decision{Settle: Complete, Result: ResultDuplicate, Why: "holder still alive at the end of the lock-renewal window"}
+}
+
 // Refusal is why a claim's effect, its outcome unknown, may not be
 // repeated under its key by the route it routes to now.
 type Refusal int
