@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"strings"
 	"time"
 
@@ -390,31 +389,11 @@ func get(ctx context.Context, store claim.Store, timeout time.Duration, id int64
 	return store.Get(gctx, id)
 }
 
-// MessageFromClaim rebuilds the message a claim was taken for, as the SDK's
-// own type, from what the claim stored: MessageID, Body (the stored
-// payload), Subject, ContentType and ApplicationProperties (as strings).
-// Broker-assigned fields (lock token, sequence number, delivery count) are
-// left zero: a redrive has no delivery.
+// MessageFromClaim rebuilds the message a claim was taken for
+// (sideeffects.MessageFromClaim): a redrive and the recovery pass route
+// it and run its effect on it.
 func MessageFromClaim(c *claim.Claim) *azservicebus.ReceivedMessage {
-	msg := &azservicebus.ReceivedMessage{
-		MessageID: c.MessageID,
-		Body:      c.Payload,
-	}
-	if c.Subject != "" {
-		subject := c.Subject
-		msg.Subject = &subject
-	}
-	if c.ContentType != "" {
-		contentType := c.ContentType
-		msg.ContentType = &contentType
-	}
-	if len(c.Properties) > 0 {
-		msg.ApplicationProperties = make(map[string]any, len(c.Properties))
-		for k, v := range maps.All(c.Properties) {
-			msg.ApplicationProperties[k] = v
-		}
-	}
-	return msg
+	return sideeffects.MessageFromClaim(c)
 }
 
 // routeFor resolves the effect that re-runs claim c (an operator's redrive

@@ -20,6 +20,14 @@ import (
 // ErrNotFailed: only a failed claim can be retried.
 var ErrNotFailed = errors.New("claim is not failed")
 
+// ErrMessageUnsettled: a retry that hands the claim to the next delivery
+// of its message was asked while the claim still names a deferred message
+// whose settlement is not recorded (its holder died, or its write failed,
+// between failing the claim and recording the dead letter). Until the
+// processors' stranded sweep settles it, a re-submitted copy would be
+// taken for a second message moving for the claim and completed.
+var ErrMessageUnsettled = errors.New("claim still names a deferred message that is not settled")
+
 // RetryParams is the input of Retry.
 type RetryParams struct {
 	ID   int64  // the failed claim
@@ -76,7 +84,10 @@ type RetryParams struct {
 // completes as a duplicate, so the effect runs once.
 //
 // It refuses, changing nothing (a *RefusedError), a claim that is not
-// failed (ErrNotFailed), one whose route here is not the one it was taken
+// failed (ErrNotFailed), one without a stored payload that still names a
+// deferred message whose settlement is not recorded (ErrMessageUnsettled:
+// the next delivery it hands the claim to would be taken for a second
+// message of the claim), one whose route here is not the one it was taken
 // for (claim.ErrRouteChanged), a database-only route (ErrNotRedrivable),
 // and NewKey on a route without allowNewKey (ErrNewKeyNotAllowed).
 func Retry(ctx context.Context, store claim.Store, p *RetryParams) (c *claim.Claim, err error) {
@@ -95,6 +106,12 @@ func Retry(ctx context.Context, store claim.Store, p *RetryParams) (c *claim.Cla
 		return c, &RefusedError{ID: c.ID, Claim: c, Why: notFailed(c), Err: ErrNotFailed}
 	}
 	handOff := p.HandOff || c.Payload == nil
+	if c.Payload == nil && c.DeferredSeq != nil {
+		// Race-free: a failed claim's DeferredSeq is only ever cleared.
+		return c, &RefusedError{ID: c.ID, Claim: c, Err: ErrMessageUnsettled, Why: fmt.Sprintf(
+			"its message (sequence number %d) was deferred and its settlement is not recorded yet: the processors dead-letter it (or find it gone) once its last holder's lock has ended; retry then, and re-submit its dead letter",
+			*c.DeferredSeq)}
+	}
 	var h sideeffects.Handler
 	routed := false
 	if !handOff || p.NewKey {

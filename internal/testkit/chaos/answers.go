@@ -156,6 +156,7 @@ func (h *harness) checkAnswers(rep *Report, claims map[string]*claim.Claim, dead
 				rep.violate("%s (answered %s): claim %d was flagged (%s): a final answer is never an operator's", id, h.answers[id], c.ID, c.FlagReason)
 			case dead[id][reason] != 1:
 				rep.violate("%s (answered %s): dead-lettered %d times as %s (want %s)", id, h.answers[id], dead[id][reason], reason, wantDL)
+				rep.history(id, h.hist.of(id))
 			}
 			for r, k := range dead[id] {
 				if r != reason {
