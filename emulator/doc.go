@@ -18,8 +18,8 @@
 //     gives each subscription the default match-all rule.
 //   - queue "integration": the same settings as "payments", consumed by no
 //     compose service; internal/processor's gated TestServiceBus uses it
-//     (docker compose up -d sqlserver servicebus, then the README's test
-//     command with SBCLAIM_TEST_SERVICEBUS_CONNECTION_STRING set).
+//     (docker compose up -d sqlserver servicebus, then the test
+//     command of docs/proof.md with SBCLAIM_TEST_SERVICEBUS_CONNECTION_STRING set).
 //   - queue "brokertest" (LockDuration PT5S, the emulator's minimum, and
 //     MaxDeliveryCount 3) and topic "brokertest-topic" with subscriptions
 //     "copy-a" and "copy-b": the entities of the broker contract suite

@@ -32,7 +32,7 @@ const (
 )
 
 // mixedAnswerRules extend the chaos route for AnswersMixed with the rules
-// a Stripe-like API needs (the same as the README's worked example): a
+// a Stripe-like API needs (the same as docs/answers.md's worked example): a
 // 402 is the final decline, a 400 whose error type is idempotency_error
 // is a key conflict, a 409 (the key in flight) is retried; the request id
 // and the charge are recorded; an operator may redrive under a new key
