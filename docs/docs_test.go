@@ -86,13 +86,13 @@ func codeBlocks(text string) []block {
 	return out
 }
 
-// withoutCode blanks the fenced code blocks of a Markdown text, keeping its
-// line count.
+// withoutCode blanks the fenced code blocks of a Markdown text (fences
+// included) with spaces, keeping every other byte where it was.
 func withoutCode(text string) string {
 	lines := strings.Split(text, "\n")
 	for _, b := range codeBlocks(text) {
 		for i := b.first - 1; i <= b.last && i < len(lines); i++ {
-			lines[i] = ""
+			lines[i] = strings.Repeat(" ", len(lines[i]))
 		}
 	}
 	return strings.Join(lines, "\n")
@@ -333,7 +333,7 @@ func TestFirstPageCommandsAreExercised(t *testing.T) {
 			for _, a := range f[3:] {
 				if name, ok := strings.CutPrefix(a, "-"); ok {
 					name, _, _ = strings.Cut(name, "=")
-					if !strings.Contains(devMain, `, "`+name+`", `) {
+					if !devFlag(devMain, name) {
 						t.Errorf("%q: cmd/dev declares no flag -%s", c, name)
 					}
 				}
@@ -346,6 +346,27 @@ func TestFirstPageCommandsAreExercised(t *testing.T) {
 			t.Errorf("%q is on the README's first page but nothing runs it: run it in a test or in .ci/run and add it here", c)
 		}
 	}
+	// The flags the first page names in its text are the dev command's
+	// (-race is go test's).
+	flags := 0
+	for _, m := range regexp.MustCompile("`-([a-z][a-z-]*)`").FindAllStringSubmatch(withoutCode(section), -1) {
+		flags++
+		if m[1] != "race" && !devFlag(devMain, m[1]) {
+			t.Errorf("the README's first page names -%s, which cmd/dev does not declare", m[1])
+		}
+	}
+	if flags < 3 {
+		t.Errorf("the README's first page names %d flags of the dev command", flags)
+	}
+	if !devFlag(devMain, "dir") || devFlag(devMain, "no-such-flag") {
+		t.Error("devFlag does not read cmd/dev's flags")
+	}
+}
+
+// devFlag reports whether cmd/dev's main.go declares the flag name
+// (fs.String("name", ...) or fs.StringVar(&v, "name", ...)).
+func devFlag(devMain, name string) bool {
+	return regexp.MustCompile(`fs\.\w+\((?:&[\w.]+, )?"` + regexp.QuoteMeta(name) + `",`).MatchString(devMain)
 }
 
 // section returns the part of a Markdown text from the line heading to

@@ -175,10 +175,7 @@ func runSystem(ctx context.Context, cfg config, logger *slog.Logger, logPath str
 	// Everything runs until ctx ends; the processors stop first, so that
 	// their effects in flight finish while the downstream and the store
 	// are still there.
-	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopRun()
-	var wg sync.WaitGroup
-	procErrs := make(chan error, replicas)
+	var processors []*sbclaim.Processor
 	for i := range replicas {
 		p, err := sbclaim.NewProcessor(sbclaim.ProcessorConfig{
 			Consumer: consumer, Entity: queueName, Store: store, Router: router, NewReceiver: queue.NewReceiver,
@@ -198,20 +195,25 @@ func runSystem(ctx context.Context, cfg config, logger *slog.Logger, logPath str
 		if err != nil {
 			return err
 		}
-		wg.Go(func() {
-			if err := p.Run(runCtx); err != nil && !errors.Is(err, context.Canceled) {
-				procErrs <- fmt.Errorf("processor %d: %w", i+1, err)
-			}
-		})
+		processors = append(processors, p)
 	}
 	rec, err := sbclaim.NewReconciler(sbclaim.ReconcilerConfig{Store: store, Routers: routers,
 		StaleAfter: staleAfter, HeartbeatInterval: heartbeat,
 		RecoveryBackoff: 2 * time.Second, RecoveryBackoffMax: 10 * time.Second,
 		Host: "dev-reconciler", Logger: logger})
 	if err != nil {
-		stopRun()
-		wg.Wait()
 		return err
+	}
+	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRun()
+	var wg sync.WaitGroup
+	procErrs := make(chan error, replicas)
+	for i, p := range processors {
+		wg.Go(func() {
+			if err := p.Run(runCtx); err != nil && !errors.Is(err, context.Canceled) {
+				procErrs <- fmt.Errorf("processor %d: %w", i+1, err)
+			}
+		})
 	}
 	recDone := make(chan struct{})
 	go func() {
