@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/sbclaim/sbclaim/internal/testkit"
 )
 
 var (
@@ -238,6 +240,8 @@ func TestDevCommand(t *testing.T) {
 	}
 	if exe := os.Getenv("SBCLAIM_TEST_CHROMIUM"); exe != "" {
 		inBrowser(t, exe, consoleURL, run, payments)
+	} else if testkit.Required("browser") {
+		t.Errorf("the browser is required (%s) but SBCLAIM_TEST_CHROMIUM is not set", testkit.RequireEnv)
 	}
 
 	p.stop()
