@@ -11,7 +11,7 @@
 // before its code block, naming its source:
 //
 //	<!-- snippet: examples/stripe/main.go func Charge -->
-//	<!-- snippet: docs/library_test.go region binary -->
+//	<!-- snippet: docs/library_test.go region handler-test -->
 //
 // "func Name" takes a function declaration (without its doc comment);
 // "region name" takes the lines between "// snippet:name" and the next

@@ -151,6 +151,9 @@ func snippetSource(rel, kind, name string) (string, error) {
 		if !found || in || len(lines) == 0 {
 			return "", fmt.Errorf("%s: no region %q between // snippet:%s and // endsnippet", rel, name, name)
 		}
+		for len(lines) > 0 && strings.TrimSpace(lines[len(lines)-1]) == "" {
+			lines = lines[:len(lines)-1]
+		}
 		return dedent(lines), nil
 	}
 }
@@ -266,12 +269,12 @@ func firstDifference(got, want string) string {
 // TestSnippetCheckBites: the check above finds a hand edit, a missing
 // source, a missing region and a block without a marker.
 func TestSnippetCheckBites(t *testing.T) {
-	src, err := snippetSource("docs/library_test.go", "region", "binary")
+	src, err := snippetSource("docs/library_test.go", "region", "handler-test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(src, "sbclaim.NewProcessor(") || strings.HasPrefix(src, "\t") {
-		t.Errorf("region binary, de-indented, is:\n%s", src)
+	if !strings.HasPrefix(src, "func TestChargeSurvivesACrash(") || !strings.HasSuffix(src, "}\n") {
+		t.Errorf("region handler-test is:\n%s", src)
 	}
 	edited := strings.Replace(src, `"billing"`, `"payments"`, 1)
 	if edited == src || firstDifference(edited, src) == "they differ in length" {

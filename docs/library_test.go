@@ -15,14 +15,13 @@ import (
 	"github.com/sbclaim/sbclaim/sbclaimtest"
 )
 
-// The README's "Use it as a library" shows these: runBinary (region
-// binary) and TestChargeSurvivesACrash (region handler-test).
+// The README's "Use it as a library" shows these: runBinary and
+// TestChargeSurvivesACrash (region handler-test).
 
 // runBinary wires sbclaim into a program of its own: the claims store, a
 // router with the program's handler, a processor on a queue and a
 // reconciler with the same router, until ctx ends.
 func runBinary(ctx context.Context, dbURL, connStr string, charge sbclaim.HandlerFunc, logger *slog.Logger) error {
-	// snippet:binary
 	if err := sbclaim.Migrate(ctx, dbURL); err != nil { // or `reconciler migrate` once
 		return err
 	}
@@ -64,7 +63,6 @@ func runBinary(ctx context.Context, dbURL, connStr string, charge sbclaim.Handle
 	err = processor.Run(ctx)                          // until ctx ends (SIGTERM), then drains in-flight effects
 	cancel()
 	return errors.Join(err, <-reconciled)
-	// endsnippet
 }
 
 // TestRunBinary runs the README's wiring against a SQLite file and a
