@@ -154,6 +154,14 @@ func (h *harness) checkAnswers(rep *Report, claims map[string]*claim.Claim, dead
 				}
 			case c.FlaggedAt != nil:
 				rep.violate("%s (answered %s): claim %d was flagged (%s): a final answer is never an operator's", id, h.answers[id], c.ID, c.FlagReason)
+			case dead[id][reason] <= 1 && c.DeadLetterSeq == nil && h.handedOff(c.ID):
+				// Its deliveries were spent on postponements: a processor
+				// handed the claim to the reconciler with its payload and
+				// completed the message; the recovery got the final answer
+				// and failed the claim with no message at hand. The failed
+				// claim (payload kept) is the record; only a later copy of
+				// the key would be dead-lettered (TakeDeadLetter).
+				rep.FinalAfterHandOff++
 			case dead[id][reason] != 1:
 				rep.violate("%s (answered %s): dead-lettered %d times as %s (want %s)", id, h.answers[id], dead[id][reason], reason, wantDL)
 				rep.history(id, h.hist.of(id))
@@ -192,6 +200,9 @@ func (r *Report) answersLine() string {
 	}
 	line := fmt.Sprintf("; rejected %d (dead-lettered once each, claims failed), conflicts %d (dead-lettered once each, claims failed), cached failures %d (flagged, redriven under a new key)",
 		r.Rejected, r.AnswerConflicts, r.CachedFailures)
+	if r.FinalAfterHandOff > 0 {
+		line += fmt.Sprintf("; %d failed by the reconciler's recovery after a hand-off had completed the message (the failed claim is the record: nothing left to dead-letter)", r.FinalAfterHandOff)
+	}
 	if r.FinalFlaggedFirst > 0 {
 		line += fmt.Sprintf("; of the rejected and conflicts, %d were flagged first (a crash left the manual route's outcome unknown) and failed by the operator's redrive, dead-lettered at most once", r.FinalFlaggedFirst)
 	}
