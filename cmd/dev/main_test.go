@@ -13,7 +13,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,45 +22,18 @@ import (
 	"github.com/sbclaim/sbclaim/internal/testkit"
 )
 
-var (
-	buildOnce sync.Once
-	binary    string
-	buildErr  error
-)
-
-// devBinary builds this command once per test binary, into a temporary
-// directory of its own (removed by TestMain).
-func devBinary(t *testing.T) string {
+// devBinary builds this command into dir.
+func devBinary(t *testing.T, dir string) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "sbclaim-dev-test-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binary = filepath.Join(dir, "dev")
-		goTool, err := exec.LookPath("go")
-		if err != nil {
-			buildErr = fmt.Errorf("the test builds the command with the go tool, which is not on PATH: %w", err)
-			return
-		}
-		out, err := exec.Command(goTool, "build", "-o", binary, ".").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the test builds the command with the go tool, which is not on PATH: %v", err)
 	}
-	return binary
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if binary != "" {
-		os.RemoveAll(filepath.Dir(binary))
+	bin := filepath.Join(dir, "dev")
+	if out, err := exec.Command(goTool, "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	os.Exit(code)
+	return bin
 }
 
 // proc is the dev command running as a process, its standard output read
@@ -74,9 +46,9 @@ type proc struct {
 	done  chan error
 }
 
-func start(t *testing.T, args ...string) *proc {
+func start(t *testing.T, bin string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(devBinary(t), args...)
+	cmd := exec.Command(bin, args...)
 	cmd.Dir = t.TempDir()
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
@@ -151,17 +123,25 @@ var (
 	countLine      = regexp.MustCompile(`^  ([a-z -]+):\s+(\d+)\s*(.*)$`)
 )
 
-// TestDevCommand builds the dev command, starts it as a process on a
-// folder of the test's, waits for the console's address, lets it send its
-// mix, and checks the terminal summary, the demo downstream's counts (each
+// TestDevCommand builds the dev command once and starts it as a process,
+// on folders of the test's: its mix (testMix), and a restart after a stop
+// with every claim unfinished (testRestartRecoversClaims).
+func TestDevCommand(t *testing.T) {
+	bin := devBinary(t, t.TempDir())
+	t.Run("Mix", func(t *testing.T) { testMix(t, bin) })
+	t.Run("RestartRecoversClaims", func(t *testing.T) { testRestartRecoversClaims(t, bin) })
+}
+
+// testMix waits for the console's address, lets the command send its mix,
+// and checks the terminal summary, the demo downstream's counts (each
 // payment effected exactly once) and the console's pages (the processed
 // claims, one flagged claim); with SBCLAIM_TEST_CHROMIUM set, it also opens
 // the console in headless Chromium. Then Ctrl-C, and a restart on the same
 // folder finds the claims.
-func TestDevCommand(t *testing.T) {
+func testMix(t *testing.T, bin string) {
 	const payments = 12
 	dir := filepath.Join(t.TempDir(), "store")
-	p := start(t, "-dir", dir, "-console-addr", "127.0.0.1:0", "-payments", strconv.Itoa(payments), "-seed", "7")
+	p := start(t, bin, "-dir", dir, "-console-addr", "127.0.0.1:0", "-payments", strconv.Itoa(payments), "-seed", "7")
 
 	downstream := p.until(downstreamLine, 45*time.Second)[1]
 	consoleURL := p.until(consoleLine, 10*time.Second)[1]
@@ -247,7 +227,7 @@ func TestDevCommand(t *testing.T) {
 	p.stop()
 
 	// A restart on the same folder finds every claim of the first run.
-	p = start(t, "-dir", dir, "-payments", "0")
+	p = start(t, bin, "-dir", dir, "-payments", "0")
 	m := p.until(regexp.MustCompile(`^resuming: the store holds (\d+) claims from earlier runs \((.*)\)$`), 45*time.Second)
 	if m[1] != strconv.Itoa(payments+2) || m[2] != fmt.Sprintf("%d processed, 1 failed, 1 flagged", payments) {
 		t.Errorf("after a restart: %q", m[0])
@@ -256,16 +236,16 @@ func TestDevCommand(t *testing.T) {
 	p.stop()
 }
 
-// TestDevRestartRecoversClaims stops the dev command while the downstream
+// testRestartRecoversClaims stops the dev command while the downstream
 // is down (every claim of the mix unfinished, the messages only in the
 // in-memory queue), and restarts it on the same folder: the reconciler
 // recovers every claim from its stored payload, with its own key, so
 // nothing claimed is lost.
-func TestDevRestartRecoversClaims(t *testing.T) {
+func testRestartRecoversClaims(t *testing.T, bin string) {
 	const payments = 4
 	claims := payments + 2 // the declined payment and the stored failure
 	dir := filepath.Join(t.TempDir(), "store")
-	p := start(t, "-dir", dir, "-payments", strconv.Itoa(payments), "-outage", "1000000", "-seed", "3")
+	p := start(t, bin, "-dir", dir, "-payments", strconv.Itoa(payments), "-outage", "1000000", "-seed", "3")
 	p.until(consoleLine, 45*time.Second)
 	progress := regexp.MustCompile(`^  \.\.\. \d+ message\(s\) not yet settled; claims: (.*)$`)
 	for {
@@ -283,7 +263,7 @@ func TestDevRestartRecoversClaims(t *testing.T) {
 	}
 	p.stop()
 
-	p = start(t, "-dir", dir, "-payments", "0")
+	p = start(t, bin, "-dir", dir, "-payments", "0")
 	p.until(regexp.MustCompile(fmt.Sprintf(`^  %d unfinished: the reconciler recovers them`, claims)), 45*time.Second)
 	m := p.until(regexp.MustCompile(`^resumed: the (\d+) claim\(s\) an earlier run left unfinished are now (.*); (\d+) effected once`), time.Minute)
 	if m[1] != strconv.Itoa(claims) || m[2] != fmt.Sprintf("%d processed, 1 failed, 1 flagged", payments) || m[3] != strconv.Itoa(payments) {
