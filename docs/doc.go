@@ -4,8 +4,10 @@
 // a source file that compiles and is tested (TestSnippetsMatchTheirSources),
 // the shell commands of the README's first page are ones a test or CI runs
 // (TestFirstPageCommandsAreExercised), relative links and their anchors
-// resolve (TestLinksResolve), and the outcome table lists every outcome
-// the processor reports (TestOutcomeTableListsEveryResult).
+// resolve (TestLinksResolve), the outcome table lists every outcome the
+// processor reports (TestOutcomeTableListsEveryResult), and the
+// configuration tables list exactly the variables the binaries read
+// (TestConfigurationTablesMatchTheBinaries).
 //
 // A snippet is marked in the Markdown by an HTML comment on the line
 // before its code block, naming its source:

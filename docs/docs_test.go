@@ -563,3 +563,53 @@ func TestOutcomeTableListsEveryResult(t *testing.T) {
 		t.Errorf("the outcome table lists %v; the processor reports %v", rows, results)
 	}
 }
+
+// TestConfigurationTablesMatchTheBinaries: every SBCLAIM_ variable the
+// processor and the reconciler read has a row in the tables of
+// docs/configuration.md or docs/console.md, and every variable a row of
+// those tables names is one they read (a renamed variable fails here).
+func TestConfigurationTablesMatchTheBinaries(t *testing.T) {
+	variable := regexp.MustCompile(`SBCLAIM_[A-Z0-9_]*[A-Z0-9]`)
+	read := map[string]bool{}
+	for _, dir := range []string{"cmd/processor", "cmd/reconciler"} {
+		files, err := filepath.Glob(filepath.Join(root, dir, "*.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			src, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range regexp.MustCompile(`"(SBCLAIM_[A-Z0-9_]+)"`).FindAllStringSubmatch(string(src), -1) {
+				read[m[1]] = true
+			}
+		}
+	}
+	if len(read) < 30 {
+		t.Fatalf("read %d variables from cmd/processor and cmd/reconciler", len(read))
+	}
+	documented := map[string]bool{}
+	for _, file := range []string{"docs/configuration.md", "docs/console.md"} {
+		for _, line := range strings.Split(withoutCode(readFile(t, file)), "\n") {
+			if !strings.HasPrefix(line, "| `SBCLAIM_") {
+				continue
+			}
+			first := strings.Split(line, "|")[1]
+			for _, v := range variable.FindAllString(first, -1) {
+				documented[v] = true
+				if !read[v] {
+					t.Errorf("%s has a row for %s, which neither binary reads", file, v)
+				}
+			}
+		}
+	}
+	for v := range read {
+		if !documented[v] {
+			t.Errorf("%s is read by a binary but has no row in docs/configuration.md or docs/console.md", v)
+		}
+	}
+}
