@@ -160,7 +160,7 @@ type ProcessorConfig struct {
 	Registerer prometheus.Registerer
 	// TracerProvider makes the processor's OpenTelemetry spans (a process
 	// span per delivery, with its claim, effect attempts, outcome write and
-	// settlement; see README "Tracing"); nil: the global provider
+	// settlement; see docs/tracing.md); nil: the global provider
 	// (otel.GetTracerProvider()), which makes no-op spans until a program
 	// installs an SDK.
 	TracerProvider trace.TracerProvider

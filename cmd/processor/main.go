@@ -1,6 +1,6 @@
 // Command processor receives Service Bus messages, claims each in the
 // claims table, runs its side effects with the message's dedup key as the
-// idempotency key, and settles it. See the README for configuration.
+// idempotency key, and settles it. See docs/configuration.md.
 package main
 
 import (
