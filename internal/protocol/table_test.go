@@ -280,6 +280,34 @@ func render() (string, int) {
 	n += table(&b, "A duplicate's watch ends (WatchEnded)", "A duplicate delivery waited for a live holder until the end of its lock-renewal window.",
 		"the holder has no message | write | settle | result", rows)
 
+	// An operator's action.
+	rows = rows[:0]
+	for _, act := range []protocol.OperatorAction{protocol.ActRedrive, protocol.ActHandOff, protocol.ActRetry} {
+		for _, st := range []protocol.State{protocol.Claimed, protocol.Released, protocol.Processed, protocol.Failed, protocol.Flagged, protocol.Resolved} {
+			for _, stored := range []bool{false, true} {
+				for _, asked := range []bool{false, true} {
+					if asked && act != protocol.ActRetry {
+						continue
+					}
+					for _, names := range []bool{false, true} {
+						d := protocol.Operate(protocol.OperatorStep{Action: act, State: st, PayloadStored: stored, HandOffAsked: asked, NamesMessage: names})
+						out := "refused: " + d.Refusal.String()
+						switch {
+						case d.Refusal != protocol.OpAllowed:
+						case d.HandOff:
+							out = "hand off (release)"
+						default:
+							out = "run here (route checked)"
+						}
+						rows = append(rows, fmt.Sprintf("%s | %s | %s | %s | %s | %s", act, st, yn(stored), yn(asked), yn(names), out))
+					}
+				}
+			}
+		}
+	}
+	n += table(&b, "An operator's action (Operate)", "Redrive, hand-off and retry, from the console, the CLI or the library; every one is then one guarded take-over.",
+		"action | claim | payload | hand-off asked | names a deferred message | decision", rows)
+
 	// May a key be repeated?
 	rows = rows[:0]
 	for _, unroutable := range []bool{false, true} {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/held"
+	"github.com/sbclaim/sbclaim/internal/protocol"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
 )
 
@@ -102,16 +103,17 @@ func Retry(ctx context.Context, store claim.Store, p *RetryParams) (c *claim.Cla
 	if err != nil {
 		return nil, fmt.Errorf("retry claim %d: %w", p.ID, err)
 	}
-	if c.State != claim.StateFailed {
+	dec := operate(protocol.ActRetry, c, p.HandOff)
+	switch dec.Refusal {
+	case protocol.OpNotFailed:
 		return c, &RefusedError{ID: c.ID, Claim: c, Why: notFailed(c), Err: ErrNotFailed}
-	}
-	handOff := p.HandOff || c.Payload == nil
-	if c.Payload == nil && c.DeferredSeq != nil {
+	case protocol.OpMessageUnsettled:
 		// Race-free: a failed claim's DeferredSeq is only ever cleared.
 		return c, &RefusedError{ID: c.ID, Claim: c, Err: ErrMessageUnsettled, Why: fmt.Sprintf(
 			"its message (sequence number %d) was deferred and its settlement is not recorded yet: the processors dead-letter it (or find it gone) once its last holder's lock has ended; retry then, and re-submit its dead letter",
 			*c.DeferredSeq)}
 	}
+	handOff := dec.HandOff
 	var h sideeffects.Handler
 	routed := false
 	if !handOff || p.NewKey {
