@@ -315,7 +315,7 @@ func inBrowser(t *testing.T, exe, consoleURL, run string, payments int) {
 		shots = t.TempDir()
 	}
 	shot := func(name string) {
-		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(90))
+		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 		if err != nil {
 			t.Fatalf("screenshot: %v", err)
 		}
