@@ -680,7 +680,8 @@ func (p *Processor) lost(work context.Context, d *delivery, c *claim.Claim, eo s
 		// one to dead-letter it.
 		return p.failedCopy(work, d, now, attrs...)
 	}
-	return verdict{result: dec.Result, settle: dec.Settle, attrs: append(attrs, "why", dec.Why)}
+	v := verdict{result: dec.Result, settle: dec.Settle, reason: dec.DeadLetterReason, description: now.FlagReason, attrs: append(attrs, "why", dec.Why)}
+	return v
 }
 
 // runTx is the one-phase path: the marker and the effect's writes commit in

@@ -14,9 +14,9 @@ type LostStep struct {
 	// number; LastDelivery: it is on its last delivery; NowPayload: the
 	// claim, as it is now, stored its payload.
 	Fetched, LastDelivery, NowPayload bool
-	// NamesThisMessage: the claim, unfinished, names this very message as
-	// its deferred one (a poller took it to fetch it: this holder looked
-	// silent).
+	// NamesThisMessage: the claim names this very message as its
+	// deferred one (a poller took it to fetch it, or flagged it: this
+	// holder looked silent).
 	NamesThisMessage bool
 	// Messageless: held by the reconciler's recovery or an operator's
 	// redrive, which have no message of their own.
@@ -32,6 +32,8 @@ type LostStep struct {
 //	held by the reconciler or a redrive (no message) ─► abandon (a final answer
 //	                                                    they reach needs a copy)
 //	failed                                           ─► as a copy of a failed claim
+//	flagged, no payload, it names this message       ─► dead-letter ClaimFlagged
+//	                                                    (as the stranded sweep would)
 //	otherwise (finished, or another holder's)        ─► complete
 //
 // keep hands the message back to the broker for the claim's next attempt,
@@ -54,6 +56,13 @@ func Lost(s LostStep) (d Decision, failedCopy bool) {
 		return Decision{Settle: Abandon, Result: ResultLost, Why: "held without a message: kept for its outcome"}, false
 	case s.Now == Failed:
 		return Decision{}, true
+	case s.Now == Flagged && !s.NowPayload && s.NamesThisMessage:
+		// The claim's own deferred message, flagged meanwhile (a poller
+		// that took it from this holder, silent, could not tell its
+		// outcome): settled as the stranded sweep settles it, so the
+		// dead-letter queue keeps the body nothing else stored.
+		return Decision{Settle: DeadLetter, DeadLetterReason: ReasonClaimFlagged, Result: ResultLost,
+			Why: "the claim was flagged and stored no payload: the dead-letter queue keeps its message"}, false
 	}
 	return Decision{Settle: Complete, Result: ResultLost, Why: "the claim is decided, or another attempt holds it"}, false
 }
