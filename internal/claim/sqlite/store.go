@@ -111,9 +111,7 @@ func ParseURL(url string) (string, error) {
 	if !ok {
 		return "", fmt.Errorf("sqlite: URL must start with \"sqlite:\"")
 	}
-	if strings.HasPrefix(rest, "//") {
-		rest = rest[2:] // sqlite:///abs/path → /abs/path
-	}
+	rest = strings.TrimPrefix(rest, "//") // sqlite:///abs/path → /abs/path
 	if i := strings.IndexByte(rest, '?'); i >= 0 {
 		return "", fmt.Errorf("sqlite: URL query parameters are not supported")
 	}

@@ -148,14 +148,17 @@ func (c Config) withDefaults() Config {
 func (c Config) Validate() error {
 	switch {
 	case c.Messages < 0:
+		//lint:ignore ST1005 the error names the field, as every config error here does
 		return fmt.Errorf("Messages cannot be negative (got %d)", c.Messages)
 	case c.Replicas < 0:
+		//lint:ignore ST1005 the error names the field, as every config error here does
 		return fmt.Errorf("Replicas cannot be negative (got %d)", c.Replicas)
 	case c.DupShare > 1:
 		return fmt.Errorf("DupShare must be at most 1 (got %g)", c.DupShare)
 	case c.FaultShare < 0 || c.FaultShare > 0.15:
 		return fmt.Errorf("FaultShare must be in 0..0.15 (got %g)", c.FaultShare)
 	case !c.Recovery.Valid():
+		//lint:ignore ST1005 the error names the field, as every config error here does
 		return fmt.Errorf("Recovery must be auto or manual (got %q)", c.Recovery)
 	case c.Answers != AnswersNormal && c.Answers != AnswersMixed:
 		return fmt.Errorf("Answers must be normal or mixed (got %q)", c.Answers)
