@@ -132,10 +132,11 @@ type ProcessorConfig struct {
 	// MaxPayloadBytes dead-letters larger bodies (default 256 KiB).
 	MaxPayloadBytes int
 	// Delayed retries (Route.Backoff). MaxDeliveryCount is the entity's
-	// MaxDeliveryCount (default 10): each fetch of a deferred message
-	// counts as a delivery, so a message that reached it is not deferred
-	// again — its claim is handed to the reconciler with its stored
-	// payload and the message completed. DeferPollInterval is how often a
+	// MaxDeliveryCount (default DefaultMaxDeliveryCount): each fetch of a
+	// deferred message counts as a delivery, so a message near it is not
+	// deferred again — its claim is handed to the reconciler with its
+	// stored payload and the message completed. It must be the entity's
+	// real value: CheckMaxDeliveryCount reads it where the identity may. DeferPollInterval is how often a
 	// processor looks for due claims (default 5s); DeferGrace how long
 	// past due the reconciler leaves a deferred claim to its message
 	// (default 1h). NoDeferral turns delayed retries off for every route.

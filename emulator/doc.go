@@ -44,5 +44,8 @@
 // makes the stack safe on a laptop: ports published on 127.0.0.1 only, the
 // emulator pinned to a release, platform linux/amd64 for the SQL Server
 // image (amd64 only), SQL_WAIT_INTERVAL set, and the processors' shutdown
-// and stale settings consistent with stop_grace_period and the reconciler.
+// and stale settings consistent with stop_grace_period and the reconciler,
+// and each processor's SBCLAIM_MAX_DELIVERY_COUNT equal to its entity's
+// MaxDeliveryCount here (the processor cannot read it from the emulator,
+// so the compose file must say it).
 package emulator
