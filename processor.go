@@ -53,10 +53,24 @@ func ParseDedupKey(spec string) (DedupKeyFunc, error) {
 	return DedupKeyFunc(f), nil
 }
 
+// DefaultRetryBudget is the time budget of an effect's attempts within
+// one delivery when RetryPolicy.Budget is zero, and the processor
+// command's default (SBCLAIM_EFFECT_RETRY_BUDGET): long enough for a
+// downstream's brief hiccup; a longer outage is carried by delayed
+// retries (Backoff), which free the message and the worker instead of
+// holding them.
+const DefaultRetryBudget = sideeffects.DefaultRetryBudget
+
+// DefaultEffectMaxAttempts is the attempts of an effect within one
+// delivery when RetryPolicy.MaxAttempts is zero, and the processor
+// command's default (SBCLAIM_EFFECT_MAX_ATTEMPTS).
+const DefaultEffectMaxAttempts = sideeffects.DefaultMaxAttempts
+
 // RetryPolicy bounds the retries of an effect within one delivery: by
 // attempts and by a time budget, whichever ends first, with exponential
 // backoff and jitter, every attempt with the same idempotency key. Zero
-// fields take defaults (5 attempts, 200ms doubling to 5s, 30s budget).
+// fields take defaults (DefaultEffectMaxAttempts, 200ms doubling to 5s,
+// DefaultRetryBudget), the same as the processor command's.
 type RetryPolicy struct {
 	MaxAttempts     int
 	InitialInterval time.Duration

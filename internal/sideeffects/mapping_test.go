@@ -477,7 +477,7 @@ func TestStripeExamplesAgainstFakeStripe(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			msg := jsonMsg("evt-1", "payment.requested", `{"order":42,"amount_cents":1999}`)
+			msg := jsonMsg("evt-1", "payment.requested", `{"order":42,"amount_cents":1999,"payment_method":"pm_card_visa"}`)
 			ctx, rec := RecordAnswers(context.Background())
 			if err := mustEffect(t, r, msg).Perform(ctx, msg, "evt-1"); err != nil {
 				t.Fatalf("Perform: %v", err)
@@ -492,6 +492,12 @@ func TestStripeExamplesAgainstFakeStripe(t *testing.T) {
 			if form.Get("amount") != "1999" || form.Get("currency") != "usd" || form.Get("metadata[order]") != "42" {
 				t.Errorf("form %v, want amount=1999 currency=usd metadata[order]=42", form)
 			}
+			// A confirmed payment: charged now, with the event's card, not
+			// an unconfirmed PaymentIntent left waiting.
+			if form.Get("confirm") != "true" || form.Get("payment_method") != "pm_card_visa" ||
+				form.Get("automatic_payment_methods[allow_redirects]") != "never" {
+				t.Errorf("form %v, want a confirmed PaymentIntent with the event's payment method", form)
+			}
 			h := b.fake.Headers("evt-1")[0]
 			if h.Get("Idempotency-Key") != "evt-1" || h.Get("Authorization") != "Bearer sk_test_4eC39HqLyjWDarjtT1zdp7dc" ||
 				h.Get("Content-Type") != "application/x-www-form-urlencoded" {
@@ -502,7 +508,7 @@ func TestStripeExamplesAgainstFakeStripe(t *testing.T) {
 			}
 			// A decline is rejected, as the example's answer rules say.
 			b.fake.SetKeyReply("evt-2", fakedownstream.ReplyDecline)
-			msg2 := jsonMsg("evt-2", "payment.requested", `{"order":43,"amount_cents":500}`)
+			msg2 := jsonMsg("evt-2", "payment.requested", `{"order":43,"amount_cents":500,"payment_method":"pm_card_visa"}`)
 			if err := mustEffect(t, r, msg2).Perform(context.Background(), msg2, "evt-2"); Classify(err) != OutcomeRejected {
 				t.Errorf("decline: %v (%v), want rejected", err, Classify(err))
 			}
