@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -906,5 +907,48 @@ func silentManualHolder(t *testing.T, stored bool) {
 			t.Fatalf("broker: %+v, reasons %v; want the message dead-lettered once as %s (no payload stored)", st, b.deadLetterReasons(), processor.ReasonClaimFlagged)
 		}
 		b.eventually("the claim forgets its settled message", func() bool { return b.claimOf("m1").DeferredSeq == nil })
+	})
+}
+
+// TestResubmittedCopyOfADeadLetteredFetchedMessageRuns: without a stored
+// payload nothing can carry a claim past the message's deliveries, so a
+// fetched message whose effect is refused on its last delivery is
+// released and abandoned, and the broker dead-letters it. The claim must
+// forget it then: the operator's re-submitted copy takes the claim over
+// and performs the effect, instead of being completed unprocessed as a
+// copy of a message "being deferred" (the simulation's seed 16).
+func TestResubmittedCopyOfADeadLetteredFetchedMessageRuns(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{MaxDeliveryCount: 3})
+		var down atomic.Bool
+		down.Store(true)
+		b.eff.behave = func(_, _ string, _ int) error {
+			if down.Load() {
+				return sideeffects.Retryable(errors.New("downstream 503"))
+			}
+			return nil
+		}
+		opts := b.deferOptions()
+		opts.MaxDeliveryCount = 3
+		opts.StorePayload = false
+		b.start(opts)
+		b.send("m1", "pay", `{}`, nil)
+		b.eventually("the broker dead-letters the message", func() bool { return b.q.Stats().DeadLettered == 1 })
+		b.waitIdle()
+		b.eventually("the claim forgets the dead-lettered message", func() bool {
+			c := b.claimOf("m1")
+			return c.State == claim.StateReleased && c.DeferredSeq == nil
+		})
+
+		down.Store(false)
+		b.send("m1", "pay", `{}`, nil) // the operator re-submits the dead letter
+		b.waitCompleted(b.q, "m1", 1)
+		b.waitIdle()
+		if got := b.eff.Performed("m1"); got != 1 {
+			t.Fatalf("performed %d times, want 1: the re-submitted copy must run the work", got)
+		}
+		if c := b.claimOf("m1"); c.State != claim.StateProcessed {
+			t.Fatalf("claim %s (%s), want processed", c.State, c.LastError)
+		}
 	})
 }

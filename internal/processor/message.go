@@ -928,7 +928,7 @@ func (p *Processor) settle(d *delivery, v verdict) {
 	gone := v.settle == settleComplete || v.settle == settleDeadLetter
 	switch {
 	case err == nil:
-		if d.fetched && gone {
+		if d.fetched && protocol.MessageLeaves(v.settle, int(d.msg.DeliveryCount) >= p.opts.MaxDeliveryCount) {
 			p.clearDeferred(d)
 		}
 	case d.fetched && gone:

@@ -235,6 +235,17 @@ func Duplicate(s DuplicateStep) DuplicateAction {
 	return DupWait
 }
 
+// MessageLeaves reports whether a fetched (deferred) message, once
+// settled so, is no longer deferred at the broker, so its claim must
+// forget it (ClearDeferred): completed or dead-lettered; or abandoned on
+// its last delivery, which the broker dead-letters. A claim that went on
+// naming a message gone to the dead-letter queue would take a
+// re-submitted copy of it for a second message moving for the claim, and
+// complete the copy unprocessed.
+func MessageLeaves(s Settle, lastDelivery bool) bool {
+	return s == Complete || s == DeadLetter || (s == Abandon && lastDelivery)
+}
+
 // WatchEnded decides a duplicate delivery that waited for a live holder
 // to the end of its lock-renewal window, the holder still alive:
 //

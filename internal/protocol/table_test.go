@@ -308,6 +308,16 @@ func render() (string, int) {
 	n += table(&b, "An operator's action (Operate)", "Redrive, hand-off and retry, from the console, the CLI or the library; every one is then one guarded take-over.",
 		"action | claim | payload | hand-off asked | names a deferred message | decision", rows)
 
+	// Does a fetched message leave?
+	rows = rows[:0]
+	for _, st := range []protocol.Settle{protocol.Complete, protocol.Abandon, protocol.DeferMessage, protocol.DeadLetter} {
+		for _, last := range []bool{false, true} {
+			rows = append(rows, fmt.Sprintf("%s | %s | %s", st, yn(last), yn(protocol.MessageLeaves(st, last))))
+		}
+	}
+	n += table(&b, "A settled fetched message leaves (MessageLeaves)", "Once a fetched (deferred) message is settled, does its claim forget it (ClearDeferred)?",
+		"settlement | last delivery | the claim forgets it", rows)
+
 	// May a key be repeated?
 	rows = rows[:0]
 	for _, unroutable := range []bool{false, true} {
