@@ -465,7 +465,9 @@ func (s *Store) ClaimTx(ctx context.Context, params *claim.ClaimTxParams, fn fun
 }
 
 // laterSQL is now plus the modifier in parameter ?n (see later).
-func laterSQL(n int) string { return fmt.Sprintf(`strftime('%%Y-%%m-%%dT%%H:%%M:%%f',sbclaim_now(),?%d)`, n) }
+func laterSQL(n int) string {
+	return fmt.Sprintf(`strftime('%%Y-%%m-%%dT%%H:%%M:%%f',sbclaim_now(),?%d)`, n)
+}
 
 // later returns the strftime modifier that adds d.
 func later(d time.Duration) string { return fmt.Sprintf("+%.3f seconds", d.Seconds()) }
