@@ -1,0 +1,813 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sbclaim/sbclaim"
+	"github.com/sbclaim/sbclaim/internal/bridge"
+	"github.com/sbclaim/sbclaim/internal/claim/sqlite"
+	"github.com/sbclaim/sbclaim/internal/processor"
+	"github.com/sbclaim/sbclaim/internal/reconciler"
+	"github.com/sbclaim/sbclaim/internal/testkit/chaos"
+	"github.com/sbclaim/sbclaim/internal/testkit/membus"
+)
+
+// The simulated deployment's settings (one set for every seed: the seed
+// varies the world, not the configuration the product is run with).
+const (
+	queueName         = "sim"
+	consumerName      = "sim"
+	lockDuration      = 60 * time.Second
+	maxDeliveryCount  = 5
+	heartbeatInterval = 5 * time.Second
+	takeoverAfter     = 20 * time.Second
+	staleAfter        = 60 * time.Second
+	reconcileEvery    = 30 * time.Second
+	retention         = 15 * time.Minute
+	// chaosPhase is how long faults happen; quietPhase follows, with the
+	// faults off, so every message can settle; the run then stops.
+	chaosPhase = 20 * time.Minute
+	quietPhase = 40 * time.Minute
+)
+
+// callKind is what the downstream does with one call.
+type callKind int
+
+const (
+	callOK         callKind = iota // performs, answers 200
+	callDown                       // not performed: 503
+	callLostAnswer                 // performs, the answer is lost (timeout)
+	callSlow                       // performs after a long wait
+	callReject                     // a final refusal: not performed, never will be
+	callMisconfig                  // 401: not performed
+	callStoredFail                 // performs nothing; stores a 500 under the key (idempotent downstreams repeat it)
+)
+
+func (k callKind) String() string {
+	return [...]string{"ok", "down", "lost-answer", "slow", "reject", "401", "stored-500"}[k]
+}
+
+// hookFault is a replica's crash or freeze at one of the processor's hook
+// points, on one delivery of one message.
+type hookFault struct {
+	point    string // AfterClaim, AfterEffect, AfterMarkProcessed, AfterFail, AfterDeferRecorded
+	delivery uint32 // the delivery count it fires on (0: any)
+	freeze   time.Duration
+	crash    bool
+}
+
+// plannedMessage is a message and everything the seed decided about it.
+type plannedMessage struct {
+	id     string
+	route  string // "auto" or "manual"
+	calls  []callKind
+	faults []hookFault
+	dup    time.Duration // a second send of the same message ID after this long (0: none)
+}
+
+// effectRecord is one call of the downstream that performed the effect.
+type effectRecord struct {
+	at       time.Time
+	msg, key string
+	who      string
+	absorbed bool // an idempotent downstream answered from its store
+}
+
+// world is one seed's simulated deployment.
+type world struct {
+	seed uint64
+	rng  *rand.Rand
+	mu   sync.Mutex
+	log  *slog.Logger
+
+	db    *sqlite.Store
+	queue *membus.Queue
+	msgs  []*plannedMessage
+	byID  map[string]*plannedMessage
+
+	replicas []*replica
+	nextRep  int
+	stopping bool
+	wg       sync.WaitGroup
+	runCtx   context.Context
+
+	noPayload func() bool // a new replica's StorePayload setting
+
+	// the downstream
+	calls    map[string]int // calls per message
+	effects  []effectRecord
+	keyStore map[string]bool // idempotent downstream: keys performed
+	failed   map[string]bool // keys with a stored 500
+
+	// store faults
+	outageUntil time.Time
+	storeErrP   float64
+
+	redrives   map[string]int // operator redrives per message
+	sends      map[string]int // copies sent per message
+	trace      []string
+	start      time.Time
+	violations []string
+}
+
+type replica struct {
+	w          *world
+	id         int
+	host       string
+	noPayload  bool
+	dead       atomic.Bool
+	frozenTill atomic.Int64 // unix nanos
+	cancel     context.CancelFunc
+	kill       context.CancelFunc
+	killCtx    context.Context
+}
+
+func (w *world) now() string { return time.Since(w.start).Truncate(time.Millisecond).String() }
+
+func (w *world) note(format string, args ...any) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.noteLocked(format, args...)
+}
+
+func (w *world) noteLocked(format string, args ...any) {
+	w.trace = append(w.trace, fmt.Sprintf("%9s  ", w.now())+fmt.Sprintf(format, args...))
+}
+
+func (w *world) violate(format string, args ...any) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.violations = append(w.violations, fmt.Sprintf(format, args...))
+}
+
+// plan draws the seed's messages and their fates.
+func (w *world) plan() {
+	n := 4 + w.rng.IntN(10)
+	manualShare := w.rng.Float64()
+	faultRate := w.rng.Float64() * 0.6
+	for i := range n {
+		m := &plannedMessage{id: fmt.Sprintf("m%02d", i), route: "auto"}
+		if w.rng.Float64() < manualShare {
+			m.route = "manual"
+		}
+		for range 2 + w.rng.IntN(6) {
+			k := callOK
+			if w.rng.Float64() < faultRate {
+				k = []callKind{callDown, callDown, callDown, callLostAnswer, callSlow, callMisconfig, callStoredFail, callReject}[w.rng.IntN(8)]
+			}
+			m.calls = append(m.calls, k)
+		}
+		for w.rng.Float64() < faultRate {
+			f := hookFault{
+				point:    []string{"AfterClaim", "AfterEffect", "AfterEffect", "AfterMarkProcessed", "AfterFail", "AfterDeferRecorded"}[w.rng.IntN(6)],
+				delivery: uint32(w.rng.IntN(maxDeliveryCount + 1)),
+			}
+			if w.rng.IntN(2) == 0 {
+				f.crash = true
+			} else {
+				f.freeze = time.Duration(1+w.rng.IntN(120)) * time.Second
+				f.crash = w.rng.IntN(3) == 0 // frozen, then killed
+			}
+			m.faults = append(m.faults, f)
+		}
+		if w.rng.Float64() < faultRate/3 {
+			m.dup = time.Duration(w.rng.IntN(int(chaosPhase/time.Second))) * time.Second
+		}
+		w.msgs = append(w.msgs, m)
+		w.byID[m.id] = m
+	}
+	w.storeErrP = w.rng.Float64() * faultRate * 0.1
+	payloadMix := w.rng.IntN(3) // 0: all on, 1: all off, 2: mixed per replica
+	w.noPayload = func() bool {
+		switch payloadMix {
+		case 0:
+			return false
+		case 1:
+			return true
+		}
+		return w.rng.IntN(2) == 0
+	}
+}
+
+// gate is every store call of a replica (or of the reconciler and the
+// operators, rep nil): a frozen replica's call waits, a dead one's fails,
+// a store outage fails every call, and a random error before commit.
+func (w *world) gate(rep *replica) func(ctx context.Context, op string, id int64) error {
+	return func(ctx context.Context, op string, id int64) error {
+		if rep != nil {
+			rep.waitThaw(ctx)
+			if rep.dead.Load() {
+				return fmt.Errorf("sim: %s is dead", rep.host)
+			}
+		}
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if time.Now().Before(w.outageUntil) {
+			return fmt.Errorf("sim: store outage (%s)", op)
+		}
+		if w.storeErrP > 0 && w.rng.Float64() < w.storeErrP {
+			return fmt.Errorf("sim: store error before commit (%s)", op)
+		}
+		return nil
+	}
+}
+
+func (r *replica) waitThaw(ctx context.Context) {
+	for {
+		till := time.Unix(0, r.frozenTill.Load())
+		d := time.Until(till)
+		if d <= 0 || ctx.Err() != nil {
+			return
+		}
+		time.Sleep(d)
+	}
+}
+
+// handler is the downstream as a Go handler of a route: the ledger of
+// effects is kept here, by the simulated world, not by the code under test.
+func (w *world) handler(who string) sbclaim.HandlerFunc {
+	return func(ctx context.Context, d *sbclaim.Delivery) error {
+		msg := d.Message().MessageID
+		key := d.IdempotencyKey()
+		w.mu.Lock()
+		m := w.byID[msg]
+		i := w.calls[msg]
+		w.calls[msg]++
+		k := callOK
+		if m != nil && i < len(m.calls) {
+			k = m.calls[i]
+		}
+		if w.quiet() && k != callReject {
+			k = callOK
+		}
+		manual := m != nil && m.route == "manual"
+		w.mu.Unlock()
+		switch k {
+		case callDown:
+			w.note("%s call %d by %s key %s: 503", msg, i, who, key)
+			return sbclaim.NotPerformed(errors.New("503 service unavailable"))
+		case callMisconfig:
+			w.note("%s call %d by %s key %s: 401", msg, i, who, key)
+			return sbclaim.Misconfigured(errors.New("401 unauthorized"))
+		case callReject:
+			w.note("%s call %d by %s key %s: 402 rejected", msg, i, who, key)
+			return sbclaim.Rejected(errors.New("402 declined"))
+		case callSlow:
+			select {
+			case <-time.After(time.Duration(5+w.rng.IntN(50)) * time.Second):
+			case <-ctx.Done():
+				w.note("%s call %d by %s key %s: cancelled while slow", msg, i, who, key)
+				return ctx.Err()
+			}
+		}
+		w.mu.Lock()
+		if k == callStoredFail && !manual {
+			w.failed[key] = true
+		}
+		if w.failed[key] {
+			w.mu.Unlock()
+			w.note("%s call %d by %s key %s: stored 500", msg, i, who, key)
+			return errors.New("500 (stored under the key)")
+		}
+		absorbed := !manual && w.keyStore[key]
+		w.keyStore[key] = true
+		w.effects = append(w.effects, effectRecord{at: time.Now(), msg: msg, key: key, who: who, absorbed: absorbed})
+		w.noteLocked("%s call %d by %s key %s: EFFECT%s (%s)", msg, i, who, key, map[bool]string{true: " absorbed by the key"}[absorbed], k)
+		w.mu.Unlock()
+		if k == callLostAnswer {
+			return errors.New("timeout after the request was written")
+		}
+		return nil
+	}
+}
+
+func (w *world) quiet() bool { return time.Since(w.start) > chaosPhase }
+
+func (w *world) router(who string) *sbclaim.Router {
+	r, err := sbclaim.NewRouter(
+		sbclaim.Route{Name: "auto", Match: sbclaim.MatchSubject("auto"), Handler: w.handler(who), Recovery: sbclaim.RecoveryAuto,
+			Version: "1", Backoff: sbclaim.Backoff{First: 10 * time.Second, Max: time.Minute}, Breaker: sbclaim.Breaker{Off: true}},
+		sbclaim.Route{Name: "manual", Match: sbclaim.MatchSubject("manual"), Handler: w.handler(who), Recovery: sbclaim.RecoveryManual,
+			Version: "1", Backoff: sbclaim.Backoff{First: 10 * time.Second, Max: time.Minute}, Breaker: sbclaim.Breaker{Off: true}},
+	)
+	if err != nil {
+		panic("sim: router: " + err.Error())
+	}
+	return r
+}
+
+func (w *world) startReplica() {
+	w.mu.Lock()
+	if w.stopping {
+		w.mu.Unlock()
+		return
+	}
+	w.nextRep++
+	r := &replica{w: w, id: w.nextRep, host: fmt.Sprintf("replica-%d", w.nextRep), noPayload: w.noPayload()}
+	w.replicas = append(w.replicas, r)
+	w.wg.Add(1)
+	w.noteLocked("%s starts (payloads %s)", r.host, map[bool]string{true: "off", false: "on"}[r.noPayload])
+	w.mu.Unlock()
+
+	r.killCtx, r.kill = context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(w.runCtx)
+	r.cancel = cancel
+	st := chaos.GateStore(w.db, w.gate(r))
+	p, err := sbclaim.NewProcessor(sbclaim.ProcessorConfig{
+		Consumer: consumerName, Entity: queueName,
+		Store:  bridge.NewStore(st).(*sbclaim.Store),
+		Router: w.router(r.host),
+		NewReceiver: func(ctx context.Context) (sbclaim.Receiver, error) {
+			if r.dead.Load() {
+				<-ctx.Done()
+				return nil, ctx.Err()
+			}
+			return &simReceiver{r: w.queue.NewReceiver(), rep: r}, nil
+		},
+		MaxConcurrentCalls: 4,
+		MaxLockRenewal:     10 * time.Minute,
+		LockDuration:       lockDuration,
+		HeartbeatInterval:  heartbeatInterval,
+		TakeoverAfter:      takeoverAfter,
+		StaleAfter:         staleAfter,
+		Retry:              sbclaim.RetryPolicy{MaxAttempts: 3, InitialInterval: time.Second, MaxInterval: 5 * time.Second, Budget: 20 * time.Second},
+		NoPayload:          r.noPayload,
+		MaxDeliveryCount:   maxDeliveryCount,
+		DeferPollInterval:  5 * time.Second,
+		SettleTimeout:      5 * time.Second,
+		StoreTimeout:       10 * time.Second,
+		ShutdownTimeout:    30 * time.Second,
+		Host:               r.host,
+		Logger:             w.log,
+		Registerer:         prometheus.NewRegistry(),
+	})
+	if err != nil {
+		panic("sim: processor: " + err.Error())
+	}
+	hook := func(point string) func(context.Context, *azservicebus.ReceivedMessage) error {
+		return func(_ context.Context, msg *azservicebus.ReceivedMessage) error { return w.fireHook(r, point, msg) }
+	}
+	ctx = processor.WithHooks(ctx, processor.Hooks{
+		AfterClaim: hook("AfterClaim"), AfterEffect: hook("AfterEffect"), AfterMarkProcessed: hook("AfterMarkProcessed"),
+		AfterFail: hook("AfterFail"), AfterDeferRecorded: hook("AfterDeferRecorded"),
+	})
+	go func() {
+		defer w.wg.Done()
+		_ = p.Run(ctx)
+	}()
+}
+
+// fireHook applies the message's planned faults at a hook point: each
+// fires once.
+func (w *world) fireHook(r *replica, point string, msg *azservicebus.ReceivedMessage) error {
+	if r.dead.Load() {
+		return processor.ErrCrash
+	}
+	w.mu.Lock()
+	m := w.byID[msg.MessageID]
+	var f *hookFault
+	if m != nil && !w.quiet() {
+		for i := range m.faults {
+			if m.faults[i].point == point && (m.faults[i].delivery == 0 || m.faults[i].delivery == msg.DeliveryCount) {
+				f = &m.faults[i]
+				m.faults = append(m.faults[:i:i], m.faults[i+1:]...)
+				break
+			}
+		}
+	}
+	w.mu.Unlock()
+	if f == nil {
+		return nil
+	}
+	if f.freeze > 0 {
+		w.note("%s freezes %s at %s of %s (delivery %d)", r.host, f.freeze, point, msg.MessageID, msg.DeliveryCount)
+		r.frozenTill.Store(time.Now().Add(f.freeze).UnixNano())
+		time.Sleep(f.freeze)
+	}
+	if f.crash {
+		w.note("%s dies at %s of %s (delivery %d)", r.host, point, msg.MessageID, msg.DeliveryCount)
+		r.die()
+		return processor.ErrCrash
+	}
+	w.note("%s thaws", r.host)
+	return nil
+}
+
+func (r *replica) die() {
+	if !r.dead.CompareAndSwap(false, true) {
+		return
+	}
+	r.kill()
+	r.cancel()
+	go func() {
+		time.Sleep(10 * time.Second) // the platform restarts it
+		r.w.startReplica()
+	}()
+}
+
+// simReceiver is a replica's receiver: a frozen replica's calls wait, a
+// dead one's fail and do nothing.
+type simReceiver struct {
+	r   *membus.Receiver
+	rep *replica
+}
+
+var errDead = &azservicebus.Error{Code: azservicebus.CodeConnectionLost}
+
+func (s *simReceiver) check(ctx context.Context) error {
+	s.rep.waitThaw(ctx)
+	if s.rep.dead.Load() {
+		return errDead
+	}
+	return nil
+}
+
+func (s *simReceiver) ReceiveMessages(ctx context.Context, n int, o *azservicebus.ReceiveMessagesOptions) ([]*azservicebus.ReceivedMessage, error) {
+	if err := s.check(ctx); err != nil {
+		return nil, &azservicebus.Error{Code: azservicebus.CodeClosed}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(s.rep.killCtx, cancel)
+	defer stop()
+	msgs, err := s.r.ReceiveMessages(ctx, n, o)
+	if s.rep.dead.Load() {
+		// received by a process that is gone: the locks run out
+		return nil, &azservicebus.Error{Code: azservicebus.CodeClosed}
+	}
+	for _, m := range msgs {
+		s.rep.w.note("%s receives %s (delivery %d, seq %d)", s.rep.host, m.MessageID, m.DeliveryCount, *m.SequenceNumber)
+	}
+	return msgs, err
+}
+
+func (s *simReceiver) CompleteMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.CompleteMessageOptions) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	err := s.r.CompleteMessage(ctx, m, o)
+	s.rep.w.note("%s completes %s (delivery %d): %v", s.rep.host, m.MessageID, m.DeliveryCount, err)
+	return err
+}
+
+func (s *simReceiver) AbandonMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.AbandonMessageOptions) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	return s.r.AbandonMessage(ctx, m, o)
+}
+
+func (s *simReceiver) DeadLetterMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.DeadLetterOptions) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	err := s.r.DeadLetterMessage(ctx, m, o)
+	s.rep.w.note("%s dead-letters %s: %v", s.rep.host, m.MessageID, err)
+	return err
+}
+
+func (s *simReceiver) RenewMessageLock(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.RenewMessageLockOptions) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	return s.r.RenewMessageLock(ctx, m, o)
+}
+
+func (s *simReceiver) DeferMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.DeferMessageOptions) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	err := s.r.DeferMessage(ctx, m, o)
+	s.rep.w.note("%s defers %s (seq %d): %v", s.rep.host, m.MessageID, *m.SequenceNumber, err)
+	return err
+}
+
+func (s *simReceiver) ReceiveDeferredMessages(ctx context.Context, seqs []int64, o *azservicebus.ReceiveDeferredMessagesOptions) ([]*azservicebus.ReceivedMessage, error) {
+	if err := s.check(ctx); err != nil {
+		return nil, err
+	}
+	msgs, err := s.r.ReceiveDeferredMessages(ctx, seqs, o)
+	for _, m := range msgs {
+		s.rep.w.note("%s fetches deferred %s (delivery %d)", s.rep.host, m.MessageID, m.DeliveryCount)
+	}
+	return msgs, err
+}
+
+func (s *simReceiver) PeekMessages(ctx context.Context, n int, o *azservicebus.PeekMessagesOptions) ([]*azservicebus.ReceivedMessage, error) {
+	if err := s.check(ctx); err != nil {
+		return nil, err
+	}
+	return s.r.PeekMessages(ctx, n, o)
+}
+
+func (s *simReceiver) Close(ctx context.Context) error { return s.r.Close(ctx) }
+
+// result is what one seed did.
+type result struct {
+	seed       uint64
+	messages   int
+	simulated  time.Duration
+	effects    int
+	violations []string
+	trace      []string
+}
+
+// run simulates one seed. It must be called inside a synctest bubble.
+func run(seed uint64, verbose io.Writer) *result {
+	w := &world{
+		seed:     seed,
+		rng:      rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		byID:     map[string]*plannedMessage{},
+		calls:    map[string]int{},
+		keyStore: map[string]bool{},
+		failed:   map[string]bool{},
+		redrives: map[string]int{},
+		sends:    map[string]int{},
+		start:    time.Now(),
+	}
+	lvl := slog.LevelError + 100
+	if verbose != nil {
+		lvl = slog.LevelInfo
+	} else {
+		verbose = io.Discard
+	}
+	w.log = slog.New(slog.NewTextHandler(verbose, &slog.HandlerOptions{Level: lvl}))
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	db, err := sqlite.Open(ctx, "sqlite::memory:")
+	if err != nil {
+		panic("sim: open sqlite: " + err.Error())
+	}
+	defer db.Close()
+	w.db = db
+	w.queue = membus.NewQueue(queueName, membus.QueueOptions{LockDuration: lockDuration, MaxDeliveryCount: maxDeliveryCount})
+	w.plan()
+	for _, m := range w.msgs {
+		w.send(ctx, m)
+		if m.dup > 0 {
+			go func() {
+				time.Sleep(m.dup)
+				w.note("%s sent again (a duplicate)", m.id)
+				w.send(ctx, m)
+			}()
+		}
+	}
+	runCtx, stopRun := context.WithCancel(ctx)
+	w.runCtx = runCtx
+	for range 1 + w.rng.IntN(3) {
+		w.startReplica()
+	}
+	var bg sync.WaitGroup
+	bg.Go(func() { w.reconcileLoop(runCtx) })
+	bg.Go(func() { w.monkey(runCtx) })
+
+	time.Sleep(chaosPhase + quietPhase)
+	w.mu.Lock()
+	w.stopping = true
+	w.mu.Unlock()
+	stopRun()
+	bg.Wait()
+	w.wg.Wait()
+	w.verify(ctx)
+	return &result{seed: seed, messages: len(w.msgs), simulated: time.Since(w.start), effects: len(w.effects), violations: w.violations, trace: w.trace}
+}
+
+func (w *world) send(ctx context.Context, m *plannedMessage) {
+	w.mu.Lock()
+	w.sends[m.id]++
+	w.mu.Unlock()
+	id := m.id
+	subject := m.route
+	if err := w.queue.SendMessage(ctx, &azservicebus.Message{MessageID: &id, Subject: &subject, Body: []byte(`{"amount":1}`)}, nil); err != nil {
+		panic("sim: send: " + err.Error())
+	}
+}
+
+// reconcileLoop ticks the real reconciler, as its schedule would.
+func (w *world) reconcileLoop(ctx context.Context) {
+	st := chaos.GateStore(w.db, w.gate(nil))
+	rec, err := reconciler.New(st, reconciler.Config{
+		StaleAfter: staleAfter, HeartbeatInterval: heartbeatInterval, Retention: retention,
+		QueryTimeout: 30 * time.Second, RecoveryMaxAttempts: 3, RecoveryBackoff: staleAfter / 2, RecoveryBackoffMax: 2 * staleAfter,
+		Routes: reconciler.Routes{"": bridge.RouterOf(w.router("reconciler"))},
+		Host:   "reconciler",
+	}, w.log, reconciler.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		panic("sim: reconciler: " + err.Error())
+	}
+	t := time.NewTicker(reconcileEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		res, err := rec.RunOnce(ctx)
+		if res != nil {
+			for _, c := range res.Flagged {
+				w.note("reconciler flags claim %d of %s: %s", c.ID, c.MessageID, c.FlagReason)
+			}
+		}
+		_ = err
+	}
+}
+
+// monkey injects the seed's world-wide faults at random moments of the
+// chaos phase: broker lock expiries and settlement failures, store
+// outages, replica kills.
+func (w *world) monkey(ctx context.Context) {
+	for {
+		d := time.Duration(1+w.rng.IntN(120)) * time.Second
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(d):
+		}
+		if w.quiet() {
+			return
+		}
+		switch w.rng.IntN(6) {
+		case 0:
+			if n := w.queue.ExpireAllLocks(); n > 0 {
+				w.note("broker: %d locks expire", n)
+			}
+		case 1:
+			n := 1 + w.rng.IntN(3)
+			w.queue.FailSettlements(n)
+			w.note("broker: the next %d settlements fail", n)
+		case 2:
+			d := time.Duration(5+w.rng.IntN(90)) * time.Second
+			w.mu.Lock()
+			w.outageUntil = time.Now().Add(d)
+			w.noteLocked("store: outage for %s", d)
+			w.mu.Unlock()
+		case 3:
+			w.mu.Lock()
+			var live []*replica
+			for _, r := range w.replicas {
+				if !r.dead.Load() {
+					live = append(live, r)
+				}
+			}
+			var r *replica
+			if len(live) > 0 {
+				r = live[w.rng.IntN(len(live))]
+			}
+			w.mu.Unlock()
+			if r != nil {
+				w.note("%s killed", r.host)
+				r.die()
+			}
+		default:
+			// nothing this time
+		}
+	}
+}
+
+// claimRow is a claim as the verification reads it.
+type claimRow struct {
+	id                int64
+	msg, state, route string
+	payload           bool
+	deferred          bool
+	flagReason        string
+}
+
+// verify checks the invariants from the world's ledger and the broker.
+func (w *world) verify(ctx context.Context) {
+	rows, err := w.db.DB().QueryContext(ctx, `SELECT id, message_id, state, coalesce(route, ''), payload IS NOT NULL, deferred_seq IS NOT NULL, coalesce(flag_reason, '') FROM claims`)
+	if err != nil {
+		w.violate("read claims: %v", err)
+		return
+	}
+	claims := map[string][]claimRow{}
+	for rows.Next() {
+		var c claimRow
+		if err := rows.Scan(&c.id, &c.msg, &c.state, &c.route, &c.payload, &c.deferred, &c.flagReason); err != nil {
+			w.violate("scan claims: %v", err)
+			rows.Close()
+			return
+		}
+		claims[c.msg] = append(claims[c.msg], c)
+	}
+	rows.Close()
+
+	keys := map[string]map[string]bool{}
+	performed := map[string]int{}
+	for _, e := range w.effects {
+		if keys[e.msg] == nil {
+			keys[e.msg] = map[string]bool{}
+		}
+		keys[e.msg][e.key] = true
+		if !e.absorbed {
+			performed[e.msg]++
+		}
+	}
+	dead := map[string]string{}
+	for _, m := range w.queue.DeadLetters() {
+		reason := ""
+		if m.DeadLetterReason != nil {
+			reason = *m.DeadLetterReason
+		}
+		dead[m.MessageID] = reason
+	}
+	// kept: a copy of the message is still at the broker (active,
+	// locked or deferred): sent more often than completed or dead-lettered.
+	settled := map[string]int{}
+	for _, id := range w.queue.Completed() {
+		settled[id]++
+	}
+	for _, m := range w.queue.DeadLetters() {
+		settled[m.MessageID]++
+	}
+	kept := map[string]bool{}
+	for _, m := range w.msgs {
+		kept[m.id] = w.sends[m.id] > settled[m.id]
+	}
+	for _, m := range w.msgs {
+		cs := claims[m.id]
+		if m.route == "auto" && len(keys[m.id]) > 1 {
+			w.violate("%s (auto route): its effect ran under %d keys %v", m.id, len(keys[m.id]), sortedKeys(keys[m.id]))
+		}
+		if m.route == "manual" && performed[m.id] > 1+w.redrives[m.id] {
+			w.violate("%s (manual route): its effect ran %d times (operator redrives: %d)", m.id, performed[m.id], w.redrives[m.id])
+		}
+		if reason, ok := dead[m.id]; ok && reason == membus.ReasonMaxDeliveryCountExceeded {
+			w.violate("%s: the broker dead-lettered it (%s): only a final answer may dead-letter a message", m.id, reason)
+		}
+		var c *claimRow
+		for i := range cs {
+			c = &cs[i]
+		}
+		switch {
+		case c == nil && (len(keys[m.id]) > 0 || dead[m.id] != "" || kept[m.id]):
+			// effected (and its claim purged after the retention), failed
+			// and dead-lettered, or still at the broker
+		case c == nil:
+			w.violate("%s: no claim at the end (effects %d, dead-lettered %v)", m.id, performed[m.id], dead[m.id] != "")
+		case c.state == "processed" || c.state == "resolved":
+			if len(keys[m.id]) == 0 && c.state == "processed" {
+				w.violate("%s: claim %d processed but the downstream never performed its effect", m.id, c.id)
+			}
+		case c.state == "failed":
+			if _, ok := dead[m.id]; !ok {
+				w.violate("%s: claim %d failed but the message was not dead-lettered", m.id, c.id)
+			}
+		case c.state == "flagged":
+			if !c.payload && !kept[m.id] && len(keys[m.id]) == 0 {
+				// the operator can still redrive only with a payload or the
+				// message; otherwise the work is gone
+				if _, ok := dead[m.id]; !ok {
+					w.violate("%s: claim %d flagged (%s) with no payload and no message kept", m.id, c.id, c.flagReason)
+				}
+			}
+		default:
+			w.violate("%s: claim %d still %s at the end, %s after the faults stopped, not flagged (payload %v, deferred %v)", m.id, c.id, c.state, quietPhase, c.payload, c.deferred)
+		}
+	}
+}
+
+func sortedKeys(m map[string]bool) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// traceOf is the part of the trace about the message IDs named in the
+// violations (all of it when none is named).
+func traceOf(r *result) []string {
+	ids := map[string]bool{}
+	for _, v := range r.violations {
+		if i := strings.IndexByte(v, ' '); i > 0 {
+			id := strings.TrimSuffix(v[:i], ":")
+			ids[id] = true
+		}
+	}
+	var out []string
+	for _, line := range r.trace {
+		for id := range ids {
+			if strings.Contains(line, " "+id+" ") || strings.Contains(line, " "+id+":") || strings.Contains(line, " "+id+"\n") || strings.HasSuffix(line, " "+id) || !strings.Contains(line, " m") {
+				out = append(out, line)
+				break
+			}
+		}
+	}
+	return out
+}
