@@ -187,7 +187,9 @@ func (w *world) plan() {
 			m.faults = append(m.faults, f)
 		}
 		if w.rng.Float64() < faultRate/3 {
-			m.dup = time.Duration(w.rng.IntN(int(chaosPhase/time.Second))) * time.Second
+			// within the retention of the original's finish (a duplicate
+			// later than that is claimed afresh, as documented)
+			m.dup = time.Duration(w.rng.IntN(int(retention*2/3/time.Second))) * time.Second
 		}
 		w.msgs = append(w.msgs, m)
 		w.byID[m.id] = m
@@ -722,9 +724,29 @@ func (w *world) checkCompleted(id, host string) {
 		return
 	}
 	w.note("%s: completed by %s; its claim is %s (payload %v)", id, host, state, payload)
-	if state == "released" && !payload {
+	if state == "released" && !payload && !w.keptAtBroker(id) {
 		w.violate("%s: completed by %s while its claim is %s without a stored payload: nothing carries the work", id, host, state)
 	}
+}
+
+// keptAtBroker reports whether a copy of the message is still at the
+// broker (active, locked or deferred): sent more often than completed or
+// dead-lettered.
+func (w *world) keptAtBroker(id string) bool {
+	settled := 0
+	for _, c := range w.queue.Completed() {
+		if c == id {
+			settled++
+		}
+	}
+	for _, m := range w.queue.DeadLetters() {
+		if m.MessageID == id {
+			settled++
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.sends[id] > settled
 }
 
 // claimRow is a claim as the verification reads it.
@@ -795,10 +817,12 @@ func (w *world) verify(ctx context.Context) {
 		if m.route == "manual" && performed[m.id] > 1+w.redrives[m.id] {
 			w.violate("%s (manual route): its effect ran %d times (operator redrives: %d)", m.id, performed[m.id], w.redrives[m.id])
 		}
-		if reason, ok := dead[m.id]; ok && reason == membus.ReasonMaxDeliveryCountExceeded && len(keys[m.id]) == 0 {
+		if reason, ok := dead[m.id]; ok && reason == membus.ReasonMaxDeliveryCountExceeded && len(keys[m.id]) == 0 && (len(cs) == 0 || cs[len(cs)-1].state != "flagged") {
 			// (a message whose effect ran may end there when the broker
 			// refused its completion time after time: not lost, and a
-			// re-submission is absorbed by its claim)
+			// re-submission is absorbed by its claim; nor is a flagged
+			// claim's message: the dead-letter queue keeps it for the
+			// operator)
 			w.violate("%s: the broker dead-lettered it (%s): only a final answer may dead-letter a message", m.id, reason)
 		}
 		var c *claimRow
