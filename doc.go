@@ -55,5 +55,5 @@
 // directory, and crashes.
 //
 // The protocol, the claim states and why they are shaped so are in
-// docs/design.md; running and operating it in the README.
+// docs/design.md; running and operating it in the guides (docs/README.md).
 package sbclaim

@@ -116,6 +116,12 @@ func (s *Store) HandOff(ctx context.Context, id int64, by, note string) (*Claim,
 // flagged one is redriven.
 var ErrNotFailed = reconciler.ErrNotFailed
 
+// ErrMessageUnsettled: a retry of a failed claim without a stored payload
+// (Store.Retry) waits while the claim still names a deferred message whose
+// settlement is not recorded: the processors dead-letter it (or find it
+// gone) once its last holder's lock has ended. Retry then.
+var ErrMessageUnsettled = reconciler.ErrMessageUnsettled
+
 // RetryOptions tune Store.Retry.
 type RetryOptions struct {
 	// By is the operator and Note what was fixed (both required); both

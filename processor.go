@@ -53,10 +53,24 @@ func ParseDedupKey(spec string) (DedupKeyFunc, error) {
 	return DedupKeyFunc(f), nil
 }
 
+// DefaultRetryBudget is the time budget of an effect's attempts within
+// one delivery when RetryPolicy.Budget is zero, and the processor
+// command's default (SBCLAIM_EFFECT_RETRY_BUDGET): long enough for a
+// downstream's brief hiccup; a longer outage is carried by delayed
+// retries (Backoff), which free the message and the worker instead of
+// holding them.
+const DefaultRetryBudget = sideeffects.DefaultRetryBudget
+
+// DefaultEffectMaxAttempts is the attempts of an effect within one
+// delivery when RetryPolicy.MaxAttempts is zero, and the processor
+// command's default (SBCLAIM_EFFECT_MAX_ATTEMPTS).
+const DefaultEffectMaxAttempts = sideeffects.DefaultMaxAttempts
+
 // RetryPolicy bounds the retries of an effect within one delivery: by
 // attempts and by a time budget, whichever ends first, with exponential
 // backoff and jitter, every attempt with the same idempotency key. Zero
-// fields take defaults (5 attempts, 200ms doubling to 5s, 30s budget).
+// fields take defaults (DefaultEffectMaxAttempts, 200ms doubling to 5s,
+// DefaultRetryBudget), the same as the processor command's.
 type RetryPolicy struct {
 	MaxAttempts     int
 	InitialInterval time.Duration
@@ -132,10 +146,11 @@ type ProcessorConfig struct {
 	// MaxPayloadBytes dead-letters larger bodies (default 256 KiB).
 	MaxPayloadBytes int
 	// Delayed retries (Route.Backoff). MaxDeliveryCount is the entity's
-	// MaxDeliveryCount (default 10): each fetch of a deferred message
-	// counts as a delivery, so a message that reached it is not deferred
-	// again — its claim is handed to the reconciler with its stored
-	// payload and the message completed. DeferPollInterval is how often a
+	// MaxDeliveryCount (default DefaultMaxDeliveryCount): each fetch of a
+	// deferred message counts as a delivery, so a message near it is not
+	// deferred again — its claim is handed to the reconciler with its
+	// stored payload and the message completed. It must be the entity's
+	// real value: CheckMaxDeliveryCount reads it where the identity may. DeferPollInterval is how often a
 	// processor looks for due claims (default 5s); DeferGrace how long
 	// past due the reconciler leaves a deferred claim to its message
 	// (default 1h). NoDeferral turns delayed retries off for every route.
@@ -160,7 +175,7 @@ type ProcessorConfig struct {
 	Registerer prometheus.Registerer
 	// TracerProvider makes the processor's OpenTelemetry spans (a process
 	// span per delivery, with its claim, effect attempts, outcome write and
-	// settlement; see README "Tracing"); nil: the global provider
+	// settlement; see docs/tracing.md); nil: the global provider
 	// (otel.GetTracerProvider()), which makes no-op spans until a program
 	// installs an SDK.
 	TracerProvider trace.TracerProvider

@@ -204,8 +204,8 @@ func (g goRoute) Route(msg *azservicebus.ReceivedMessage) (sideeffects.Handler, 
 
 // RoutesFile is a routes file's HTTP routes: for users who do not write
 // Go, each route calls an HTTP API with the message (or a request mapped
-// from its JSON body) and the idempotency key. See the README's "Side
-// effects" for the format.
+// from its JSON body) and the idempotency key. See docs/routes.md for
+// the format.
 type RoutesFile struct {
 	path string
 	r    *sideeffects.HTTPRouter

@@ -229,12 +229,12 @@ func TestConsoleIdentity(t *testing.T) {
 // and the audit it records.
 func TestReadmeConsoleSection(t *testing.T) {
 	t.Parallel()
-	section := readmeSection(t, "## Operator console")
-	m := regexp.MustCompile(`!\[[^\]]*\]\((docs/[\w.-]+\.png)\)`).FindStringSubmatch(section)
+	section := docSection(t, "docs/console.md", "# Operator console")
+	m := regexp.MustCompile(`!\[[^\]]*\]\(([\w.-]+\.png)\)`).FindStringSubmatch(section)
 	if m == nil {
-		t.Fatal("the console section shows no screenshot under docs/")
+		t.Fatal("the console guide shows no screenshot beside it in docs/")
 	}
-	png, err := os.ReadFile(filepath.Join("..", m[1]))
+	png, err := os.ReadFile(filepath.Join("..", "docs", m[1]))
 	if err != nil || !bytes.HasPrefix(png, []byte("\x89PNG\r\n\x1a\n")) {
 		t.Errorf("the screenshot %s is not a committed PNG: %v", m[1], err)
 	}

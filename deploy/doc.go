@@ -1,6 +1,6 @@
 // Package deploy holds the Azure Container Apps deployment (main.bicep and
 // its modules) and tests that keep it consistent with the binaries and
-// with the README: every SBCLAIM_ variable it sets is one the binary
+// with the documentation: every SBCLAIM_ variable it sets is one the binary
 // reads, the Microsoft.App API versions are the pinned ones, the example
 // parameters name real parameters, the example routes file loads, and the
 // windows it configures (shutdown vs grace period, stale-after vs
@@ -9,7 +9,8 @@
 // statements are idempotent; a routes or secret change changes the
 // template; only an app's own identity reaches its code (identitySettings);
 // the role assignments are scoped to the entity and are the ones the
-// README's privileges table lists; and the README's deploy commands name
-// files, parameters, outputs and tools that exist. These are text-level
+// privileges table of docs/deploy.md lists; and the deploy commands of
+// docs/deploy.md and docs/console.md name files, parameters, outputs and
+// tools that exist. These are text-level
 // checks: the Bicep compiler is not available on the build machines.
 package deploy

@@ -83,22 +83,22 @@ func TestDocumentedEndpointsAreServed(t *testing.T) {
 		t.Fatalf("only %d endpoints found in docker-compose.yml's port comments", checked)
 	}
 
-	// README: the SBCLAIM_HTTP_ADDR row of each binary's table.
+	// docs/configuration.md: the SBCLAIM_HTTP_ADDR row of each binary's table.
 	for binary, row := range map[string]string{"processor": "| `SBCLAIM_HTTP_ADDR` | `:8080` |", "reconciler": "| `SBCLAIM_HTTP_ADDR` | `:8081` |"} {
 		var found bool
-		for _, line := range strings.Split(read(t, "../README.md"), "\n") {
+		for _, line := range strings.Split(read(t, "../docs/configuration.md"), "\n") {
 			if !strings.HasPrefix(line, row) {
 				continue
 			}
 			found = true
 			for _, m := range endpoint.FindAllStringSubmatch(line, -1) {
 				if !served(t, binary)[m[1]] {
-					t.Errorf("README's %s row promises %s, which cmd/%s does not serve", row, m[1], binary)
+					t.Errorf("docs/configuration.md's %s row promises %s, which cmd/%s does not serve", row, m[1], binary)
 				}
 			}
 		}
 		if !found {
-			t.Errorf("README has no row starting %s", row)
+			t.Errorf("docs/configuration.md has no row starting %s", row)
 		}
 	}
 }

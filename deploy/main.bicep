@@ -101,8 +101,9 @@ param subscriptionName string = ''
 @description('The entity\'s lock duration, as a Go duration (e.g. 1m). Used by the reconciler to refuse a retention shorter than lock duration × max delivery count.')
 param entityLockDuration string = '1m'
 
-@description('The entity\'s max delivery count.')
+@description('The entity\'s MaxDeliveryCount (SBCLAIM_MAX_DELIVERY_COUNT of the processor and the reconciler). The deployment reads the entity\'s own value and fails when this differs: the processor hands a claim to the reconciler before the broker\'s last delivery, counting deliveries by this number, and its identity (Data Receiver) cannot read the entity to check it at start.')
 @minValue(1)
+@maxValue(2000)
 param entityMaxDeliveryCount int = 10
 
 // ---- Claims database (Azure SQL, Entra ID only) ------------------------------
@@ -126,9 +127,12 @@ param routesYaml string = ''
 @secure()
 param routeSecretEnv object = {}
 
-@description('Minimum processor replicas. 1 (default) keeps a receiver warm: no cold start for the first message after a quiet period. 0 lets KEDA scale to zero when the entity is empty (cheapest; the first message then waits for a replica to start).')
+@description('Minimum processor replicas. 1 (default) keeps a receiver warm: no cold start for the first message after a quiet period. 0 lets KEDA scale to zero when the entity is empty (cheapest; the first message then waits for a replica to start), and needs deferral=false: KEDA counts active messages only, so with delayed retries a processor scaled to zero would leave deferred messages unfetched until another message arrives.')
 @minValue(0)
 param processorMinReplicas int = 1
+
+@description('Delayed retries by deferral (SBCLAIM_DEFERRAL): a request the downstream did not perform is retried later, on the route\'s backoff, by deferring the message. false abandons it instead (redelivered at once, each time spending a delivery). processorMinReplicas=0 requires false (the deployment refuses the combination).')
+param deferral bool = true
 
 @description('Maximum processor replicas.')
 @minValue(1)
@@ -242,6 +246,19 @@ func databaseUrl(host string, database string, clientId string) string => 'sqlse
 // by the identity's resource name and bound to its object (principal) id,
 // so a name shared with another Entra principal cannot be picked up.
 func usersSql(user string, objectId string, role string) string => 'IF DATABASE_PRINCIPAL_ID(N\'${user}\') IS NULL CREATE USER [${user}] FROM EXTERNAL PROVIDER WITH OBJECT_ID = \'${objectId}\';\nIF NOT EXISTS (SELECT 1 FROM sys.database_role_members m JOIN sys.database_principals r ON r.principal_id = m.role_principal_id JOIN sys.database_principals u ON u.principal_id = m.member_principal_id WHERE r.name = N\'${role}\' AND u.name = N\'${user}\') ALTER ROLE ${role} ADD MEMBER [${user}];'
+
+// Delayed retries park messages as deferred, which KEDA's Service Bus
+// scaler does not count (active messages only): with deferral on and no
+// replica kept, nothing fetches a due deferred message until another
+// message arrives, and the reconciler leaves it to its message for
+// SBCLAIM_DEFER_GRACE (1 h) past due. Refuse that combination.
+var processorMinReplicasChecked = processorMinReplicas < 1 && deferral ? fail('processorMinReplicas=0 with deferral=true: KEDA\'s Service Bus scaler counts active messages only, not deferred ones, so a processor scaled to zero would not fetch delayed retries when they are due. Keep processorMinReplicas at 1 or more, or set deferral=false (retries are then abandoned and redelivered at once).') : processorMinReplicas
+
+// The processor's and the reconciler's SBCLAIM_MAX_DELIVERY_COUNT, checked
+// at deployment against the entity's own MaxDeliveryCount (read by
+// modules/servicebus-access.bicep with the deployer's rights).
+var entityLabel = useQueue ? 'queue ${queueName}' : 'subscription ${topicName}/${subscriptionName}'
+var maxDeliveryCount = serviceBusAccess.outputs.maxDeliveryCount == entityMaxDeliveryCount ? entityMaxDeliveryCount : fail('entityMaxDeliveryCount=${entityMaxDeliveryCount} differs from the MaxDeliveryCount of ${entityLabel} (${serviceBusAccess.outputs.maxDeliveryCount}): set entityMaxDeliveryCount to the entity\'s value. The processor hands a claim to the reconciler before the broker\'s last delivery, counting deliveries by it.')
 
 var entityEnv = useQueue ? [
   { name: 'SBCLAIM_QUEUE', value: queueName }
@@ -495,6 +512,11 @@ resource processor 'Microsoft.App/containerApps@2025-07-01' = if (deployApps) {
               { name: 'SBCLAIM_TERMINATION_GRACE_PERIOD', value: '30s' }
               { name: 'SBCLAIM_DEDUP_KEY', value: 'message-id' }
               { name: 'SBCLAIM_STORE_PAYLOAD', value: 'true' }
+              // The entity's MaxDeliveryCount (checked against it above):
+              // the processor's identity cannot read it, so it logs at
+              // start that it could not check it, and uses this.
+              { name: 'SBCLAIM_MAX_DELIVERY_COUNT', value: string(maxDeliveryCount) }
+              { name: 'SBCLAIM_DEFERRAL', value: deferral ? 'true' : 'false' }
               { name: 'SBCLAIM_HTTP_ADDR', value: ':8080' }
               { name: 'SBCLAIM_LOG_FORMAT', value: 'json' }
               { name: 'SBCLAIM_LOG_LEVEL', value: 'info' }
@@ -541,7 +563,7 @@ resource processor 'Microsoft.App/containerApps@2025-07-01' = if (deployApps) {
         routesVolume
       ]
       scale: {
-        minReplicas: processorMinReplicas
+        minReplicas: processorMinReplicasChecked
         maxReplicas: processorMaxReplicas
         rules: [
           {
@@ -621,7 +643,7 @@ resource reconcilerJob 'Microsoft.App/jobs@2025-07-01' = if (deployApps) {
               { name: 'SBCLAIM_HEARTBEAT_INTERVAL', value: heartbeatInterval }
               { name: 'SBCLAIM_RETENTION', value: retention }
               { name: 'SBCLAIM_LOCK_DURATION', value: entityLockDuration }
-              { name: 'SBCLAIM_MAX_DELIVERY_COUNT', value: string(entityMaxDeliveryCount) }
+              { name: 'SBCLAIM_MAX_DELIVERY_COUNT', value: string(maxDeliveryCount) }
               { name: 'SBCLAIM_LOG_FORMAT', value: 'json' }
             ], routeSecretEnvVars, otelEnv)
           volumeMounts: [

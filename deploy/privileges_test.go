@@ -47,18 +47,6 @@ func blockEnd(t *testing.T, src string, open int) int {
 	return 0
 }
 
-// declBlocks returns the body of every declaration matching re (whose
-// match ends with the block's opening brace), keyed by its first group.
-func declBlocks(t *testing.T, src string, re *regexp.Regexp) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	for _, loc := range re.FindAllStringSubmatchIndex(src, -1) {
-		name := src[loc[2]:loc[3]]
-		out[name] = src[loc[0]:blockEnd(t, src, loc[1]-1)]
-	}
-	return out
-}
-
 // grant is one role assignment: which identity, which role, on what.
 type grant struct{ identity, role, scope string }
 

@@ -9,20 +9,30 @@ import (
 	"testing"
 )
 
-// readmeSection returns the README section that starts with heading (up
-// to the next "## ").
-func readmeSection(t *testing.T, heading string) string {
+// docSection returns the section of a Markdown file (README.md or a guide
+// under docs/, relative to the repository) that starts with heading, up to
+// the next heading of the same or a higher level ("# Title" is the whole
+// guide).
+func docSection(t *testing.T, file, heading string) string {
 	t.Helper()
-	readme := read(t, "../README.md")
-	i := strings.Index(readme, "\n"+heading+"\n")
+	text := "\n" + read(t, "../"+file)
+	i := strings.Index(text, "\n"+heading+"\n")
 	if i < 0 {
-		t.Fatalf("README.md has no section %q", heading)
+		t.Fatalf("%s has no section %q", file, heading)
 	}
-	rest := readme[i+1+len(heading):]
-	if j := strings.Index(rest, "\n## "); j >= 0 {
-		rest = rest[:j]
+	level := strings.Index(heading, " ")
+	lines := strings.Split(text[i+1+len(heading):], "\n")
+	fenced := false
+	for j, line := range lines {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			fenced = !fenced
+		}
+		if h := len(line) - len(strings.TrimLeft(line, "#")); !fenced && h >= 1 && h <= level && strings.HasPrefix(line[h:], " ") {
+			lines = lines[:j]
+			break
+		}
 	}
-	return rest
+	return strings.Join(lines, "\n")
 }
 
 // shellBlocks returns the ```sh blocks of a section, continuation lines
@@ -65,8 +75,8 @@ var (
 // the prerequisites.
 func TestReadmeDeployCommands(t *testing.T) {
 	t.Parallel()
-	section := readmeSection(t, "## Deploy to Azure Container Apps")
-	prereq := section[strings.Index(section, "### Prerequisites"):strings.Index(section, "### Steps")]
+	section := docSection(t, "docs/deploy.md", "# Deploy to Azure Container Apps")
+	prereq := section[strings.Index(section, "## Prerequisites"):strings.Index(section, "## Steps")]
 	cmds := shellBlocks(section)
 	if len(cmds) < 10 {
 		t.Fatalf("found only %d commands in the deploy section", len(cmds))
@@ -186,7 +196,7 @@ var tableRow = regexp.MustCompile("(?m)^\\| `(id-sbclaim-\\w+)` \\| ([^|]+) \\| 
 // The operator console's section has the console identity's row.
 func TestReadmePrivilegesTable(t *testing.T) {
 	t.Parallel()
-	section := readmeSection(t, "## Deploy to Azure Container Apps") + readmeSection(t, "## Operator console")
+	section := docSection(t, "docs/deploy.md", "# Deploy to Azure Container Apps") + docSection(t, "docs/console.md", "# Operator console")
 	rows := tableRow.FindAllStringSubmatch(section, -1)
 	if len(rows) < 4 {
 		t.Fatalf("the deploy section's privileges table has %d rows", len(rows))
@@ -241,10 +251,11 @@ func TestReadmePrivilegesTable(t *testing.T) {
 	}
 }
 
-// The local section's URLs point at ports the compose file publishes.
+// The local sections' URLs (the README's compose section and its guide)
+// point at ports the compose file publishes.
 func TestReadmeLocalPorts(t *testing.T) {
 	t.Parallel()
-	section := readmeSection(t, "## Run it locally with Docker")
+	section := docSection(t, "README.md", "## Docker compose: the real SDK path") + docSection(t, "docs/docker.md", "# Run it locally with Docker")
 	compose := read(t, "../docker-compose.yml")
 	published := map[string]bool{}
 	for _, m := range regexp.MustCompile(`"127\.0\.0\.1:(\d+):\d+"`).FindAllStringSubmatch(compose, -1) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -204,13 +205,16 @@ type entityLimits struct {
 	subscriptions map[string]map[string]bool // topic -> subscription
 	maxLock       time.Duration
 	maxDeliveries int
+	// deliveries is each entity's MaxDeliveryCount, by the name a
+	// processor's claims record: the queue, or topic/subscription.
+	deliveries map[string]int
 }
 
 // checkConfig applies the emulator's limits and returns what it declares.
 func checkConfig(c *config) (entityLimits, []error) {
 	var errs []error
 	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	lim := entityLimits{queues: map[string]bool{}, queueLocks: map[string]time.Duration{}, subscriptions: map[string]map[string]bool{}}
+	lim := entityLimits{queues: map[string]bool{}, queueLocks: map[string]time.Duration{}, subscriptions: map[string]map[string]bool{}, deliveries: map[string]int{}}
 
 	switch c.UserConfig.Logging.Type {
 	case "Console", "File,Console", "Console,File":
@@ -267,6 +271,7 @@ func checkConfig(c *config) (entityLimits, []error) {
 		p := q.Properties
 		lim.queueLocks[q.Name] = lock("queue "+q.Name+" LockDuration", p.LockDuration, minLock)
 		deliveries("queue "+q.Name+" MaxDeliveryCount", p.MaxDeliveryCount)
+		lim.deliveries[q.Name] = p.MaxDeliveryCount
 		ttl("queue "+q.Name+" DefaultMessageTimeToLive", p.DefaultMessageTimeToLive)
 		dupWindow("queue "+q.Name+" DuplicateDetectionHistoryTimeWindow", p.DuplicateDetectionHistoryTimeWindow)
 		if p.RequiresSession {
@@ -294,6 +299,7 @@ func checkConfig(c *config) (entityLimits, []error) {
 			subs[s.Name] = true
 			lock(field+" LockDuration", s.Properties.LockDuration, minSubscriptionLock)
 			deliveries(field+" MaxDeliveryCount", s.Properties.MaxDeliveryCount)
+			lim.deliveries[tp.Name+"/"+s.Name] = s.Properties.MaxDeliveryCount
 			ttl(field+" DefaultMessageTimeToLive", s.Properties.DefaultMessageTimeToLive)
 			if s.Properties.RequiresSession {
 				fail("%s requires sessions: the processor receives without sessions", field)
@@ -814,4 +820,122 @@ func TestComposeLaptopSafety(t *testing.T) {
 	if sb.DependsOn["sqlserver"].Condition != "service_healthy" {
 		t.Error("servicebus must wait for sqlserver to be healthy (SQL_WAIT_INTERVAL is short because of it)")
 	}
+}
+
+// processorEntity is the entity a compose processor receives from, named
+// as Config.json's limits name it ("" for a service that is not one).
+func processorEntity(env map[string]string) string {
+	switch {
+	case env["SBCLAIM_CONSUMER"] == "":
+		return ""
+	case env["SBCLAIM_QUEUE"] != "":
+		return env["SBCLAIM_QUEUE"]
+	default:
+		return env["SBCLAIM_TOPIC"] + "/" + env["SBCLAIM_SUBSCRIPTION"]
+	}
+}
+
+// checkDeliveryBudgets compares each processor's SBCLAIM_MAX_DELIVERY_COUNT
+// with its entity's MaxDeliveryCount. The processor hands a claim to the
+// reconciler from the second-to-last delivery on, counting deliveries by
+// this setting: set higher than the entity's, an outage dead-letters
+// messages the processor thought had deliveries left; set lower, it gives
+// up on deferral early. Unset is an error too: the processor would assume
+// 10, and it cannot read the emulator's value to correct itself.
+func checkDeliveryBudgets(compose *composeFile, lim entityLimits) []error {
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(compose.Services)) {
+		env := compose.Services[name].Environment
+		entity := processorEntity(env)
+		if entity == "" {
+			continue
+		}
+		want, ok := lim.deliveries[entity]
+		if !ok {
+			continue // TestComposeEntitiesExist reports the unknown entity
+		}
+		v, set := env["SBCLAIM_MAX_DELIVERY_COUNT"]
+		if !set {
+			errs = append(errs, fmt.Errorf("service %s: SBCLAIM_MAX_DELIVERY_COUNT is not set; its entity %s has MaxDeliveryCount %d in Config.json (the processor would assume 10)", name, entity, want))
+			continue
+		}
+		got, err := strconv.Atoi(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("service %s: SBCLAIM_MAX_DELIVERY_COUNT=%q is not a number", name, v))
+			continue
+		}
+		if got != want {
+			errs = append(errs, fmt.Errorf("service %s: SBCLAIM_MAX_DELIVERY_COUNT=%d, but its entity %s has MaxDeliveryCount %d in Config.json", name, got, entity, want))
+		}
+	}
+	return errs
+}
+
+func TestComposeDeliveryBudgetMatchesEntity(t *testing.T) {
+	t.Parallel()
+	lim, _ := checkConfig(loadConfig(t))
+	compose := loadCompose(t)
+	processors := 0
+	for _, svc := range compose.Services {
+		if processorEntity(svc.Environment) != "" {
+			processors++
+		}
+	}
+	if processors == 0 {
+		t.Fatal("docker-compose.yml: no processor service (SBCLAIM_CONSUMER)")
+	}
+	for _, err := range checkDeliveryBudgets(compose, lim) {
+		t.Error(err)
+	}
+}
+
+// The check must be able to fail: a processor left at the default, one
+// set to another number, and an entity changed in Config.json alone.
+func TestCheckDeliveryBudgetsRejects(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		mutate func(*composeFile, *config)
+		want   string
+	}{
+		"unset": {func(c *composeFile, _ *config) {
+			delete(c.Services["processor-billing"].Environment, "SBCLAIM_MAX_DELIVERY_COUNT")
+		}, "service processor-billing: SBCLAIM_MAX_DELIVERY_COUNT is not set; its entity orders/billing has MaxDeliveryCount"},
+		"default": {func(c *composeFile, _ *config) {
+			c.Services["processor-1"].Environment["SBCLAIM_MAX_DELIVERY_COUNT"] = "10"
+		}, "service processor-1: SBCLAIM_MAX_DELIVERY_COUNT=10, but its entity payments has MaxDeliveryCount"},
+		"not a number": {func(c *composeFile, _ *config) {
+			c.Services["processor-2"].Environment["SBCLAIM_MAX_DELIVERY_COUNT"] = "five"
+		}, `service processor-2: SBCLAIM_MAX_DELIVERY_COUNT="five"`},
+		"entity changed": {func(_ *composeFile, cfg *config) {
+			for i, tp := range cfg.UserConfig.Namespaces[0].Topics {
+				for j, s := range tp.Subscriptions {
+					if tp.Name == "orders" && s.Name == "notifications" {
+						cfg.UserConfig.Namespaces[0].Topics[i].Subscriptions[j].Properties.MaxDeliveryCount = 3
+					}
+				}
+			}
+		}, "service processor-notifications: SBCLAIM_MAX_DELIVERY_COUNT=5, but its entity orders/notifications has MaxDeliveryCount 3"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			compose, cfg := loadCompose(t), loadConfig(t)
+			if errs := checkDeliveryBudgets(compose, mustLimits(t, cfg)); len(errs) != 0 {
+				t.Fatalf("the files as they are: %v", errors.Join(errs...))
+			}
+			tc.mutate(compose, cfg)
+			err := errors.Join(checkDeliveryBudgets(compose, mustLimits(t, cfg))...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func mustLimits(t *testing.T, c *config) entityLimits {
+	t.Helper()
+	lim, errs := checkConfig(c)
+	if len(errs) != 0 {
+		t.Fatalf("Config.json: %v", errors.Join(errs...))
+	}
+	return lim
 }

@@ -18,8 +18,8 @@
 //     gives each subscription the default match-all rule.
 //   - queue "integration": the same settings as "payments", consumed by no
 //     compose service; internal/processor's gated TestServiceBus uses it
-//     (docker compose up -d sqlserver servicebus, then the README's test
-//     command with SBCLAIM_TEST_SERVICEBUS_CONNECTION_STRING set).
+//     (docker compose up -d sqlserver servicebus, then the test
+//     command of docs/proof.md with SBCLAIM_TEST_SERVICEBUS_CONNECTION_STRING set).
 //   - queue "brokertest" (LockDuration PT5S, the emulator's minimum, and
 //     MaxDeliveryCount 3) and topic "brokertest-topic" with subscriptions
 //     "copy-a" and "copy-b": the entities of the broker contract suite
@@ -44,5 +44,8 @@
 // makes the stack safe on a laptop: ports published on 127.0.0.1 only, the
 // emulator pinned to a release, platform linux/amd64 for the SQL Server
 // image (amd64 only), SQL_WAIT_INTERVAL set, and the processors' shutdown
-// and stale settings consistent with stop_grace_period and the reconciler.
+// and stale settings consistent with stop_grace_period and the reconciler,
+// and each processor's SBCLAIM_MAX_DELIVERY_COUNT equal to its entity's
+// MaxDeliveryCount here (the processor cannot read it from the emulator,
+// so the compose file must say it).
 package emulator

@@ -107,6 +107,14 @@ func (q *Queue) DeadLetters() []*azservicebus.ReceivedMessage { return q.q.DeadL
 // included.
 func (q *Queue) Deliveries() int { return q.q.Stats().Deliveries }
 
+// Pending returns how many messages are neither completed nor
+// dead-lettered: available, locked by a receiver or deferred. They live
+// only in memory: a program that stops loses them.
+func (q *Queue) Pending() int {
+	s := q.q.Stats()
+	return s.Active + s.Locked + s.Deferred
+}
+
 // ExpireLocks ends the lock of every message being worked on, as if its
 // holder had hung: the broker redelivers them.
 func (q *Queue) ExpireLocks() int { return q.q.ExpireAllLocks() }

@@ -217,6 +217,7 @@ func waitReady(ctx context.Context, logger *slog.Logger, sender *azservicebus.Se
 		}),
 	)
 	if err != nil {
+		//lint:ignore ST1005 Service Bus is a proper noun
 		return fmt.Errorf("Service Bus entity %q not reachable within %s: %w", entity, wait, err)
 	}
 	logger.Info("Service Bus is ready", "entity", entity)

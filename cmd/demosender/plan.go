@@ -66,9 +66,11 @@ func (p *PlanParams) Validate() error {
 		errs = append(errs, errors.New("at least one of Queue and Topic is required"))
 	}
 	if p.Queue != "" && p.Payments < 1 {
+		//lint:ignore ST1005 the error names the field, as every config error here does
 		errs = append(errs, fmt.Errorf("Payments must be at least 1 when Queue is set, got %d", p.Payments))
 	}
 	if p.Topic != "" && p.Orders < 1 {
+		//lint:ignore ST1005 the error names the field
 		errs = append(errs, fmt.Errorf("Orders must be at least 1 when Topic is set, got %d", p.Orders))
 	}
 	if p.DupShare < 0 || p.DupShare > 1 {

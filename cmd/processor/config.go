@@ -39,6 +39,8 @@ type Config struct {
 	StorePayload       bool
 	MaxPayloadBytes    int
 	// Delayed retries (the routes file's backoff per route).
+	// MaxDeliveryCount is 0 when SBCLAIM_MAX_DELIVERY_COUNT is unset (the
+	// entity's is read at start, see resolveMaxDeliveryCount).
 	MaxDeliveryCount  int
 	DeferPollInterval time.Duration
 	DeferGrace        time.Duration
@@ -138,11 +140,29 @@ func configSettings(c *Config) []settings.Setting {
 		settings.Bool("SBCLAIM_STORE_PAYLOAD", "store-payload", "true", "keep the body on unfinished claims so flagged claims can be redriven (turn off for PII)", &c.StorePayload),
 		settings.Int("SBCLAIM_MAX_PAYLOAD_BYTES", "max-payload-bytes", "262144", "dead-letter bodies larger than this", 1, 100<<20, &c.MaxPayloadBytes),
 		settings.Bool("SBCLAIM_DEFERRAL", "deferral", "true", "delayed retries: a request the downstream did not perform is retried later (the routes file's backoff) by deferring the message, instead of abandoning it (an immediate redelivery that burns a delivery)", &c.Deferral),
-		settings.Int("SBCLAIM_MAX_DELIVERY_COUNT", "max-delivery-count", "10", "the entity's MaxDeliveryCount: a message whose deliveries are spent is not deferred again; its claim is handed to the reconciler with its stored payload", 1, 2000, &c.MaxDeliveryCount),
+		{Env: "SBCLAIM_MAX_DELIVERY_COUNT", Flag: "max-delivery-count",
+			Usage: "the entity's MaxDeliveryCount: a message whose deliveries are nearly spent is not deferred again; its claim is handed to the reconciler with its stored payload. " +
+				"At start the processor reads the entity's value where its identity may (Manage rights): it refuses to start when this differs, and uses the entity's when this is unset; " +
+				"when it cannot read it, it warns and assumes this (unset: 10)",
+			Parse: func(v string) error {
+				if v == "" {
+					c.MaxDeliveryCount = 0 // read from the entity, else the default
+					return nil
+				}
+				n, err := strconv.Atoi(v)
+				switch {
+				case err != nil:
+					return errors.New("not an integer (leave it unset to use the entity's)")
+				case n < 1 || n > 2000:
+					return errors.New("must be between 1 and 2000")
+				}
+				c.MaxDeliveryCount = n
+				return nil
+			}},
 		settings.Duration("SBCLAIM_DEFER_POLL_INTERVAL", "defer-poll-interval", "5s", "how often the processor looks for claims whose deferred message is due", 10*time.Millisecond, &c.DeferPollInterval),
 		settings.Duration("SBCLAIM_DEFER_GRACE", "defer-grace", "1h", "how long past its due time the reconciler leaves a deferred claim to its message before recovering it from the stored payload", time.Second, &c.DeferGrace),
-		settings.Int("SBCLAIM_EFFECT_MAX_ATTEMPTS", "effect-max-attempts", "5", "attempts per effect, with the same idempotency key", 1, 100, &c.EffectMaxAttempts),
-		settings.Duration("SBCLAIM_EFFECT_RETRY_BUDGET", "effect-retry-budget", "2m", "time budget for an effect's attempts; must be below SBCLAIM_MAX_LOCK_RENEWAL", time.Millisecond, &c.EffectBudget),
+		settings.Int("SBCLAIM_EFFECT_MAX_ATTEMPTS", "effect-max-attempts", strconv.Itoa(sbclaim.DefaultEffectMaxAttempts), "attempts per effect, with the same idempotency key", 1, 100, &c.EffectMaxAttempts),
+		settings.Duration("SBCLAIM_EFFECT_RETRY_BUDGET", "effect-retry-budget", sbclaim.DefaultRetryBudget.String(), "time budget for an effect's attempts (the library's default too); a longer outage is carried by delayed retries; must be below SBCLAIM_MAX_LOCK_RENEWAL", time.Millisecond, &c.EffectBudget),
 		settings.Bool("SBCLAIM_GROUP_COMMIT", "group-commit", "true", "write the outcomes (processed, released, attempts, heartbeats) of messages finishing together in one statement and one commit; a lone write is never delayed", &c.GroupCommit),
 		settings.Int("SBCLAIM_GROUP_COMMIT_MAX_BATCH", "group-commit-max-batch", strconv.Itoa(sbclaim.DefaultGroupCommitMaxBatch), "outcome writes per batch at most", 1, sbclaim.MaxGroupCommitBatch, &c.GroupCommitMaxBatch),
 		settings.Int("SBCLAIM_GROUP_COMMIT_MAX_IN_FLIGHT", "group-commit-max-in-flight", strconv.Itoa(sbclaim.DefaultGroupCommitMaxInFlight), "outcome batches written at once; a write waits only while this many are being written", 1, 16, &c.GroupCommitMaxInFlight),

@@ -1,6 +1,6 @@
 // Command processor receives Service Bus messages, claims each in the
 // claims table, runs its side effects with the message's dedup key as the
-// idempotency key, and settles it. See the README for configuration.
+// idempotency key, and settles it. See docs/configuration.md.
 package main
 
 import (
@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/Azure/azure-sdk-for-go/sdk/azidentity"
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/prometheus/client_golang/prometheus"
@@ -66,6 +67,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	if err := serve(ctx, cfg, logger, getenv); err != nil {
 		logger.Error("processor stopped", "error", err)
+		var ce *ConfigError
+		if errors.As(err, &ce) {
+			return 2 // a setting that contradicts what Service Bus says
+		}
 		return 1
 	}
 	return 0
@@ -95,11 +100,18 @@ func serve(ctx context.Context, cfg *Config, logger *slog.Logger, getenv func(st
 	}
 	defer st.Close()
 
-	client, err := newServiceBusClient(cfg)
+	client, cred, err := newServiceBusClient(cfg)
 	if err != nil {
 		return err
 	}
 	defer client.Close(context.Background())
+
+	// The delivery budget is the entity's: read it where the identity may.
+	entityAdmin, skip := newEntityAdmin(cfg, cred)
+	maxDeliveries, err := resolveMaxDeliveryCount(ctx, cfg, entityAdmin, skip, logger)
+	if err != nil {
+		return err
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -134,7 +146,7 @@ func serve(ctx context.Context, cfg *Config, logger *slog.Logger, getenv func(st
 		},
 		NoPayload:              !cfg.StorePayload,
 		MaxPayloadBytes:        cfg.MaxPayloadBytes,
-		MaxDeliveryCount:       cfg.MaxDeliveryCount,
+		MaxDeliveryCount:       maxDeliveries,
 		DeferPollInterval:      cfg.DeferPollInterval,
 		DeferGrace:             cfg.DeferGrace,
 		NoDeferral:             !cfg.Deferral,
@@ -205,20 +217,23 @@ func httpHandler(p *sbclaim.Processor, st *sbclaim.Store, reg *prometheus.Regist
 	return mux
 }
 
-func newServiceBusClient(cfg *Config) (*azservicebus.Client, error) {
+// newServiceBusClient returns the client and, without a connection string,
+// the credential it uses (nil with one).
+func newServiceBusClient(cfg *Config) (*azservicebus.Client, azcore.TokenCredential, error) {
 	if cfg.ConnectionString != "" {
 		c, err := azservicebus.NewClientFromConnectionString(cfg.ConnectionString, nil)
 		if err != nil {
 			// The SDK's message may quote the string: never pass it on.
-			return nil, errors.New("SBCLAIM_SERVICEBUS_CONNECTION_STRING: the Service Bus client rejected the connection string")
+			return nil, nil, errors.New("SBCLAIM_SERVICEBUS_CONNECTION_STRING: the Service Bus client rejected the connection string")
 		}
-		return c, nil
+		return c, nil, nil
 	}
 	cred, err := azidentity.NewDefaultAzureCredential(nil)
 	if err != nil {
-		return nil, fmt.Errorf("azure credential: %w", err)
+		return nil, nil, fmt.Errorf("azure credential: %w", err)
 	}
-	return azservicebus.NewClient(cfg.Namespace, cred, nil)
+	c, err := azservicebus.NewClient(cfg.Namespace, cred, nil)
+	return c, cred, err
 }
 
 func newLogger(format string, level slog.Level, w io.Writer) *slog.Logger {

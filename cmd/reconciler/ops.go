@@ -407,7 +407,7 @@ func redriveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 	by := fs.String("by", "", "operator name (default: $SBCLAIM_OPERATOR, else the OS user)")
 	note := fs.String("note", "redriven", "note kept on the claim (required with --new-key and --handoff)")
 	newKey := fs.Bool("new-key", false, "redrive under a new idempotency key (the claim's key with :r<N>), recorded on the claim: only for a route with allowNewKey, "+
-		"and only after checking the downstream did nothing under the old key (see the README)")
+		"and only after checking the downstream did nothing under the old key (see docs/flagged-claims.md)")
 	handOff := fs.Bool("handoff", false, "for a claim whose route is not in the routes file (a Go handler in your own binary): hand it off, "+
 		"released for the reconciler passes running in that binary, which re-run it with the same idempotency key")
 	return func(ctx context.Context, e *env, args []string) int {

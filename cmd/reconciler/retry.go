@@ -24,7 +24,7 @@ func retryFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 		"for a downstream that stored its failure under the old key")
 	handOff := fs.Bool("handoff", false, "for claims whose route is a Go handler in your own binary: release them for the reconciler "+
 		"passes running in that binary")
-	failed := fs.Bool("failed", false, fmt.Sprintf("retry the failed claims the filters match (at most --limit, oldest id first) instead of ids"))
+	failed := fs.Bool("failed", false, "retry the failed claims the filters match (at most --limit, oldest id first) instead of ids")
 	consumer := fs.String("consumer", "", "with --failed: only claims of this consumer")
 	route := fs.String("route", "", "with --failed: only claims taken for this route")
 	limit := fs.Int("limit", maxRetryBulk, fmt.Sprintf("with --failed: at most this many claims (1..%d)", maxRetryBulk))

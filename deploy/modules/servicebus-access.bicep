@@ -106,5 +106,10 @@ resource scalerOnTopic 'Microsoft.Authorization/roleAssignments@2022-04-01' = if
   }
 }
 
+// Only the entity in use is read: the ternary does not evaluate the other
+// branch (a placeholder name that does not exist).
+@description('The MaxDeliveryCount of the queue, or of the subscription, the processor receives from (main.bicep checks entityMaxDeliveryCount against it).')
+output maxDeliveryCount int = useQueue ? queue.properties.maxDeliveryCount : topicSubscription.properties.maxDeliveryCount
+
 @description('Fully qualified namespace host name, e.g. contoso.servicebus.windows.net.')
 output fullyQualifiedNamespace string = split(replace(serviceBus.properties.serviceBusEndpoint, 'https://', ''), ':')[0]

@@ -62,14 +62,23 @@ func Charge(sc *stripe.Client) sbclaim.HandlerFunc {
 			return sbclaim.NeedsOperator(err)
 		case !errors.As(err, &se) || se.HTTPStatusCode >= 500:
 			return err // a broken connection or a 5xx: unknown, repeated with the same key
+		case se.Code == stripe.ErrorCodeIdempotencyKeyInUse:
+			// 409: a request with this key is still running (a take-over
+			// during a slow call). Stripe did nothing for this one and
+			// stored nothing: retried later, with the same key.
+			return sbclaim.NotPerformed(err)
 		case se.Type == stripe.ErrorTypeCard:
 			return sbclaim.Rejected(err) // a decline: Stripe's final answer for this key
 		case se.Type == stripe.ErrorTypeIdempotency:
 			return sbclaim.KeyConflict(err) // the key was used with other parameters
+		case se.HTTPStatusCode == http.StatusUnauthorized || se.HTTPStatusCode == http.StatusForbidden:
+			// A wrong or rotated key: nothing was done. The route's breaker
+			// holds its payments until a probe succeeds; none fails.
+			return sbclaim.Misconfigured(err)
 		case se.HTTPStatusCode == http.StatusTooManyRequests:
 			return sbclaim.NotPerformed(err) // rate limited: Stripe did nothing
 		default:
-			return sbclaim.Permanent(err) // a 400 or 401: will never succeed as sent
+			return sbclaim.Permanent(err) // another 4xx: will never succeed as sent
 		}
 	}
 }

@@ -13,20 +13,44 @@ import (
 )
 
 // setup starts a processor with the Charge route on an in-memory queue and
-// returns the queue, the claims store and the test Stripe API.
+// returns the queue, the claims store and the test Stripe API. The route's
+// delayed retries and breaker probe are quick (tens of milliseconds), so a
+// postponed payment is tried again within the test.
 func setup(t *testing.T, qopts *sbclaimtest.QueueOptions, opts ...sbclaimtest.Option) (*sbclaimtest.Queue, *sbclaim.Store, *stripeAPI) {
 	t.Helper()
 	api, sc := newStripe(t)
 	router, err := sbclaim.NewRouter(sbclaim.Route{
 		Name: "charge", Match: sbclaim.MatchSubject("payment.requested"), Handler: Charge(sc), JSONBody: true,
+		Backoff: sbclaim.Backoff{First: 20 * time.Millisecond, Factor: 1, Max: 20 * time.Millisecond},
+		Breaker: sbclaim.Breaker{ProbeAfter: 50 * time.Millisecond},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	store := sbclaimtest.NewStore(t)
 	queue := sbclaimtest.NewQueue(qopts)
-	sbclaimtest.Start(t, sbclaim.ProcessorConfig{Consumer: "billing", Store: store, Router: router}, queue, opts...)
+	sbclaimtest.Start(t, sbclaim.ProcessorConfig{Consumer: "billing", Store: store, Router: router, DeferPollInterval: 10 * time.Millisecond}, queue, opts...)
 	return queue, store, api
+}
+
+// waitClaim waits until the only claim is in state (a postponed payment
+// is settled by a later fetch, after the queue went idle once).
+func waitClaim(t *testing.T, store *sbclaim.Store, state sbclaim.ClaimState) *sbclaim.Claim {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		claims, err := store.Claims(context.Background(), sbclaim.ClaimFilter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(claims) == 1 && claims[0].State == state {
+			return claims[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("claims %v: want one, %s", claims, state)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func payment(id string, order, cents int) *azservicebus.Message {
@@ -159,5 +183,69 @@ func TestRateLimitedIsNotPerformed(t *testing.T) {
 	}
 	if cl := onlyClaim(t, store); cl.State != sbclaim.StateProcessed {
 		t.Errorf("claim %s, want processed", cl.State)
+	}
+}
+
+// A 401 (a wrong or rotated API key) is the route's configuration, not the
+// payment's fault: Misconfigured opens the route's breaker, the payment is
+// postponed, not failed, and once the key works the probe charges it once,
+// with the same idempotency key. Nothing is dead-lettered.
+func TestUnauthorizedPostponesThenCharges(t *testing.T) {
+	queue, store, api := setup(t, nil)
+	api.mu.Lock()
+	api.unauthorized = 1
+	api.mu.Unlock()
+	sendAndWait(t, queue, payment("order-11", 11, 1100))
+	cl := waitClaim(t, store, sbclaim.StateProcessed)
+
+	keys, charges, _, _ := api.seen()
+	if len(keys) != 2 || keys[0] != keys[1] || keys[0] != cl.IdempotencyKey || charges != 1 {
+		t.Errorf("Stripe saw keys %q and created %d PaymentIntents: want the 401, then one charge, one key", keys, charges)
+	}
+	if len(queue.DeadLetters()) != 0 || cl.FailReason != "" {
+		t.Errorf("dead letters %d, fail reason %q: a 401 must never fail a payment", len(queue.DeadLetters()), cl.FailReason)
+	}
+}
+
+// 409 idempotency_key_in_use: another request with the same key is still
+// running at Stripe (a take-over during a slow call). Not performed: the
+// payment is retried with the same key and charged once.
+func TestIdempotencyKeyInUseIsRetriedWithTheSameKey(t *testing.T) {
+	queue, store, api := setup(t, nil)
+	api.mu.Lock()
+	api.inUse = 1
+	api.mu.Unlock()
+	sendAndWait(t, queue, payment("order-12", 12, 1200))
+	cl := waitClaim(t, store, sbclaim.StateProcessed)
+
+	keys, charges, _, _ := api.seen()
+	if len(keys) != 2 || keys[0] != keys[1] || charges != 1 {
+		t.Errorf("Stripe saw keys %q and created %d PaymentIntents: want the 409, then one charge, one key", keys, charges)
+	}
+	if len(queue.DeadLetters()) != 0 || cl.FailReason != "" {
+		t.Errorf("dead letters %d, fail reason %q: want none", len(queue.DeadLetters()), cl.FailReason)
+	}
+}
+
+// 400 idempotency_error: Stripe saw this key with other parameters. A key
+// conflict is final: the claim fails and the message is dead-lettered
+// once, IdempotencyKeyConflict, after one request.
+func TestIdempotencyErrorIsAKeyConflict(t *testing.T) {
+	queue, store, api := setup(t, nil)
+	api.mu.Lock()
+	api.conflict = 1
+	api.mu.Unlock()
+	sendAndWait(t, queue, payment("order-13", 13, 1300))
+
+	keys, charges, _, _ := api.seen()
+	if len(keys) != 1 || charges != 0 {
+		t.Errorf("Stripe saw %d requests, %d charges: want one refused request", len(keys), charges)
+	}
+	dead := queue.DeadLetters()
+	if len(dead) != 1 || dead[0].DeadLetterReason == nil || *dead[0].DeadLetterReason != "IdempotencyKeyConflict" {
+		t.Fatalf("dead letters %v, want order-13 once with reason IdempotencyKeyConflict", dead)
+	}
+	if cl := onlyClaim(t, store); cl.State != sbclaim.StateFailed || cl.FailReason != "IdempotencyKeyConflict" {
+		t.Errorf("claim %s %s, want failed IdempotencyKeyConflict", cl.State, cl.FailReason)
 	}
 }

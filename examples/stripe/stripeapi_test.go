@@ -38,6 +38,12 @@ type stripeAPI struct {
 	declines int
 	replays  int
 	limit    int // answer this many requests 429 before doing anything
+	// Answer this many requests before doing anything (nothing is stored
+	// under the key): unauthorized with 401 (a wrong or rotated API key),
+	// inUse with 409 idempotency_key_in_use (another request with the key
+	// is still running), conflict with 400 idempotency_error (the key was
+	// used with other parameters).
+	unauthorized, inUse, conflict int
 }
 
 type recorded struct {
@@ -102,10 +108,23 @@ func (a *stripeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	a.mu.Lock() // one request at a time: Stripe locks a key while it runs
 	defer a.mu.Unlock()
 	a.requests = append(a.requests, key)
-	if a.limit > 0 {
+	switch {
+	case a.limit > 0:
 		a.limit--
 		writeError(w, http.StatusTooManyRequests, "invalid_request_error", "rate_limit", nil)
 		return // nothing done, nothing stored under the key
+	case a.unauthorized > 0:
+		a.unauthorized--
+		writeError(w, http.StatusUnauthorized, "invalid_request_error", "", nil)
+		return
+	case a.inUse > 0:
+		a.inUse--
+		writeError(w, http.StatusConflict, "invalid_request_error", "idempotency_key_in_use", nil)
+		return
+	case a.conflict > 0:
+		a.conflict--
+		writeError(w, http.StatusBadRequest, "idempotency_error", "", nil)
+		return
 	}
 	if prev, ok := a.answers[key]; ok && key != "" {
 		if prev.form != form.Encode() {

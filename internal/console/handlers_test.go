@@ -486,8 +486,7 @@ func (s failingResolve) Resolve(ctx context.Context, p *claim.ResolveParams) (*c
 
 // A redrive whose effect was performed but not recorded says so plainly.
 func TestRedriveRecordErrorSaysTheEffectWasPerformed(t *testing.T) {
-	var f *fixture
-	f = setup(t, func(o *console.Options) { o.Store = failingResolve{o.Store} })
+	f := setup(t, func(o *console.Options) { o.Store = failingResolve{o.Store} })
 	c := f.flagged("billing", "", `{"amount":1}`, nil, "no heartbeat since x")
 	a := f.client(alice, aliceID)
 	path := fmt.Sprintf("/claims/%d", c.ID)

@@ -11,7 +11,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/held"
-	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/protocol"
 )
 
 // Delayed retries.
@@ -58,155 +58,13 @@ import (
 // was flagged at its route's retry horizon when no payload is stored (with
 // a stored payload the message is completed and an operator redrives the
 // claim from it).
-const ReasonRetryHorizon = "RetryHorizonExceeded"
-
-// postpone defers a held claim's message for a delayed retry. It is also
-// the way for anything that decides not to attempt an effect now (a
-// per-route breaker): call it holding the claim with a retryable result
-// whose *sideeffects.Error carries the wanted delay as RetryAfter (the
-// delay is at least that), and the claim waits like any postponed one,
-// horizon included. ok is false
-// when deferral does not apply (off, the store cannot, the route turned
-// it off, no sequence number, or the deliveries are spent without a
-// stored payload): the caller releases and abandons as before.
-func (p *Processor) postpone(work context.Context, d *delivery, c *claim.Claim, res held.Result) (verdict, bool) {
-	b := d.handler.Backoff.WithDefaults()
-	if p.deferrer == nil || b.Off || d.msg.SequenceNumber == nil {
-		return verdict{}, false
-	}
-	cause := claim.ErrorText(res.Err)
-	if res.Outcome != sideeffects.OutcomeRetryable {
-		cause = "outcome unknown (repeated later with the same key): " + cause
-	}
-	if reason, past := pastHorizon(d, c, cause); past {
-		return p.flagHeldFor(work, d, c, reason), true
-	}
-	var retryAfter time.Duration
-	var se *sideeffects.Error
-	if errors.As(res.Err, &se) {
-		retryAfter = se.RetryAfter
-	}
-	delay := b.Delay(c.Postponements, retryAfter)
-
-	// From the second-to-last delivery on when a payload can carry the
-	// claim (see above); without one, deferring on it is still better
-	// than abandoning.
-	n := int(d.msg.DeliveryCount)
-	if n >= p.opts.MaxDeliveryCount || (p.opts.StorePayload && n >= p.opts.MaxDeliveryCount-1) {
-		if !p.opts.StorePayload {
-			return verdict{}, false // nothing else can carry the claim: let the broker dead-letter it
-		}
-		spent := fmt.Sprintf("the message's deliveries are spent (delivery %d of %d): its stored payload carries the claim to the reconciler's recovery: %s",
-			d.msg.DeliveryCount, p.opts.MaxDeliveryCount, cause)
-		err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
-			return p.opts.Store.Release(ctx, &claim.ReleaseParams{ID: c.ID, Owner: c.Owner, Error: spent, NextAttemptIn: delay, Answer: res.Answer})
-		})
-		if v, done := p.afterPostponeWrite(work, d, c, res, err); done {
-			return v, true
-		}
-		p.metrics.Postponed.WithLabelValues(d.handler.Name).Inc()
-		return completed(ResultHandedOff, "why", "the message's deliveries are spent: its stored payload carries the claim; the reconciler repeats it when due",
-			"next_attempt_in", delay.Round(time.Millisecond).String(), "error", res.Err), true
-	}
-
-	err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
-		return p.deferrer.Defer(ctx, &claim.DeferParams{ID: c.ID, Owner: c.Owner, Seq: *d.msg.SequenceNumber,
-			DueIn: delay, Grace: p.opts.DeferGrace, Error: cause, Answer: res.Answer})
-	})
-	if errors.Is(err, claim.ErrStateChanged) && p.ownDeferral(work, c, *d.msg.SequenceNumber) {
-		err = nil // an earlier try committed but its answer was lost
-	}
-	if v, done := p.afterPostponeWrite(work, d, c, res, err); done {
-		return v, true
-	}
-	if crashed(p.opts.Hooks.AfterDeferRecorded, work, d) {
-		return verdict{result: ResultCrashed}, true
-	}
-	p.metrics.Postponed.WithLabelValues(d.handler.Name).Inc()
-	d.deferral = &claim.SetDueParams{ID: c.ID, Owner: c.Owner, Seq: *d.msg.SequenceNumber, DueIn: delay}
-	return verdict{result: ResultPostponed, settle: settleDefer,
-		attrs: []any{"due_in", delay.Round(time.Millisecond).String(), "postponements", c.Postponements + 1, "error", res.Err}}, true
-}
-
-// pastHorizon reports whether claim c has been postponed for longer than
-// its route's horizon, by the database clock (HeartbeatAt is when this
-// attempt took the claim, PostponedAt the first postponement), with the
-// reason to flag it with.
-func pastHorizon(d *delivery, c *claim.Claim, cause string) (string, bool) {
-	b := d.handler.Backoff.WithDefaults()
-	if c.PostponedAt == nil || b.Horizon <= 0 {
-		return "", false
-	}
-	waited := c.HeartbeatAt.Sub(*c.PostponedAt)
-	if waited < b.Horizon {
-		return "", false
-	}
-	return fmt.Sprintf("route %q: not performed after retrying for %s (%d postponements; horizon %s): %s",
-		d.handler.Name, waited.Round(time.Second), c.Postponements, b.Horizon, cause), true
-}
-
-// afterPostponeWrite ends the delivery when the write that postpones the
-// claim failed (done is true).
-func (p *Processor) afterPostponeWrite(work context.Context, d *delivery, c *claim.Claim, res held.Result, err error) (verdict, bool) {
-	switch {
-	case err == nil:
-		return verdict{}, false
-	case errors.Is(err, claim.ErrStateChanged):
-		return p.lost(work, d, c, res.Outcome), true
-	}
-	// The claim stays claimed and goes silent; the message's redelivery
-	// (its lock runs out) takes it over and repeats the effect.
-	p.storeErr(err)
-	d.log.Warn("effect not performed but postponing the claim failed", "error", err)
-	return abandoned(ResultUnknown, "why", "postponing the claim failed", "error", err), true
-}
+const ReasonRetryHorizon = protocol.ReasonRetryHorizon
 
 // ownDeferral reports whether claim c is released under c's owner with
 // its message deferred under seq.
 func (p *Processor) ownDeferral(work context.Context, c *claim.Claim, seq int64) bool {
 	now, err := p.get(work, c.ID)
 	return err == nil && now.State == claim.StateReleased && now.Owner == c.Owner && now.DeferredSeq != nil && *now.DeferredSeq == seq
-}
-
-// flagHeldFor hands a claim this delivery holds to operators with reason,
-// and settles the message: completed when the claim stored its payload
-// (an operator's redrive runs from it), dead-lettered otherwise (the
-// dead-letter queue keeps the body).
-func (p *Processor) flagHeldFor(work context.Context, d *delivery, c *claim.Claim, reason string) verdict {
-	if v, done := p.flag(work, d, c, reason, sideeffects.OutcomeRetryable); done {
-		return v
-	}
-	d.log.Warn("claim flagged for operators", "why", reason)
-	if !p.opts.StorePayload {
-		return deadLettered(ResultFlagged, ReasonRetryHorizon, reason)
-	}
-	return completed(ResultFlagged, "why", reason)
-}
-
-// deferredElsewhere reports whether a delivery must leave claim c to the
-// message the claim names: released with its message deferred under
-// another sequence number, or held (claimed) by a replica that fetched
-// that message. The store's take-over guard refuses the delivery anyway;
-// this says so without a write.
-func deferredElsewhere(d *delivery, c *claim.Claim) (bool, string) {
-	if c.DeferredSeq == nil || (d.msg.SequenceNumber != nil && *d.msg.SequenceNumber == *c.DeferredSeq) {
-		return false, ""
-	}
-	switch {
-	case c.State == claim.StateReleased && c.DueAt != nil:
-		return true, fmt.Sprintf("the claim's message (sequence number %d) is deferred until %s and carries the work", *c.DeferredSeq, c.DueAt.Format(time.RFC3339))
-	case c.State == claim.StateReleased:
-		return true, fmt.Sprintf("the claim's message (sequence number %d) is being deferred and carries the work", *c.DeferredSeq)
-	case c.State == claim.StateClaimed:
-		// Its holder fetched the claim's deferred message. If it died, the
-		// message goes back to deferred when its lock ends and a poller
-		// takes the claim again once the holder is silent.
-		if c.TakeOverPath != claim.PathRedelivery {
-			return true, fmt.Sprintf("the claim is held by %s (%s), and its message (sequence number %d) stays deferred until it is settled", c.ClaimedBy, c.TakeOverPath, *c.DeferredSeq)
-		}
-		return true, fmt.Sprintf("the claim's deferred message (sequence number %d) was fetched by %s and carries the work", *c.DeferredSeq, c.ClaimedBy)
-	}
-	return false, ""
 }
 
 // pollDeferred looks for due claims every DeferPollInterval until ctx
@@ -384,7 +242,13 @@ func (p *Processor) fetchStranded(ctx, work context.Context, lr *liveReceiver, c
 // forgotten by the claim.
 func (p *Processor) runStranded(work context.Context, d *delivery, c *claim.Claim) verdict {
 	d.at(c)
-	if key, err := p.opts.Key(d.msg); err != nil || key != c.MessageID {
+	key, err := p.opts.Key(d.msg)
+	dec, failed := protocol.Stranded(protocol.StrandedStep{State: protocol.State(c.State), KeyMatches: err == nil && key == c.MessageID,
+		PayloadStored: c.Payload != nil, FlagReason: c.FlagReason})
+	switch {
+	case failed:
+		return p.failedCopy(work, d, c, "why", "stranded deferred message")
+	case dec.Settle == settleAbandon:
 		// Not this claim's message (an entity recreated since: its
 		// sequence numbers start again): leave it to its own claim, and
 		// forget it here.
@@ -393,23 +257,19 @@ func (p *Processor) runStranded(work context.Context, d *delivery, c *claim.Clai
 			d.log.Warn("forgetting the other message failed; looked at again later", "error", err)
 		}
 		d.claimID = 0 // settling it forgets nothing of c
-		return abandoned(ResultAbandoned, "why", "stranded claim's sequence number names another message")
+	default:
+		d.log.Info("settling a deferred message its holder left behind after finishing its claim", "claim_state", c.State)
 	}
-	d.log.Info("settling a deferred message its holder left behind after finishing its claim", "claim_state", c.State)
-	switch c.State {
-	case claim.StateFailed:
-		return p.failedCopy(work, d, c, "why", "stranded deferred message")
-	case claim.StateFlagged:
-		if c.Payload == nil {
-			return deadLettered(ResultFlagged, ReasonClaimFlagged, c.FlagReason)
-		}
-	}
-	return completed(ResultDuplicate, "claim_state", string(c.State), "why", "stranded deferred message of a finished claim")
+	v := p.verdictOf(d, dec, nil)
+	v.attrs = append(v.attrs, "claim_state", string(c.State))
+	return v
 }
 
-// ReasonClaimFlagged is the dead-letter reason of a stranded deferred
-// message whose claim is flagged for operators and stored no payload.
-const ReasonClaimFlagged = "ClaimFlagged"
+// ReasonClaimFlagged is the dead-letter reason of the message of a claim
+// flagged for operators that stored no payload (the dead-letter queue
+// keeps the body): a stranded deferred message's, or the one at hand when
+// a delivery flags the claim.
+const ReasonClaimFlagged = protocol.ReasonClaimFlagged
 
 // clearDeferred forgets the deferred message a fetched delivery settled
 // (completed or dead-lettered): the claim no longer names it, and no
@@ -463,52 +323,50 @@ func (p *Processor) fetch(ctx, work context.Context, lr *liveReceiver, c *claim.
 	p.metrics.TakeOvers.WithLabelValues(string(claim.PathRedelivery)).Inc()
 
 	m, err := p.fetchBySeq(ctx, lr, seq)
+	step := protocol.FetchStep{Result: protocol.Found, State: protocol.State(c.State), Deferred: c.Deferred(),
+		HoldWait: p.holdWait(), PollInterval: p.opts.DeferPollInterval, Seq: seq, Holder: c.ClaimedBy}
 	switch {
 	case m != nil:
-	case (err == nil || isNotFound(err)) && !c.Deferred():
+	case err == nil || isNotFound(err):
+		step.Result = protocol.NotFound
+	default:
+		step.Result = protocol.BrokerError
+	}
+	if err != nil {
+		step.Err = claim.ErrorText(err)
+	}
+	if step.Result != protocol.Found && c.State == claim.StateClaimed {
+		// Taken from a silent holder whose message was not fetched: may
+		// its route repeat the key (the outcome is unknown)?
+		step.Unrepeatable = p.repeatable(c, true)
+	}
+	dec := protocol.AfterFetch(step)
+	p.metrics.DeferredFetches.WithLabelValues(dec.Metric).Inc()
+	switch dec.Action {
+	case protocol.FetchFlag:
+		p.flagTaken(work, taken, seq, dec.Reason)
+		return false
+	case protocol.FetchGiveBack:
 		// Not found, but the claim was taken from a holder that went
 		// silent (claimed), or that had not recorded the message as
 		// deferred (released, no due time): that holder, or its broker
-		// session, may still hold the message's lock (a holder whose
-		// store writes failed while it renewed the lock; one killed a
-		// moment ago), and a locked message is not found. Look again
-		// once any lock has ended: the claim waits as deferred, due
-		// once that holder's lock has certainly ended (holdWait); a
-		// second "not found" then is final.
-		p.metrics.DeferredFetches.WithLabelValues("unsure").Inc()
-		wait := p.holdWait()
-		log.Info("the deferred message was not found while its previous holder may still lock it; looking again once any lock has ended", "in", wait)
-		p.giveBack(work, taken, seq, wait, fmt.Sprintf("the deferred message (sequence number %d) was not found; its previous holder may still have locked it", seq))
+		// session, may still hold the message's lock, and a locked
+		// message is not found. The claim waits as deferred, due once
+		// that holder's lock has certainly ended (holdWait); a second
+		// "not found" then is final. Or the broker did not answer.
+		log.Info("the deferred message was not fetched; looking again later", "in", dec.Wait, "why", dec.Reason)
+		p.giveBack(work, taken, seq, dec.Wait, dec.Reason)
 		return false
-	case err == nil || isNotFound(err):
+	case protocol.FetchGone:
 		// Gone: expired, or settled by a delivery that had it (the
 		// deferral was recorded but DeferMessage never happened). Release
 		// the claim with the reason: that delivery, if it still has the
 		// message, takes it over; else the reconciler's recovery repeats
 		// it from its stored payload (or flags it without one).
-		p.metrics.DeferredFetches.WithLabelValues("gone").Inc()
-		why := fmt.Sprintf("the deferred message (sequence number %d) could not be fetched: it expired or was settled", seq)
-		if err != nil {
-			why += ": " + claim.ErrorText(err)
-		}
-		log.Warn(why)
-		p.releaseFetched(work, taken, why)
-		return false
-	default:
-		// The broker did not answer: give the claim back, due again soon.
-		p.metrics.DeferredFetches.WithLabelValues("error").Inc()
-		// Taken from a silent holder, the message may be locked by it:
-		// the next look must wait as long as a "not found" would, or a
-		// "not found" then would look final.
-		wait := p.opts.DeferPollInterval
-		if !c.Deferred() {
-			wait = p.holdWait()
-		}
-		log.Warn("fetching a deferred message failed; due again later", "in", wait, "error", err)
-		p.giveBack(work, taken, seq, wait, "fetching the deferred message failed: "+claim.ErrorText(err))
+		log.Warn(dec.Reason)
+		p.releaseFetched(work, taken, dec.Reason)
 		return false
 	}
-	p.metrics.DeferredFetches.WithLabelValues("fetched").Inc()
 
 	if !lr.acquire() {
 		// The receiver was retired meanwhile: the message's lock runs
@@ -526,6 +384,33 @@ func (p *Processor) fetch(ctx, work context.Context, lr *liveReceiver, c *claim.
 		<-slots
 	}()
 	return true
+}
+
+// flagTaken flags a due claim this poller took (taken) whose message it
+// did not fetch (AfterFetch: taken from a silent holder, its outcome
+// unknown, and its route may not repeat the key). Its message stays
+// deferred: its holder settles it (a lost claim's success is noted as a
+// late success), or the stranded sweep does once its lock has ended.
+// When the flag cannot be written the claim stays taken and silent, and
+// the next poll decides again.
+func (p *Processor) flagTaken(work context.Context, taken *claim.Claim, seq int64, reason string) {
+	err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
+		_, err := p.opts.Store.Flag(ctx, &claim.FlagParams{ID: taken.ID, Owner: taken.Owner, State: claim.StateClaimed, Reason: reason, By: p.opts.Host})
+		return err
+	})
+	if errors.Is(err, claim.ErrStateChanged) && p.ownState(work, taken, claim.StateFlagged) {
+		err = nil // an earlier try committed but its answer was lost
+	}
+	log := p.log.With("message_id", taken.MessageID, "claim_id", taken.ID, "sequence_number", seq)
+	switch {
+	case errors.Is(err, claim.ErrStateChanged):
+		log.Info("the claim changed while flagging its unknown outcome; left as it is", "why", reason)
+	case err != nil:
+		p.storeErr(err)
+		log.Warn("flagging a claim whose outcome is unknown failed; the next poll decides again", "why", reason, "error", err)
+	default:
+		log.Warn("claim flagged for operators", "why", reason)
+	}
 }
 
 // giveBack returns a taken claim whose message was not fetched to the
@@ -607,60 +492,30 @@ func (p *Processor) releaseFetched(work context.Context, c *claim.Claim, why str
 }
 
 // runFetched runs the protocol for a deferred message fetched by its
-// sequence number, whose claim c this delivery took.
+// sequence number, whose claim c this delivery took: BeforeFetchedRun
+// decides whether it runs the effect.
 func (p *Processor) runFetched(work context.Context, d *delivery, c *claim.Claim) verdict {
 	d.at(c)
+	s := protocol.FetchedStep{Claim: claimFacts(c), Delivery: p.deliveryFacts(d), Seq: *d.msg.SequenceNumber, PreviousHolder: c.PreviousHolder}
 	if reason, desc := p.validate(d); reason != "" {
-		return p.flagHeldFor(work, d, c, fmt.Sprintf("the deferred message cannot be processed any more (%s): %s", reason, desc))
-	}
-	switch {
-	case d.key != c.MessageID:
-		return p.flagHeldFor(work, d, c, fmt.Sprintf("the deferred message (sequence number %d) has dedup key %q, not the claim's", *d.msg.SequenceNumber, d.key))
-	case d.handler.TxEffect != nil:
-		return p.flagHeldFor(work, d, c, fmt.Sprintf("route %q became transactional while the claim's message was deferred", d.handler.Name))
-	case c.RouteDiffers(d.handler.Name, d.handler.Fingerprint):
-		return p.flagHeldFor(work, d, c, fmt.Sprintf("route changed: the claim was taken for route %q (fingerprint %s), its deferred message routes to %q (fingerprint %s)",
-			c.Route, c.Fingerprint, d.handler.Name, d.handler.Fingerprint))
-	case d.fromSilent && d.handler.Manual():
-		// The previous holder went silent with the effect possibly
-		// performed; a manual route's downstream does not honour the key.
-		return p.flagHeldFor(work, d, c, fmt.Sprintf("route %q (recovery manual): the holder of the deferred message (%s) went silent; its effect's outcome is unknown",
-			d.handler.Name, c.PreviousHolder))
-	case c.Payload != nil && int(d.msg.DeliveryCount) >= p.opts.MaxDeliveryCount:
-		if reason, past := pastHorizon(d, c, c.LastError); past {
-			return p.flagHeldFor(work, d, c, reason)
+		s.Invalid = reason + ": " + desc
+	} else {
+		s.Route = routeFacts(d.handler)
+		s.Transactional = d.handler.TxEffect != nil
+		s.Delay = d.handler.Backoff.WithDefaults().Delay(c.Postponements, 0)
+		if d.key != c.MessageID {
+			s.OtherKey = d.key
 		}
-		return p.handOffLast(work, d, c)
+		if c.RouteDiffers(d.handler.Name, d.handler.Fingerprint) {
+			s.RouteChange = fmt.Sprintf("the claim was taken for route %q (fingerprint %s), its deferred message routes to %q (fingerprint %s)",
+				c.Route, c.Fingerprint, d.handler.Name, d.handler.Fingerprint)
+		}
 	}
-	return p.runHeld(work, d, c)
-}
-
-// handOffLast hands the claim of a fetched message on its last delivery
-// to the reconciler's recovery without attempting the effect: a replica
-// that died during the attempt would leave the message to its lock, and
-// the broker dead-letters a message whose lock ends on its last delivery.
-// The claim is released with its stored payload, which carries it, due
-// after the route's next delay (as a postponement would have been); the
-// message is completed. A claim past its route's horizon is flagged
-// instead (runFetched).
-func (p *Processor) handOffLast(work context.Context, d *delivery, c *claim.Claim) verdict {
-	cause := fmt.Sprintf("the deferred message's deliveries are spent (delivery %d of %d): its stored payload carries the claim to the reconciler's recovery",
-		d.msg.DeliveryCount, p.opts.MaxDeliveryCount)
-	delay := d.handler.Backoff.WithDefaults().Delay(c.Postponements, 0)
-	err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
-		return p.opts.Store.Release(ctx, &claim.ReleaseParams{ID: c.ID, Owner: c.Owner, Error: cause, NextAttemptIn: delay})
-	})
-	switch {
-	case errors.Is(err, claim.ErrStateChanged):
-		return p.lost(work, d, c, sideeffects.OutcomeRetryable)
-	case err != nil:
-		// The claim stays claimed and goes silent: the reconciler's
-		// recovery takes it once stale. The message goes all the same
-		// (an abandon would dead-letter it).
-		p.storeErr(err)
-		d.log.Warn("handing the claim of a message on its last delivery to the reconciler failed; it recovers the claim once stale", "error", err)
+	dec := protocol.BeforeFetchedRun(s)
+	if dec.Run {
+		return p.runHeld(work, d, c)
 	}
-	return completed(ResultHandedOff, "why", cause)
+	return p.perform(work, d, c, dec, nil)
 }
 
 // deferred records, once settle deferred the message, when it is due

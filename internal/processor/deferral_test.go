@@ -748,3 +748,163 @@ func TestLastDeliveryOfAFetchedMessageIsHandedOffUnattempted(t *testing.T) {
 		b.eventually("the hand-off counted", func() bool { return outcomes(opts.Metrics, processor.ResultHandedOff) == 1 })
 	})
 }
+
+// payloadlessDeferral claims m1 on a replica that stores no payload,
+// whose effect is refused (the claim is deferred), stops it, and returns
+// the options of a second replica that stores payloads (a rolling deploy
+// that turns them on): the claim it fetches holds no payload, whatever
+// its own option says.
+func payloadlessDeferral(t *testing.T, be string, backoff sideeffects.Backoff, behave func(_, _ string, call int) error) (*bundle, processor.Options) {
+	b := setup(t, be, membus.QueueOptions{MaxDeliveryCount: 3})
+	b.eff.behave = behave
+	opts := b.deferOptions()
+	b.router.backoff = backoff
+	opts.MaxDeliveryCount = 3
+	first := opts
+	first.StorePayload = false
+	first.DeferPollInterval = time.Hour // the second replica fetches it
+	_, stop := b.start(first)
+	b.send("m1", "pay", `{}`, nil)
+	b.eventually("the payloadless claim deferred", func() bool {
+		for _, c := range b.claims() {
+			return c.Deferred()
+		}
+		return false
+	})
+	stop()
+	if c := b.claimOf("m1"); c.Payload != nil {
+		t.Fatalf("the first replica stored a payload")
+	}
+	return b, opts
+}
+
+// TestHandOffDecidesFromTheClaimsPayload: a claim taken by a replica
+// that stores no payload is fetched, on its second-to-last delivery, by
+// one that does. Nothing could carry a hand-off to the reconciler (no
+// payload), so the message is deferred again, not completed; the last
+// delivery performs the effect.
+func TestHandOffDecidesFromTheClaimsPayload(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b, opts := payloadlessDeferral(t, be, quickBackoff, func(_, _ string, call int) error {
+			if call <= 2 {
+				return sideeffects.Retryable(errors.New("downstream 503"))
+			}
+			return nil
+		})
+		b.start(opts)
+		b.waitCompleted(b.q, "m1", 1)
+		b.waitIdle()
+		if calls, done := b.eff.Calls("m1"), b.eff.Performed("m1"); calls != 3 || done != 1 {
+			t.Fatalf("calls %d, performed %d; want 3 and 1 (deferred twice, performed on the last delivery)", calls, done)
+		}
+		if c := b.claimOf("m1"); c.State != claim.StateProcessed {
+			t.Fatalf("claim: state %s (%s); want processed, not handed to a reconciler that has no payload", c.State, c.LastError)
+		}
+		if got := outcomes(opts.Metrics, processor.ResultHandedOff); got != 0 {
+			t.Fatalf("%d hand-offs of a claim without a payload", got)
+		}
+		if st := b.q.Stats(); st.DeadLettered != 0 || st.Completed != 1 {
+			t.Fatalf("broker: %+v; want completed once, no dead letter", st)
+		}
+	})
+}
+
+// TestHorizonOfAPayloadlessClaimDeadLetters: the same claim, past its
+// route's horizon on the replica that stores payloads: it is flagged and
+// its message dead-lettered (the dead-letter queue keeps the body), not
+// completed with nothing left to redrive from.
+func TestHorizonOfAPayloadlessClaimDeadLetters(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		short := quickBackoff
+		short.Horizon = time.Millisecond
+		b, opts := payloadlessDeferral(t, be, short, func(_, _ string, _ int) error { return sideeffects.Retryable(errors.New("downstream 503")) })
+		b.start(opts)
+		b.eventually("the message dead-lettered", func() bool { return b.q.Stats().DeadLettered == 1 })
+		b.waitIdle()
+		if got := b.deadLetterReasons()["m1"]; got != processor.ReasonRetryHorizon {
+			t.Fatalf("dead-letter reason %q, want %s", got, processor.ReasonRetryHorizon)
+		}
+		if c := b.claimOf("m1"); c.State != claim.StateFlagged || c.Payload != nil {
+			t.Fatalf("claim: state %s; want flagged", c.State)
+		}
+		if st := b.q.Stats(); st.Completed != 0 {
+			t.Fatalf("broker: %+v; want nothing completed", st)
+		}
+	})
+}
+
+// TestSilentHolderOfAManualRoutesDeferredMessageIsFlagged: the replica
+// that fetched a manual route's deferred message performs the effect and
+// goes silent in the store before recording it, while it keeps the
+// message's lock. Once silent, a poll takes the claim and misses the
+// locked message. The effect's outcome is unknown and the route does not
+// let its key be repeated: the claim is flagged there and then — not
+// given back as released and due, whose next fetch ran the effect a
+// second time. The holder's late success is noted, and the message is
+// settled once its lock has ended (its claim stored the payload: it is
+// completed). The effect ran once.
+func TestSilentHolderOfAManualRoutesDeferredMessageIsFlagged(t *testing.T) {
+	for _, stored := range []bool{true, false} {
+		t.Run(fmt.Sprintf("payload=%v", stored), func(t *testing.T) { silentManualHolder(t, stored) })
+	}
+}
+
+// silentManualHolder is TestSilentHolderOfAManualRoutesDeferredMessageIsFlagged
+// with and without a stored payload: without one, the holder that lost
+// its claim to the flag dead-letters its message (ClaimFlagged), as the
+// stranded sweep would: the dead-letter queue keeps the body.
+func silentManualHolder(t *testing.T, stored bool) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{LockDuration: 2 * time.Second})
+		ms := &muteStore{Store: b.store, Deferrer: b.store.(claim.Deferrer), mute: map[string]bool{}}
+		b.store = ms
+		b.eff.behave = func(_, key string, call int) error {
+			switch call {
+			case 1:
+				return sideeffects.Retryable(errors.New("downstream 503"))
+			case 2:
+				// The fetched delivery: its holder goes silent, and the
+				// effect returns (performed) only once a poll took the
+				// claim and missed the locked message.
+				c := b.claimOf(key)
+				ms.mu.Lock()
+				ms.mute[c.Owner.String()] = true
+				ms.mu.Unlock()
+				deadline := time.Now().Add(30 * time.Second)
+				for time.Now().Before(deadline) {
+					if c := b.claimOf(key); c.State == claim.StateFlagged || (c.Postponements >= 2 && c.Deferred()) {
+						time.Sleep(time.Second)
+						return nil
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				return errors.New("the claim was never taken from its silent holder")
+			}
+			return nil
+		}
+		opts := b.deferOptions()
+		opts.HeartbeatInterval, opts.TakeoverAfter = 100*time.Millisecond, time.Second
+		opts.MaxLockRenewal, opts.LockDuration, opts.SettleTimeout = 1500*time.Millisecond, 500*time.Millisecond, 500*time.Millisecond
+		opts.StorePayload = stored
+		b.start(opts)
+		b.send("m1", "manual", `{}`, nil)
+		b.eventually("the message settled", func() bool { st := b.q.Stats(); return st.Completed+st.DeadLettered >= 1 })
+		b.waitIdle()
+
+		if calls := b.eff.Calls("m1"); calls != 2 {
+			t.Fatalf("calls %d, want 2 (refused, then performed by the holder that went silent): a manual route's effect ran again", calls)
+		}
+		c := b.claimOf("m1")
+		if c.State != claim.StateFlagged || !strings.Contains(c.FlagReason, "unknown") || c.LateSuccessAt == nil {
+			t.Fatalf("claim: state %s (%q), late success %v; want flagged, its outcome unknown, the silent holder's success noted", c.State, c.FlagReason, c.LateSuccessAt)
+		}
+		st := b.q.Stats()
+		switch {
+		case stored && (st.Completed != 1 || st.DeadLettered != 0):
+			t.Fatalf("broker: %+v; want the message completed once (its payload is stored), no dead letter", st)
+		case !stored && (st.Completed != 0 || st.DeadLettered != 1 || b.deadLetterReasons()["m1"] != processor.ReasonClaimFlagged):
+			t.Fatalf("broker: %+v, reasons %v; want the message dead-lettered once as %s (no payload stored)", st, b.deadLetterReasons(), processor.ReasonClaimFlagged)
+		}
+		b.eventually("the claim forgets its settled message", func() bool { return b.claimOf("m1").DeferredSeq == nil })
+	})
+}

@@ -20,6 +20,11 @@
 //
 // Every outcome write records the downstream's last answer on the claim.
 //
+// The processor decides nothing itself: package protocol does, from the
+// facts of each step (decide.go reads them and performs what it decides:
+// the claim write, then the one settlement in settle). The processor is
+// its driver: I/O, lock renewal, heartbeats, metrics, spans and logs.
+//
 // It depends on Receiver, which *azservicebus.Receiver satisfies as it is,
 // and works with *azservicebus.ReceivedMessage values end to end; tests use
 // the in-memory broker in package membus.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/held"
+	"github.com/sbclaim/sbclaim/internal/protocol"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
 )
 
@@ -61,15 +62,16 @@ type delivery struct {
 	deferral *claim.SetDueParams
 }
 
-// settlement is what happens to a delivery's message at the end.
-type settlement int
+// settlement is what happens to a delivery's message at the end (the
+// protocol decides it).
+type settlement = protocol.Settle
 
 const (
-	settleNone       settlement = iota // a test hook "crashed" the replica: nothing
-	settleComplete                     // done, or a duplicate of finished work
-	settleAbandon                      // redeliver
-	settleDeadLetter                   // never processable
-	settleDefer                        // set aside until its claim is due (deferral.go)
+	settleNone       = protocol.SettleNone   // a test hook "crashed" the replica: nothing
+	settleComplete   = protocol.Complete     // done, or a duplicate of finished work
+	settleAbandon    = protocol.Abandon      // redeliver
+	settleDeadLetter = protocol.DeadLetter   // never processable
+	settleDefer      = protocol.DeferMessage // set aside until its claim is due (deferral.go)
 )
 
 // verdict is how a protocol step ends a delivery: how to settle the message
@@ -326,50 +328,51 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 	poll := 25 * time.Millisecond
 	waited := false
 	for {
-		switch c.State {
-		case claim.StateProcessed, claim.StateResolved:
-			return completed(ResultDuplicate, "claim_state", string(c.State), "waited", waited)
-		case claim.StateFlagged:
-			return completed(ResultDuplicate, "claim_state", string(c.State), "why", "flagged for operators")
-		case claim.StateFailed:
-			return p.failedCopy(work, d, c, "waited", waited)
-		}
-		if carried, why := deferredElsewhere(d, c); carried {
-			// The claim's own message waits at the broker (or a replica
-			// holds it): it carries the work, and this copy would be a
-			// second message moving for one claim.
-			return completed(ResultDuplicate, "claim_state", string(c.State), "why", why, "waited", waited)
-		}
 		released := c.State == claim.StateReleased
 		routeChanged := c.RouteDiffers(d.handler.Name, d.handler.Fingerprint)
+		step := protocol.DuplicateStep{State: protocol.State(c.State), Elsewhere: protocol.Elsewhere(claimMessage(c), d.msg.SequenceNumber),
+			RouteChanged: routeChanged, Manual: d.handler.Manual(), Quiet: released}
 		// Whether the holder is silent: a released claim has none; for a
 		// take-over the guarded UPDATE itself judges it; otherwise ask the
 		// database clock. A route whose downstream forgets keys asks it
 		// too: a key older than that must not be repeated.
-		quiet := released
-		expiredReason, expired := "", false
-		if !released && (d.handler.Manual() || routeChanged) || d.handler.KeyLifetime > 0 {
+		expiredReason := ""
+		if c.State.Unfinished() && step.Elsewhere == "" && protocol.NeedsClock(step.State, step.Manual, routeChanged, d.handler.KeyLifetime > 0) {
 			now, err := p.dbNow(work)
 			if err != nil {
 				return abandoned(ResultAbandoned, "why", "reading the database clock failed", "error", err)
 			}
-			quiet = released || now.Sub(c.HeartbeatAt) > p.opts.TakeoverAfter
-			expiredReason, expired = held.KeyExpired(c, d.handler.KeyLifetime, now)
+			step.Quiet = released || now.Sub(c.HeartbeatAt) > p.opts.TakeoverAfter
+			expiredReason, step.KeyExpired = held.KeyExpired(c, d.handler.KeyLifetime, now)
 		}
 		again := false // the claim changed under us: decide again at once
-		switch {
-		case routeChanged && quiet:
+		switch protocol.Duplicate(step) {
+		case protocol.DupComplete:
+			why := "finished"
+			switch {
+			case c.State == claim.StateFlagged:
+				why = "flagged for operators"
+			case step.Elsewhere != "":
+				// The claim's own message waits at the broker (or a
+				// replica holds it): it carries the work, and this copy
+				// would be a second message moving for one claim.
+				why = step.Elsewhere
+			}
+			return completed(ResultDuplicate, "claim_state", string(c.State), "why", why, "waited", waited)
+		case protocol.DupFailedCopy:
+			return p.failedCopy(work, d, c, "waited", waited)
+		case protocol.DupFlagRouteChanged:
 			v, ok := p.flagRouteChanged(work, d, c)
 			if ok {
 				return v
 			}
 			again = true
-		case d.handler.Manual() && quiet && !released:
+		case protocol.DupLeave:
 			// A manual route's holder went silent: its outcome is unknown
 			// and the downstream does not honour the key, so nobody may
 			// repeat it. The reconciler flags the claim for an operator.
 			return completed(ResultDuplicate, "why", "holder silent on a manual route: left for the reconciler to flag")
-		case !routeChanged && expired && quiet:
+		case protocol.DupFlagKeyExpired:
 			// Its key is older than the downstream keeps keys: a repeat
 			// would not be deduplicated. A person decides. A refused flag
 			// (the holder showed life, or the claim changed) is looked
@@ -377,7 +380,7 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 			if v, ok := p.flagKeyExpired(work, d, c, expiredReason); ok {
 				return v
 			}
-		case !routeChanged && !expired && (released || !d.handler.Manual()):
+		case protocol.DupTakeOver:
 			// Released, or (auto route) a holder that may have gone
 			// silent: the guarded take-over refuses a live holder by the
 			// database clock.
@@ -411,20 +414,8 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 				d.log.Debug("claim held by a live attempt; waiting for its outcome", "holder", c.ClaimedBy)
 			}
 			if time.Now().Add(poll).After(until) {
-				if messageless(c) {
-					// The holder is the reconciler's recovery or an
-					// operator's redrive: it has no message, so a final
-					// answer it reaches could only be dead-lettered by a
-					// copy. Hand this one back: its redelivery watches
-					// again, and carries the answer (failedCopy).
-					return abandoned(ResultAbandoned, "why", "holder without a message (recovery or redrive) still alive at the end of the lock-renewal window: the message is kept for its outcome",
-						"holder", c.ClaimedBy, "path", string(c.TakeOverPath))
-				}
-				// The lock-renewal window is spent and the holder still
-				// shows life. Completing is safe: the claim is the trace,
-				// the holder settles its own message (dead-lettering a
-				// final answer), and if it dies the reconciler recovers it.
-				return completed(ResultDuplicate, "why", "holder still alive at the end of the lock-renewal window", "holder", c.ClaimedBy)
+				dec := protocol.WatchEnded(messageless(c))
+				return verdict{result: dec.Result, settle: dec.Settle, attrs: []any{"why", dec.Why, "holder", c.ClaimedBy, "path", string(c.TakeOverPath)}}
 			}
 			select {
 			case <-ctx.Done():
@@ -513,7 +504,7 @@ func (p *Processor) flagRouteChanged(work context.Context, d *delivery, c *claim
 	case err == nil:
 		d.log.Warn("claim flagged for operators: route changed", "claim_route", c.Route, "claim_fingerprint", c.Fingerprint,
 			"route_fingerprint", d.handler.Fingerprint)
-		return completed(ResultFlagged, "why", reason), true
+		return p.verdictOf(d, protocol.FlagDecision(claimFacts(c), reason), nil), true
 	case errors.Is(err, claim.ErrStateChanged):
 		return verdict{}, false
 	}
@@ -555,79 +546,7 @@ func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) v
 	if res.Lost != nil {
 		return p.lost(work, d, c, res.Outcome)
 	}
-
-	switch res.Outcome {
-	case sideeffects.OutcomeOK:
-		if crashed(p.opts.Hooks.AfterEffect, work, d) {
-			return verdict{result: ResultCrashed}
-		}
-		err := p.markProcessed(work, c, res.Answer)
-		switch {
-		case errors.Is(err, claim.ErrStateChanged):
-			return p.lost(work, d, c, res.Outcome)
-		case err != nil:
-			// The effect happened but could not be recorded. The claim
-			// stays claimed and goes silent; the redelivery takes it over
-			// and repeats the effect with the same key (deduplicated
-			// downstream), or the reconciler recovers it.
-			p.storeErr(err)
-			d.log.Error("effect done but marking processed failed", "error", err)
-			return abandoned(ResultUnknown, "why", "marking processed failed", "error", err)
-		}
-		if crashed(p.opts.Hooks.AfterMarkProcessed, work, d) {
-			return verdict{result: ResultCrashed}
-		}
-		return completed(ResultProcessed)
-
-	case sideeffects.OutcomeRetryable:
-		return p.notPerformed(work, d, c, res)
-
-	case sideeffects.OutcomeRejected, sideeffects.OutcomePermanent, sideeffects.OutcomeConflict:
-		return p.failHeld(work, d, c, res)
-
-	default: // unknown: keep the claim with its last error
-		if sideeffects.ForOperator(res.Err) {
-			return p.flagHeld(work, d, c, res)
-		}
-		if !d.handler.Manual() {
-			// The route lets the key be repeated: retry it later, like a
-			// retryable outcome.
-			if v, ok := p.postpone(work, d, c, res); ok {
-				return v
-			}
-		} else if d.fetched {
-			// A deferred message's holder may not leave the claim
-			// silent: the poller would fetch the message again and
-			// repeat what a manual route forbids. Hand it to operators.
-			return p.flagHeldFor(work, d, c, fmt.Sprintf("route %q (recovery manual): effect outcome unknown after a delayed retry: %s", d.handler.Name, claim.ErrorText(res.Err)))
-		}
-		why := "effect outcome unknown after retries; the next delivery takes the claim over once it is silent"
-		if d.handler.Manual() {
-			why = "effect outcome unknown on a manual route; the reconciler flags the claim for an operator"
-		}
-		d.log.Warn(why, "error", res.Err)
-		return abandoned(ResultUnknown, "error", res.Err)
-	}
-}
-
-// notPerformed postpones a held claim whose effect was not performed, or
-// releases it and abandons its message when deferral does not apply.
-func (p *Processor) notPerformed(work context.Context, d *delivery, c *claim.Claim, res held.Result) verdict {
-	if v, ok := p.postpone(work, d, c, res); ok {
-		return v
-	}
-	relErr := p.release(work, c, res.Err, res.Answer)
-	switch {
-	case errors.Is(relErr, claim.ErrStateChanged):
-		return p.lost(work, d, c, res.Outcome)
-	case relErr != nil:
-		// The claim stays claimed and goes silent; whoever takes it
-		// over repeats the effect (it was not performed).
-		p.storeErr(relErr)
-		d.log.Warn("effect not performed but the release failed", "error", relErr)
-		return abandoned(ResultUnknown, "why", "release failed", "error", relErr)
-	}
-	return abandoned(ResultReleased, "error", res.Err)
+	return p.afterEffect(work, d, c, res)
 }
 
 // routeOpen postpones a held claim without calling its effect: its
@@ -636,7 +555,7 @@ func (p *Processor) notPerformed(work context.Context, d *delivery, c *claim.Cla
 func (p *Processor) routeOpen(work context.Context, d *delivery, c *claim.Claim, wait time.Duration, why string) verdict {
 	err := &sideeffects.Error{Outcome: sideeffects.OutcomeRetryable, RetryAfter: wait,
 		Err: fmt.Errorf("not attempted: the route's breaker is open: %s", why)}
-	return p.notPerformed(work, d, c, held.Result{Outcome: sideeffects.OutcomeRetryable, Err: err})
+	return p.afterEffect(work, d, c, held.Result{Outcome: sideeffects.OutcomeRetryable, Err: err})
 }
 
 // recordRoute counts a held effect's result on its route's breaker,
@@ -663,50 +582,6 @@ func (p *Processor) recordRoute(d *delivery, probe bool, res held.Result) held.R
 	return res
 }
 
-// flag flags the claim this delivery holds with reason, retrying a write
-// whose answer was lost. done is true, with the delivery's verdict, when
-// it could not: the claim was lost (lost), or the store failed — the
-// claim then stays claimed and goes silent, and whoever takes it over
-// decides again (the same answer, or the same horizon, flags it).
-func (p *Processor) flag(work context.Context, d *delivery, c *claim.Claim, reason string, eo sideeffects.Outcome) (verdict, bool) {
-	err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
-		_, err := p.opts.Store.Flag(ctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: claim.StateClaimed, Reason: reason, By: p.opts.Host})
-		return err
-	})
-	if errors.Is(err, claim.ErrStateChanged) && p.ownState(work, c, claim.StateFlagged) {
-		err = nil // an earlier try committed but its answer was lost
-	}
-	switch {
-	case errors.Is(err, claim.ErrStateChanged):
-		return p.lost(work, d, c, eo), true
-	case err != nil:
-		p.storeErr(err)
-		d.log.Warn("flagging the claim failed", "why", reason, "error", err)
-		return abandoned(ResultUnknown, "why", "flagging the claim failed", "error", err), true
-	}
-	return verdict{}, false
-}
-
-// flagHeld hands the claim this delivery holds to operators at once: the
-// effect's answer says a person must decide (sideeffects.NeedsOperator:
-// a failure the downstream stored under the key and replays to every
-// repeat), so repeating it would only get the same answer. The answer is
-// on the claim already (each failed attempt records it). The message is
-// completed: the flagged claim is the record, and every later copy of
-// the key completes as a duplicate.
-func (p *Processor) flagHeld(work context.Context, d *delivery, c *claim.Claim, res held.Result) verdict {
-	reason := held.OperatorReason(res.Err)
-	if v, done := p.flag(work, d, c, reason, res.Outcome); done {
-		return v
-	}
-	d.log.Warn("claim flagged for operators: the downstream's answer needs a person", "error", res.Err)
-	v := completed(ResultFlagged, "why", reason, "effect_outcome", res.Outcome)
-	if res.Answer != nil {
-		v.attrs = append(v.attrs, "status", res.Answer.Status)
-	}
-	return v
-}
-
 // flagKeyExpired hands a claim whose holder is gone (released, or silent
 // for TakeoverAfter: the guarded flag checks it by the database clock) to
 // operators instead of taking it over: its key is older than the route's
@@ -725,44 +600,12 @@ func (p *Processor) flagKeyExpired(work context.Context, d *delivery, c *claim.C
 	case err == nil:
 		d.log.Warn("claim flagged for operators instead of taken over: its key is older than the downstream keeps keys",
 			"claim_state", string(c.State), "key_lifetime", d.handler.KeyLifetime)
-		return completed(ResultFlagged, "why", reason), true
+		return p.verdictOf(d, protocol.FlagDecision(claimFacts(c), reason), nil), true
 	case errors.Is(err, claim.ErrStateChanged):
 		return verdict{}, false
 	}
 	p.storeErr(err)
 	return abandoned(ResultAbandoned, "why", "flagging a claim whose key expired failed", "error", err), true
-}
-
-// failHeld records a final answer that is not a success (rejected,
-// permanent, conflict): the claim moves to failed in one guarded write,
-// naming this delivery as the one that dead-letters the message, then the
-// message is dead-lettered with the fail reason and the answer's text.
-// Later copies complete (failedCopy).
-func (p *Processor) failHeld(work context.Context, d *delivery, c *claim.Claim, res held.Result) verdict {
-	reason := held.FailReason(res.Outcome)
-	desc := held.FailDescription(res.Err, res.Answer)
-	err := p.fail(work, c, &claim.FailParams{ID: c.ID, Owner: c.Owner, Reason: reason, Error: desc,
-		Answer: res.Answer, DeadLetterSeq: d.msg.SequenceNumber})
-	switch {
-	case errors.Is(err, claim.ErrStateChanged):
-		return p.lost(work, d, c, res.Outcome)
-	case err != nil:
-		p.storeErr(err)
-		// The claim stays claimed and goes silent; whoever takes it over
-		// repeats the effect with the same key and gets the downstream's
-		// stored answer again.
-		d.log.Warn("final answer but failing the claim failed", "effect_outcome", res.Outcome, "error", err)
-		return abandoned(ResultUnknown, "why", "failing the claim failed", "error", err)
-	}
-	if crashed(p.opts.Hooks.AfterFail, work, d) {
-		return verdict{result: ResultCrashed}
-	}
-	v := deadLettered(ResultFailed, reason, desc)
-	v.attrs = append(v.attrs, "effect_outcome", res.Outcome, "claim_state", claim.StateFailed)
-	if res.Answer != nil {
-		v.attrs = append(v.attrs, "status", res.Answer.Status)
-	}
-	return v
 }
 
 // failedCopy ends a delivery of a failed claim's key. The key is
@@ -776,25 +619,25 @@ func (p *Processor) failHeld(work context.Context, d *delivery, c *claim.Claim, 
 func (p *Processor) failedCopy(work context.Context, d *delivery, c *claim.Claim, attrs ...any) verdict {
 	attrs = append(attrs, "claim_state", claim.StateFailed, "fail_reason", c.FailReason)
 	seq := d.msg.SequenceNumber
-	switch {
-	case seq != nil && c.DeadLetterSeq != nil && *c.DeadLetterSeq == *seq:
-		d.log.Info("redelivery of the message that failed its claim: dead-lettering it now")
-	case seq != nil && c.DeadLetterSeq == nil:
+	dec := protocol.FailedCopy(protocol.FailedCopyStep{HasSeq: seq != nil,
+		NamedHere: seq != nil && c.DeadLetterSeq != nil && *c.DeadLetterSeq == *seq, NamedNone: c.DeadLetterSeq == nil,
+		FailReason: c.FailReason, LastError: c.LastError})
+	if dec.Write == protocol.TakeDeadLetter {
 		sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
 		err := p.opts.Store.TakeDeadLetter(sctx, &claim.TakeDeadLetterParams{ID: c.ID, Seq: *seq, By: p.opts.Host})
 		cancel()
 		switch {
 		case errors.Is(err, claim.ErrStateChanged):
-			return completed(ResultDuplicate, append(attrs, "why", "another delivery dead-letters the failed claim")...)
+			return verdict{result: ResultDuplicate, settle: dec.OnRefused, attrs: append(attrs, "why", "another delivery dead-letters the failed claim")}
 		case err != nil:
 			p.storeErr(err)
-			return abandoned(ResultAbandoned, "why", "taking the dead letter of a failed claim failed", "error", err)
+			return verdict{result: ResultAbandoned, settle: dec.OnWriteError, attrs: []any{"why", "taking the dead letter of a failed claim failed", "error", err}}
 		}
-		d.log.Info("claim failed without a message to dead-letter (reconciler or redrive): dead-lettering this delivery")
-	default:
-		return completed(ResultDuplicate, attrs...)
 	}
-	v := deadLettered(ResultFailed, c.FailReason, c.LastError)
+	if dec.Settle == settleDeadLetter {
+		d.log.Info(dec.Why)
+	}
+	v := p.verdictOf(d, dec, nil)
 	v.attrs = append(v.attrs, attrs...)
 	return v
 }
@@ -828,44 +671,17 @@ func (p *Processor) lost(work context.Context, d *delivery, c *claim.Claim, eo s
 	default:
 		d.log.Info("claim lost while its effect ran; the effect was cancelled", attrs...)
 	}
-	// keep hands the message back to the broker for the claim's next
-	// attempt — except a fetched message on its last delivery, which an
-	// abandon would dead-letter: the claim's stored payload carries the
-	// work then, and the message is completed (the claim forgets it, and
-	// a poller that took the claim to fetch it finds nothing and, once
-	// sure, releases it to the reconciler's recovery).
-	keep := func() verdict {
-		if d.fetched && now.Payload != nil && int(d.msg.DeliveryCount) >= p.opts.MaxDeliveryCount {
-			return completed(ResultLost, append(attrs, "why", "the message's last delivery: its claim's stored payload carries the work")...)
-		}
-		return abandoned(ResultLost, attrs...)
-	}
-	if now.State == claim.StateReleased {
-		// Work remains and nobody holds it: keep the message.
-		return keep()
-	}
-	if d.fetched && now.State.Unfinished() && now.DeferredSeq != nil && d.msg.SequenceNumber != nil && *now.DeferredSeq == *d.msg.SequenceNumber {
-		// A poller took the claim to fetch this very message (this
-		// holder looked silent): it carries the work. Hand it back to
-		// deferred for that poller, which looks again once this lock
-		// has ended.
-		return keep()
-	}
-	if messageless(now) {
-		// Taken by the reconciler's recovery or an operator's redrive,
-		// which have no message: keep it, so that a final answer they
-		// reach is dead-lettered by its redelivery (failedCopy).
-		return abandoned(ResultLost, attrs...)
-	}
-	if now.State == claim.StateFailed {
+	seq := d.msg.SequenceNumber
+	dec, failed := protocol.Lost(protocol.LostStep{Now: protocol.State(now.State), Fetched: d.fetched,
+		LastDelivery: int(d.msg.DeliveryCount) >= p.opts.MaxDeliveryCount, NowPayload: now.Payload != nil,
+		NamesThisMessage: now.DeferredSeq != nil && seq != nil && *now.DeferredSeq == *seq, Messageless: messageless(now)})
+	if failed {
 		// Another attempt got the final answer; this delivery may be the
 		// one to dead-letter it.
 		return p.failedCopy(work, d, now, attrs...)
 	}
-	// Processed, failed, flagged or resolved: decided; held by another
-	// attempt: that attempt finishes it, and the reconciler covers its
-	// crash. Either way the claim is the record.
-	return completed(ResultLost, attrs...)
+	v := verdict{result: dec.Result, settle: dec.Settle, reason: dec.DeadLetterReason, description: now.FlagReason, attrs: append(attrs, "why", dec.Why)}
+	return v
 }
 
 // runTx is the one-phase path: the marker and the effect's writes commit in

@@ -160,9 +160,9 @@ func (p *Processor) startOutcome(ctx context.Context, c *claim.Claim, kind strin
 	}
 }
 
-// name is messaging.operation.name (and the disposition status) of a
-// settlement; "" for none.
-func (s settlement) name() string {
+// settlementName is messaging.operation.name (and the disposition status)
+// of a settlement; "" for none.
+func settlementName(s settlement) string {
 	switch s {
 	case settleComplete:
 		return "complete"
@@ -177,7 +177,7 @@ func (s settlement) name() string {
 // startSettle starts the settle span of d's verdict; end records the
 // settlement's error (a no-op when there is nothing to settle).
 func (p *Processor) startSettle(d *delivery, v verdict) (end func(err error)) {
-	op := v.settle.name()
+	op := settlementName(v.settle)
 	if op == "" || d.tr == nil {
 		return func(error) {}
 	}

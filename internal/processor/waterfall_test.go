@@ -108,7 +108,7 @@ body{font:13px system-ui,sans-serif;margin:16px;color:#222}h1{font-size:15px;mar
 		for _, k := range keep {
 			for _, kv := range s.Attributes() {
 				if kv.Key == k {
-					attrs = append(attrs, fmt.Sprintf("%s=%s", strings.TrimPrefix(strings.TrimPrefix(string(k), "messaging."), "sbclaim."), kv.Value.Emit()))
+					attrs = append(attrs, fmt.Sprintf("%s=%s", strings.TrimPrefix(strings.TrimPrefix(string(k), "messaging."), "sbclaim."), kv.Value.String()))
 				}
 			}
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/held"
+	"github.com/sbclaim/sbclaim/internal/protocol"
 )
 
 // HandOffParams is the input of HandOff.
@@ -53,10 +54,10 @@ func HandOff(ctx context.Context, store claim.Store, p *HandOffParams) (c *claim
 	if err != nil {
 		return nil, fmt.Errorf("hand off claim %d: %w", p.ID, err)
 	}
-	if c.State != claim.StateFlagged {
+	switch operate(protocol.ActHandOff, c, false).Refusal {
+	case protocol.OpNotFlagged:
 		return c, &RefusedError{ID: c.ID, Claim: c, Why: notFlagged(c), Err: ErrNotFlagged}
-	}
-	if c.Payload == nil {
+	case protocol.OpNoPayload:
 		return c, &RefusedError{ID: c.ID, Claim: c, Err: ErrNoPayload,
 			Why: "its payload was not stored, so no binary can re-run it; resolve it by hand"}
 	}

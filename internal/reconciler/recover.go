@@ -11,6 +11,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/held"
+	"github.com/sbclaim/sbclaim/internal/protocol"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
 )
 
@@ -127,18 +128,25 @@ func (r *Reconciler) recoverOne(ctx context.Context, c *claim.Claim) (recoveryOu
 	}
 	msg := MessageFromClaim(c)
 	h, err := router.Route(msg)
-	switch {
-	case err != nil && handedOff:
-		return r.flagHandedOff(ctx, c)
-	case err != nil:
+	// May its key be repeated (protocol.Repeat, the rule a processor's
+	// poller follows too)? A claimed claim's outcome is unknown; released
+	// claims of manual routes are recovered: their effect was definitely
+	// not performed.
+	step := protocol.RepeatStep{Unroutable: err != nil, Unknown: c.State == claim.StateClaimed}
+	if err == nil {
+		step.Transactional, step.RouteChanged, step.Manual = h.Effect == nil, c.RouteDiffers(h.Name, h.Fingerprint), h.Manual()
+	}
+	switch protocol.Repeat(step) {
+	case protocol.Unroutable:
+		if handedOff {
+			return r.flagHandedOff(ctx, c)
+		}
 		return flag(fmt.Sprintf(reasonNoRoute, err))
-	case h.Effect == nil:
+	case protocol.Transactional:
 		return flag(fmt.Sprintf(reasonTransactional, h.Name))
-	case c.RouteDiffers(h.Name, h.Fingerprint):
+	case protocol.RouteChanged:
 		return flag(fmt.Sprintf(reasonRouteChanged, c.Route, c.Fingerprint, h.Name, h.Fingerprint))
-	case h.Manual() && c.State == claim.StateClaimed:
-		// Released claims of manual routes are recovered: their effect
-		// was definitely not performed.
+	case protocol.ManualUnknown:
 		return flag(fmt.Sprintf(reasonManual, h.Name))
 	}
 	if h.KeyLifetime > 0 {
@@ -154,7 +162,9 @@ func (r *Reconciler) recoverOne(ctx context.Context, c *claim.Claim) (recoveryOu
 			log.Warn("recovery: reading the database clock failed; looked at again next tick", "error", err)
 			return skipped, nil
 		}
-		if reason, expired := held.KeyExpired(c, h.KeyLifetime, now); expired {
+		reason, expired := held.KeyExpired(c, h.KeyLifetime, now)
+		step.KeyExpired = expired
+		if protocol.Repeat(step) == protocol.KeyExpired {
 			return flag(reason)
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"strings"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/held"
+	"github.com/sbclaim/sbclaim/internal/protocol"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
 )
 
@@ -178,10 +178,10 @@ func Redrive(ctx context.Context, store claim.Store, p *RedriveParams) (c *claim
 	if err != nil {
 		return nil, fmt.Errorf("redrive claim %d: %w", p.ID, err)
 	}
-	if c.State != claim.StateFlagged {
+	switch operate(protocol.ActRedrive, c, false).Refusal {
+	case protocol.OpNotFlagged:
 		return c, &RefusedError{ID: c.ID, Claim: c, Why: notFlagged(c), Err: ErrNotFlagged}
-	}
-	if c.Payload == nil {
+	case protocol.OpNoPayload:
 		return c, &RefusedError{ID: c.ID, Claim: c, Err: ErrNoPayload,
 			Why: "its payload was not stored (payload storage was off when it was claimed), so it cannot be re-run; resolve it by hand"}
 	}
@@ -390,31 +390,11 @@ func get(ctx context.Context, store claim.Store, timeout time.Duration, id int64
 	return store.Get(gctx, id)
 }
 
-// MessageFromClaim rebuilds the message a claim was taken for, as the SDK's
-// own type, from what the claim stored: MessageID, Body (the stored
-// payload), Subject, ContentType and ApplicationProperties (as strings).
-// Broker-assigned fields (lock token, sequence number, delivery count) are
-// left zero: a redrive has no delivery.
+// MessageFromClaim rebuilds the message a claim was taken for
+// (sideeffects.MessageFromClaim): a redrive and the recovery pass route
+// it and run its effect on it.
 func MessageFromClaim(c *claim.Claim) *azservicebus.ReceivedMessage {
-	msg := &azservicebus.ReceivedMessage{
-		MessageID: c.MessageID,
-		Body:      c.Payload,
-	}
-	if c.Subject != "" {
-		subject := c.Subject
-		msg.Subject = &subject
-	}
-	if c.ContentType != "" {
-		contentType := c.ContentType
-		msg.ContentType = &contentType
-	}
-	if len(c.Properties) > 0 {
-		msg.ApplicationProperties = make(map[string]any, len(c.Properties))
-		for k, v := range maps.All(c.Properties) {
-			msg.ApplicationProperties[k] = v
-		}
-	}
-	return msg
+	return sideeffects.MessageFromClaim(c)
 }
 
 // routeFor resolves the effect that re-runs claim c (an operator's redrive
@@ -437,17 +417,32 @@ func routeFor(c *claim.Claim, routes Routes, newKey bool, verb, noRoutes string)
 		return refuse(claim.ErrRouteChanged, why)
 	}
 	h, err := router.Route(MessageFromClaim(c))
-	switch {
-	case err != nil:
+	// The rule the processor's poller and the recovery follow
+	// (protocol.Repeat); an operator may repeat a manual route's key (a
+	// person decided), so the outcome counts as known here.
+	step := protocol.RepeatStep{Unroutable: err != nil}
+	if err == nil {
+		step.Transactional, step.RouteChanged = h.Effect == nil, c.RouteDiffers(h.Name, h.Fingerprint)
+	}
+	switch protocol.Repeat(step) {
+	case protocol.Unroutable:
 		return refuse(err, fmt.Sprintf("the routes file routes no effect to it: %v", err))
-	case h.Effect == nil:
+	case protocol.Transactional:
 		return refuse(ErrNotRedrivable, fmt.Sprintf("route %q is a database-only (transactional) effect, which cannot be re-run alone", h.Name))
-	case c.RouteDiffers(h.Name, h.Fingerprint):
+	case protocol.RouteChanged:
 		return refuse(claim.ErrRouteChanged, fmt.Sprintf("it was taken for route %q (fingerprint %s), but this routes file routes it to %q (fingerprint %s): give the routes file of consumer %q as it was",
 			c.Route, c.Fingerprint, h.Name, h.Fingerprint, c.Consumer))
+	}
+	switch {
 	case newKey && !h.AllowNewKey:
 		return refuse(ErrNewKeyNotAllowed, fmt.Sprintf("route %q does not allow a new idempotency key (allowNewKey: true in the routes file): a new key is a new request the downstream deduplicates nothing against; %s it with its key %q",
 			h.Name, verb, c.Key()))
 	}
 	return h, nil
+}
+
+// operate asks the protocol about an operator's action on claim c.
+func operate(act protocol.OperatorAction, c *claim.Claim, handOffAsked bool) protocol.OperatorDecision {
+	return protocol.Operate(protocol.OperatorStep{Action: act, State: protocol.State(c.State), PayloadStored: c.Payload != nil,
+		HandOffAsked: handOffAsked, NamesMessage: c.DeferredSeq != nil})
 }

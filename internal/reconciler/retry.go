@@ -14,11 +14,20 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/held"
+	"github.com/sbclaim/sbclaim/internal/protocol"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
 )
 
 // ErrNotFailed: only a failed claim can be retried.
 var ErrNotFailed = errors.New("claim is not failed")
+
+// ErrMessageUnsettled: a retry that hands the claim to the next delivery
+// of its message was asked while the claim still names a deferred message
+// whose settlement is not recorded (its holder died, or its write failed,
+// between failing the claim and recording the dead letter). Until the
+// processors' stranded sweep settles it, a re-submitted copy would be
+// taken for a second message moving for the claim and completed.
+var ErrMessageUnsettled = errors.New("claim still names a deferred message that is not settled")
 
 // RetryParams is the input of Retry.
 type RetryParams struct {
@@ -76,7 +85,10 @@ type RetryParams struct {
 // completes as a duplicate, so the effect runs once.
 //
 // It refuses, changing nothing (a *RefusedError), a claim that is not
-// failed (ErrNotFailed), one whose route here is not the one it was taken
+// failed (ErrNotFailed), one without a stored payload that still names a
+// deferred message whose settlement is not recorded (ErrMessageUnsettled:
+// the next delivery it hands the claim to would be taken for a second
+// message of the claim), one whose route here is not the one it was taken
 // for (claim.ErrRouteChanged), a database-only route (ErrNotRedrivable),
 // and NewKey on a route without allowNewKey (ErrNewKeyNotAllowed).
 func Retry(ctx context.Context, store claim.Store, p *RetryParams) (c *claim.Claim, err error) {
@@ -91,10 +103,17 @@ func Retry(ctx context.Context, store claim.Store, p *RetryParams) (c *claim.Cla
 	if err != nil {
 		return nil, fmt.Errorf("retry claim %d: %w", p.ID, err)
 	}
-	if c.State != claim.StateFailed {
+	dec := operate(protocol.ActRetry, c, p.HandOff)
+	switch dec.Refusal {
+	case protocol.OpNotFailed:
 		return c, &RefusedError{ID: c.ID, Claim: c, Why: notFailed(c), Err: ErrNotFailed}
+	case protocol.OpMessageUnsettled:
+		// Race-free: a failed claim's DeferredSeq is only ever cleared.
+		return c, &RefusedError{ID: c.ID, Claim: c, Err: ErrMessageUnsettled, Why: fmt.Sprintf(
+			"its message (sequence number %d) was deferred and its settlement is not recorded yet: the processors dead-letter it (or find it gone) once its last holder's lock has ended; retry then, and re-submit its dead letter",
+			*c.DeferredSeq)}
 	}
-	handOff := p.HandOff || c.Payload == nil
+	handOff := dec.HandOff
 	var h sideeffects.Handler
 	routed := false
 	if !handOff || p.NewKey {

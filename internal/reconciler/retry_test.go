@@ -10,6 +10,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
@@ -250,6 +253,64 @@ func TestRetryHandOffReleasesTheClaim(t *testing.T) {
 		}
 		if now := mustGet(t, tdb.store, c.ID); now.State != claim.StateProcessed || m.fake.Effects(c.Key()) != 1 {
 			t.Fatalf("after the reconciler: %s, %d effects", now.State, m.fake.Effects(c.Key()))
+		}
+	})
+}
+
+// TestRetryWaitsForTheFailedMessageToBeSettled: a fetched deferred
+// message's holder failed its claim (a final answer) and dead-lettered
+// the message, or died before it did, and never recorded the settlement:
+// the failed claim still names the message. A retry without a stored
+// payload hands the claim to the next delivery of its message (the
+// operator re-submits the dead letter); while the claim names the old
+// message, that copy would be taken for a second message moving for the
+// claim and completed unprocessed — swallowed — and the claim would end
+// flagged with nothing to redrive from. The retry is refused until the
+// processors' stranded sweep has settled the message and the claim
+// forgets it; then it hands the claim off.
+func TestRetryWaitsForTheFailedMessageToBeSettled(t *testing.T) {
+	eachDB(t, func(t *testing.T, tdb *testDB) {
+		ctx := context.Background()
+		d := tdb.store.(claim.Deferrer)
+		res, err := tdb.store.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "host-a", Claims: []claim.ClaimParams{{
+			KeyForm: claim.KeyFormRaw, Owner: uuid.New(), MessageID: "m-unsettled", Consumer: "billing", Entity: "payments",
+			Subject: "payment", PayloadHash: claim.HashPayload([]byte(`{}`)), DeliveryCount: 1}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := res[0].Claim
+		const seq = 7
+		if err := d.Defer(ctx, &claim.DeferParams{ID: c.ID, Owner: c.Owner, Seq: seq, Error: "HTTP 503"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.SetDue(ctx, &claim.SetDueParams{ID: c.ID, Owner: c.Owner, Seq: seq}); err != nil {
+			t.Fatal(err)
+		}
+		taken, err := d.TakeDeferred(ctx, &claim.TakeDeferredParams{ID: c.ID, PreviousOwner: c.Owner, Owner: uuid.New(), Seq: seq, SilentFor: time.Minute, By: "host-b"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dl := int64(seq)
+		if err := tdb.store.Fail(ctx, &claim.FailParams{ID: c.ID, Owner: taken.Owner, Reason: claim.FailRejected, Error: "declined", DeadLetterSeq: &dl}); err != nil {
+			t.Fatal(err)
+		}
+		retry := func() (*claim.Claim, error) {
+			return reconciler.Retry(ctx, tdb.store, &reconciler.RetryParams{ID: c.ID, By: "alice", Note: "the customer topped up"})
+		}
+		got, err := retry()
+		var refused *reconciler.RefusedError
+		if !errors.As(err, &refused) || !errors.Is(err, reconciler.ErrMessageUnsettled) || !strings.Contains(refused.Why, "sequence number 7") {
+			t.Fatalf("retry of a failed claim that still names its message: %v; want refused (ErrMessageUnsettled), naming the message", err)
+		}
+		if now := mustGet(t, tdb.store, c.ID); now.State != claim.StateFailed || got.State != claim.StateFailed {
+			t.Fatalf("after the refused retry: %s; want failed, unchanged", now.State)
+		}
+		if err := d.ClearDeferred(ctx, &claim.ClearDeferredParams{ID: c.ID, Seq: seq}); err != nil {
+			t.Fatal(err)
+		}
+		got, err = retry()
+		if err != nil || got.State != claim.StateReleased || got.DeferredSeq != nil {
+			t.Fatalf("retry once the message was settled: %v (%+v); want handed off, released", err, got)
 		}
 	})
 }

@@ -51,7 +51,7 @@ func TestTickSpans(t *testing.T) {
 	}
 	attrs := map[string]string{}
 	for _, kv := range byName["recover claim"].Attributes() {
-		attrs[string(kv.Key)] = kv.Value.Emit()
+		attrs[string(kv.Key)] = kv.Value.String()
 	}
 	if attrs["sbclaim.takeover.path"] != "reconciler" || attrs["sbclaim.outcome"] != "recovered" || attrs["sbclaim.claim.id"] == "" {
 		t.Errorf("recover claim attributes %v", attrs)

@@ -116,15 +116,15 @@ func TestAnswerRulesStripeStyle(t *testing.T) {
 	r := mustRouter(t, stripeRoute(s.srv.URL), map[string]string{"STRIPE_KEY": "Bearer sk_test_x"}, logger)
 	msg := newMsg("m1", "payment.requested", `amount=1000`)
 	eff := mustEffect(t, r, msg)
-	run := func() (error, *Answer) {
+	run := func() (*Answer, error) {
 		ctx, rec := RecordAnswers(context.Background())
 		err := eff.Perform(ctx, msg, "m1")
-		return err, rec.Last()
+		return rec.Last(), err
 	}
 
 	// 2xx: the charge id is recorded.
 	s.answer(200, `{"id":"ch_123","object":"charge","status":"succeeded","amount":1000}`, map[string]string{"Request-Id": "req_abc"})
-	err, a := run()
+	a, err := run()
 	if err != nil || a == nil || a.Status != 200 || a.Fields["/id"] != "ch_123" || a.Fields["/status"] != "succeeded" || a.Headers["Request-Id"] != "req_abc" {
 		t.Errorf("2xx: %v, answer %+v", err, a)
 	}
@@ -134,7 +134,7 @@ func TestAnswerRulesStripeStyle(t *testing.T) {
 
 	// A card decline is a final answer, with the failed charge recorded.
 	s.answer(402, `{"error":{"type":"card_error","code":"card_declined","decline_code":"generic_decline","charge":"ch_456"}}`, map[string]string{"Request-Id": "req_def"})
-	err, a = run()
+	a, err = run()
 	if Classify(err) != OutcomeRejected || !strings.Contains(err.Error(), "answers[0]") {
 		t.Errorf("402: %v (outcome %v), want rejected by answers[0]", err, Classify(err))
 	}
@@ -148,21 +148,21 @@ func TestAnswerRulesStripeStyle(t *testing.T) {
 	// Stripe's idempotency error is a conflict; any other 400 falls back
 	// to the table (permanent).
 	s.answer(400, `{"error":{"type":"idempotency_error","message":"Keys for idempotent requests can only be used with the same parameters they were first used with."}}`, nil)
-	if err, _ := run(); Classify(err) != OutcomeConflict || !strings.Contains(err.Error(), "answers[1]") {
+	if _, err := run(); Classify(err) != OutcomeConflict || !strings.Contains(err.Error(), "answers[1]") {
 		t.Errorf("400 idempotency_error: %v, want conflict by answers[1]", err)
 	}
 	s.answer(400, `{"error":{"type":"invalid_request_error","param":"amount"}}`, nil)
-	if err, _ := run(); Classify(err) != OutcomePermanent || strings.Contains(err.Error(), "answers[") {
+	if _, err := run(); Classify(err) != OutcomePermanent || strings.Contains(err.Error(), "answers[") {
 		t.Errorf("other 400: %v, want permanent by the table", err)
 	}
 	s.answer(400, `not json at all`, nil)
-	if err, _ := run(); Classify(err) != OutcomePermanent {
+	if _, err := run(); Classify(err) != OutcomePermanent {
 		t.Errorf("400 without a JSON body: %v, want permanent by the table", err)
 	}
 
 	// 409: retried later with the same key, honouring Retry-After.
 	s.answer(409, `{"error":{"type":"idempotency_error"}}`, map[string]string{"Retry-After": "4"})
-	err, _ = run()
+	_, err = run()
 	var e *Error
 	if Classify(err) != OutcomeRetryable || !errors.As(err, &e) || e.RetryAfter != 4*time.Second {
 		t.Errorf("409: %v (%+v), want retryable with Retry-After 4s", err, e)
@@ -175,7 +175,7 @@ func TestAnswerRulesStripeStyle(t *testing.T) {
 	// the table, every time.
 	s.answer(500, `{"error":{"type":"api_error"}}`, nil)
 	for range 2 {
-		if err, a := run(); Classify(err) != OutcomeUnknown || a.Status != 500 {
+		if a, err := run(); Classify(err) != OutcomeUnknown || a.Status != 500 {
 			t.Errorf("cached 500: %v, answer %+v", err, a)
 		}
 	}
@@ -467,17 +467,17 @@ func TestFakeDownstreamAnswersLikeAPaymentAPI(t *testing.T) {
 	t.Parallel()
 	b := setupFake(t, fakedownstream.Options{ConflictStyle: fakedownstream.ConflictStripe})
 	r := mustRouter(t, stripeRoute(b.url)+"    timeout: 300ms\n", map[string]string{"STRIPE_KEY": "Bearer sk_test_x"}, b.log)
-	perform := func(key, body string) (error, *Answer) {
+	perform := func(key, body string) (*Answer, error) {
 		msg := newMsg(key, "payment.requested", body)
 		ctx, rec := RecordAnswers(context.Background())
 		err := fastPolicy.Do(ctx, func(ctx context.Context) error {
 			return mustEffect(t, r, msg).Perform(ctx, msg, key)
 		}, nil)
-		return err, rec.Last()
+		return rec.Last(), err
 	}
 
 	// A charge: ok, its id recorded.
-	err, a := perform("ok-1", "amount=1")
+	a, err := perform("ok-1", "amount=1")
 	if err != nil || a == nil || !strings.HasPrefix(a.Fields["/id"], "fx_") || !strings.HasPrefix(a.Headers["Request-Id"], "req_") {
 		t.Errorf("charge: %v, answer %+v", err, a)
 	}
@@ -486,7 +486,7 @@ func TestFakeDownstreamAnswersLikeAPaymentAPI(t *testing.T) {
 	// message gets the replayed decline and nothing more is performed.
 	b.fake.SetKeyReply("dec-1", fakedownstream.ReplyDecline)
 	for range 3 {
-		err, a = perform("dec-1", "amount=1")
+		a, err = perform("dec-1", "amount=1")
 		if Classify(err) != OutcomeRejected || a.Status != 402 || !strings.HasPrefix(a.Fields["/error/charge"], "fx_") {
 			t.Errorf("decline: %v, answer %+v", err, a)
 		}
@@ -499,30 +499,30 @@ func TestFakeDownstreamAnswersLikeAPaymentAPI(t *testing.T) {
 	// replayed 402 ends it (the downstream's final word about the key).
 	b.fake.SetKeyReply("dec-2", fakedownstream.ReplyDecline)
 	b.fake.FailKey("dec-2", 1, fakedownstream.FaultHang)
-	if err, _ := perform("dec-2", "amount=1"); Classify(err) != OutcomeRejected || b.fake.Rejections("dec-2") != 1 {
+	if _, err := perform("dec-2", "amount=1"); Classify(err) != OutcomeRejected || b.fake.Rejections("dec-2") != 1 {
 		t.Errorf("lost decline: %v (outcome %v), rejections %d", err, Classify(err), b.fake.Rejections("dec-2"))
 	}
 
 	// The same key with other parameters: Stripe's 400 idempotency_error
 	// is a conflict.
-	if err, _ := perform("ok-1", "amount=2"); Classify(err) != OutcomeConflict {
+	if _, err := perform("ok-1", "amount=2"); Classify(err) != OutcomeConflict {
 		t.Errorf("key reused: %v, want conflict", err)
 	}
 	b.fake.SetKeyReply("taken", fakedownstream.ReplyConflict)
-	if err, a := perform("taken", "amount=1"); Classify(err) != OutcomeConflict || a.Status != 400 {
+	if a, err := perform("taken", "amount=1"); Classify(err) != OutcomeConflict || a.Status != 400 {
 		t.Errorf("preset conflict: %v %+v", err, a)
 	}
 
 	// A cached 500: unknown on every attempt (the claim is kept and
 	// flagged); only a new key gets through.
 	b.fake.SetKeyReply("c-1", fakedownstream.ReplyCachedFailure)
-	if err, a := perform("c-1", "amount=1"); Classify(err) != OutcomeUnknown || a.Status != 500 {
+	if a, err := perform("c-1", "amount=1"); Classify(err) != OutcomeUnknown || a.Status != 500 {
 		t.Errorf("cached failure: %v %+v", err, a)
 	}
 	if b.fake.Requests("c-1") != fastPolicy.MaxAttempts || b.fake.Replays("c-1") != fastPolicy.MaxAttempts-1 || b.fake.CachedFailures("c-1") != 1 {
 		t.Errorf("cached failure: %d requests, %d replays", b.fake.Requests("c-1"), b.fake.Replays("c-1"))
 	}
-	if err, a := perform("c-1:r1", "amount=1"); err != nil || a.Status != 201 || b.fake.Effects("c-1:r1") != 1 {
+	if a, err := perform("c-1:r1", "amount=1"); err != nil || a.Status != 201 || b.fake.Effects("c-1:r1") != 1 {
 		t.Errorf("new key: %v %+v", err, a)
 	}
 }

@@ -256,11 +256,7 @@ func fieldKeys(name string) []string {
 	if i < 0 {
 		return []string{name}
 	}
-	keys := []string{name[:i]}
-	for _, k := range strings.Split(strings.TrimSuffix(name[i+1:], "]"), "][") {
-		keys = append(keys, k)
-	}
-	return keys
+	return append([]string{name[:i]}, strings.Split(strings.TrimSuffix(name[i+1:], "]"), "][")...)
 }
 
 func buildSource(s sourceSpec, where string, fail func(field, problem string)) (mappedSource, bool) {

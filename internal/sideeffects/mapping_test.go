@@ -432,13 +432,19 @@ func TestRequestMappingFingerprint(t *testing.T) {
 	}
 }
 
-// readmeStripeRoute returns the README's Stripe example (the yaml block
-// that calls api.stripe.com for payment.requested) as a routes file.
+// readmeStripeRoute returns the documentation's Stripe example (the yaml
+// block of README.md or a guide under docs/ that calls api.stripe.com for
+// payment.requested; docs/routes.md has it) as a routes file.
 func readmeStripeRoute(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
-	if err != nil {
-		t.Skipf("no README: %v", err)
+	guides, _ := filepath.Glob(filepath.Join("..", "..", "docs", "*.md"))
+	var b []byte
+	for _, f := range append([]string{filepath.Join("..", "..", "README.md")}, guides...) {
+		text, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = append(b, text...)
 	}
 	for _, m := range regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllStringSubmatch(string(b), -1) {
 		if strings.Contains(m[1], "https://api.stripe.com/") && strings.Contains(m[1], "subject: payment.requested") {
@@ -448,7 +454,7 @@ func readmeStripeRoute(t *testing.T) string {
 			return m[1]
 		}
 	}
-	t.Fatal("README has no yaml block calling https://api.stripe.com/ for payment.requested")
+	t.Fatal("neither README.md nor docs/*.md has a yaml block calling https://api.stripe.com/ for payment.requested")
 	return ""
 }
 
@@ -471,7 +477,7 @@ func TestStripeExamplesAgainstFakeStripe(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			msg := jsonMsg("evt-1", "payment.requested", `{"order":42,"amount_cents":1999}`)
+			msg := jsonMsg("evt-1", "payment.requested", `{"order":42,"amount_cents":1999,"payment_method":"pm_card_visa"}`)
 			ctx, rec := RecordAnswers(context.Background())
 			if err := mustEffect(t, r, msg).Perform(ctx, msg, "evt-1"); err != nil {
 				t.Fatalf("Perform: %v", err)
@@ -486,6 +492,12 @@ func TestStripeExamplesAgainstFakeStripe(t *testing.T) {
 			if form.Get("amount") != "1999" || form.Get("currency") != "usd" || form.Get("metadata[order]") != "42" {
 				t.Errorf("form %v, want amount=1999 currency=usd metadata[order]=42", form)
 			}
+			// A confirmed payment: charged now, with the event's card, not
+			// an unconfirmed PaymentIntent left waiting.
+			if form.Get("confirm") != "true" || form.Get("payment_method") != "pm_card_visa" ||
+				form.Get("automatic_payment_methods[allow_redirects]") != "never" {
+				t.Errorf("form %v, want a confirmed PaymentIntent with the event's payment method", form)
+			}
 			h := b.fake.Headers("evt-1")[0]
 			if h.Get("Idempotency-Key") != "evt-1" || h.Get("Authorization") != "Bearer sk_test_4eC39HqLyjWDarjtT1zdp7dc" ||
 				h.Get("Content-Type") != "application/x-www-form-urlencoded" {
@@ -496,7 +508,7 @@ func TestStripeExamplesAgainstFakeStripe(t *testing.T) {
 			}
 			// A decline is rejected, as the example's answer rules say.
 			b.fake.SetKeyReply("evt-2", fakedownstream.ReplyDecline)
-			msg2 := jsonMsg("evt-2", "payment.requested", `{"order":43,"amount_cents":500}`)
+			msg2 := jsonMsg("evt-2", "payment.requested", `{"order":43,"amount_cents":500,"payment_method":"pm_card_visa"}`)
 			if err := mustEffect(t, r, msg2).Perform(context.Background(), msg2, "evt-2"); Classify(err) != OutcomeRejected {
 				t.Errorf("decline: %v (%v), want rejected", err, Classify(err))
 			}

@@ -243,7 +243,7 @@ func TestStripeExamplesFlagAReplayedFailure(t *testing.T) {
 			b := setupFake(t, fakedownstream.Options{StripeRequests: true, ConflictStyle: fakedownstream.ConflictStripe})
 			env := map[string]string{"STRIPE_AUTHORIZATION": "Bearer sk_test_4eC39HqLyjWDarjtT1zdp7dc", "PAYMENTS_TOKEN": "Bearer payments-token", "EMAILS_API_KEY": "emails-api-key"}
 			r := mustRouter(t, strings.ReplaceAll(file, "https://api.stripe.com", b.url), env, b.log)
-			msg := jsonMsg("evt-9", "payment.requested", `{"order":45,"amount_cents":700}`)
+			msg := jsonMsg("evt-9", "payment.requested", `{"order":45,"amount_cents":700,"payment_method":"pm_card_visa"}`)
 			h, err := r.Route(msg)
 			if err != nil || h.KeyLifetime != 24*time.Hour || !h.AllowNewKey {
 				t.Fatalf("payments: key lifetime %s, allowNewKey %v (%v); want 24h and true", h.KeyLifetime, h.AllowNewKey, err)

@@ -110,7 +110,7 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 // unchanged. (This is why an answer rule should map to rejected only the
 // downstream's decision about the request — a decline — and never an
 // answer given before its idempotency layer, such as 401 after a key
-// rotation: see the README.)
+// rotation: see docs/answers.md.)
 func (p RetryPolicy) Do(ctx context.Context, fn func(ctx context.Context) error, onAttempt func(attempt int, err error)) error {
 	mayHaveHappened := false
 	err := p.do(ctx, func(ctx context.Context) error {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
@@ -203,4 +204,33 @@ func noRoute(msg *azservicebus.ReceivedMessage) error {
 		subject = fmt.Sprintf("%q", *msg.Subject)
 	}
 	return &InputError{Reason: ReasonNoRoute, Description: "no route matches subject " + subject}
+}
+
+// MessageFromClaim rebuilds the message a claim was taken for, as the SDK's
+// own type, from what the claim stored: MessageID, Body (the stored
+// payload), Subject, ContentType and ApplicationProperties (as strings).
+// Broker-assigned fields (lock token, sequence number, delivery count) are
+// left zero: a redrive has no delivery. A claim that stored no payload has
+// no body and no application properties: a route that decides on them
+// cannot route it.
+func MessageFromClaim(c *claim.Claim) *azservicebus.ReceivedMessage {
+	msg := &azservicebus.ReceivedMessage{
+		MessageID: c.MessageID,
+		Body:      c.Payload,
+	}
+	if c.Subject != "" {
+		subject := c.Subject
+		msg.Subject = &subject
+	}
+	if c.ContentType != "" {
+		contentType := c.ContentType
+		msg.ContentType = &contentType
+	}
+	if len(c.Properties) > 0 {
+		msg.ApplicationProperties = make(map[string]any, len(c.Properties))
+		for k, v := range maps.All(c.Properties) {
+			msg.ApplicationProperties[k] = v
+		}
+	}
+	return msg
 }

@@ -387,7 +387,7 @@ func TestLoadRoutesExampleFile(t *testing.T) {
 	if len(r.Names()) == 0 {
 		t.Error("no routes")
 	}
-	h, err := r.Route(newMsg("m", "payment.requested", `{"order":42,"amount_cents":1999}`))
+	h, err := r.Route(newMsg("m", "payment.requested", `{"order":42,"amount_cents":1999,"payment_method":"pm_card_visa"}`))
 	if err != nil || !h.AllowNewKey {
 		t.Errorf("payments: %v, AllowNewKey %v (the example allows a new key)", err, h.AllowNewKey)
 	}

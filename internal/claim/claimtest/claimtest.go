@@ -142,6 +142,8 @@ func Exercise(t *testing.T, h Harness) {
 		{"Resolve", s.resolve},
 		{"ListFiltersAndPages", s.list},
 		{"PurgeProcessed", s.purge},
+		{"PurgeOrdersByTheTimeOfTheCurrentState", s.purgeByCurrentState},
+		{"PurgeKeepsAClaimThatNamesADeferredMessage", s.purgeKeepsDeferred},
 		{"Stats", s.stats},
 		{"TimesComeFromTheDatabaseClock", s.dbClock},
 		{"TryLock", s.tryLock},

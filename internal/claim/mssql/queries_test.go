@@ -181,8 +181,13 @@ func TestEveryQueryNumbersItsParameters(t *testing.T) {
 		if strings.Contains(q, "SET DeadLetterSeq") && !strings.Contains(q, "State = 'failed' AND DeadLetterSeq IS NULL") {
 			t.Errorf("TakeDeadLetter is not guarded on a failed claim without a dead letter:\n%s", q)
 		}
-		if strings.Contains(q, "DELETE TOP") && !strings.Contains(q, "WHERE State = 'failed' AND FailedUtc < ") {
-			t.Errorf("PurgeProcessed does not purge failed claims by FailedUtc:\n%s", q)
+		if strings.Contains(q, "DELETE TOP") {
+			for _, want := range []string{"State = 'processed' AND DeferredSeq IS NULL AND ProcessedUtc < ",
+				"State = 'failed' AND DeferredSeq IS NULL AND FailedUtc < ", "State = 'resolved' AND DeferredSeq IS NULL AND ResolvedUtc < "} {
+				if !strings.Contains(q, want) {
+					t.Errorf("PurgeProcessed does not purge by the time of the current state, sparing deferred messages (%s):\n%s", want, q)
+				}
+			}
 		}
 		if strings.Contains(q, "sp_getapplock") && !strings.Contains(q, "@LockOwner = 'Session', @LockTimeout = @p2") {
 			t.Errorf("TryLock:\n%s", q)

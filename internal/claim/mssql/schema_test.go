@@ -362,3 +362,34 @@ func TestGoColumnsMatchTheTable(t *testing.T) {
 		t.Errorf("Answer %s, DeadLetterSeq %s", cols["Answer"].typ, cols["DeadLetterSeq"].typ)
 	}
 }
+
+// TestPurgeMigrationShape pins 00007: the purge's three filtered indexes
+// are built again with the filter its DELETEs now repeat (a finished
+// claim that still names a deferred message is never purged), and Down
+// restores them as 00001 and 00003 built them.
+func TestPurgeMigrationShape(t *testing.T) {
+	up, down := migrationFile(t, "00007_purge.sql")
+	code := norm(stripComments(up))
+	for _, want := range []string{
+		"CREATE NONCLUSTERED INDEX IX_Claims_Processed ON dbo.Claims (ProcessedUtc) WHERE State = 'processed' AND DeferredSeq IS NULL;",
+		"CREATE NONCLUSTERED INDEX IX_Claims_Failed ON dbo.Claims (FailedUtc) WHERE State = 'failed' AND DeferredSeq IS NULL;",
+		"CREATE NONCLUSTERED INDEX IX_Claims_Resolved ON dbo.Claims (ResolvedUtc) WHERE State = 'resolved' AND DeferredSeq IS NULL;",
+	} {
+		if !strings.Contains(code, want) {
+			t.Errorf("00007 lacks %q", want)
+		}
+	}
+	d := norm(stripComments(down))
+	for _, want := range []string{
+		"CREATE NONCLUSTERED INDEX IX_Claims_Processed ON dbo.Claims (ProcessedUtc) WHERE State = 'processed';",
+		"CREATE NONCLUSTERED INDEX IX_Claims_Failed ON dbo.Claims (FailedUtc) WHERE State = 'failed';",
+		"CREATE NONCLUSTERED INDEX IX_Claims_Resolved ON dbo.Claims (ResolvedUtc) WHERE State = 'resolved';",
+	} {
+		if !strings.Contains(d, want) {
+			t.Errorf("00007 Down lacks %q", want)
+		}
+	}
+	if got := statementKinds(t, up); got != "DROP INDEX,CREATE NONCLUSTERED,DROP INDEX,CREATE NONCLUSTERED,DROP INDEX,CREATE NONCLUSTERED" {
+		t.Errorf("00007 statements %s", got)
+	}
+}

@@ -925,8 +925,10 @@ WHERE Id = @p4 AND `+guard+`;`, a)
 
 // PurgeProcessed deletes at most Limit finished claims older than
 // OlderThan: processed claims by ProcessedUtc first, then failed claims by
-// FailedUtc, then resolved claims by ResolvedUtc, each DELETE seeking its
-// filtered index. Claimed, released and flagged claims never match.
+// FailedUtc, then resolved claims by ResolvedUtc (each claim as old as the
+// state it is in), each DELETE seeking its filtered index. Claimed,
+// released and flagged claims never match, nor does a finished claim that
+// still names a deferred message (the stranded sweep settles it first).
 func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (int64, error) {
 	olderThan, limit, err := sqlstore.ValidatePurge(params)
 	if err != nil {
@@ -942,20 +944,20 @@ DECLARE @purged TABLE (Id bigint NOT NULL PRIMARY KEY);
 BEGIN TRANSACTION;
 DELETE TOP (` + top + `) FROM dbo.Claims
 OUTPUT DELETED.Id INTO @purged
-WHERE State = 'processed' AND ProcessedUtc < ` + cutoff + `;
+WHERE State = 'processed' AND DeferredSeq IS NULL AND ProcessedUtc < ` + cutoff + `;
 SET @processed = @@ROWCOUNT;
 IF @processed < ` + top + `
 BEGIN
     DELETE TOP (` + top + ` - @processed) FROM dbo.Claims
     OUTPUT DELETED.Id INTO @purged
-    WHERE State = 'failed' AND FailedUtc < ` + cutoff + `;
+    WHERE State = 'failed' AND DeferredSeq IS NULL AND FailedUtc < ` + cutoff + `;
     SET @failed = @@ROWCOUNT;
 END;
 IF @processed + @failed < ` + top + `
 BEGIN
     DELETE TOP (` + top + ` - @processed - @failed) FROM dbo.Claims
     OUTPUT DELETED.Id INTO @purged
-    WHERE State = 'resolved' AND ResolvedUtc < ` + cutoff + `;
+    WHERE State = 'resolved' AND DeferredSeq IS NULL AND ResolvedUtc < ` + cutoff + `;
     SET @resolved = @@ROWCOUNT;
 END;
 DELETE h FROM dbo.ClaimHistory AS h INNER JOIN @purged AS p ON p.Id = h.ClaimId;

@@ -843,13 +843,19 @@ func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (
 	if err != nil {
 		return 0, err
 	}
-	// The expression matches the partial index ix_claims_finished.
-	const finished = `state IN ('processed', 'failed', 'resolved')
-		AND coalesce(resolved_utc, failed_utc, processed_utc) < now() - make_interval(secs => $1)`
+	// Each claim is as old as the state it is in (a retried claim that
+	// failed long ago and was processed a moment ago is new); one that
+	// still names a deferred message waits for the stranded sweep. The
+	// expressions match the partial index ix_claims_purge.
+	const (
+		finishedAt = `(CASE state WHEN 'processed' THEN processed_utc WHEN 'failed' THEN failed_utc ELSE resolved_utc END)`
+		finished   = `state IN ('processed', 'failed', 'resolved') AND deferred_seq IS NULL
+		AND ` + finishedAt + ` < now() - make_interval(secs => $1)`
+	)
 	// A claim's history goes with it, in the same statement.
 	var n int64
 	err = s.db.QueryRowContext(ctx, `WITH d AS (DELETE FROM claims WHERE id IN (
-			SELECT id FROM claims WHERE `+finished+` ORDER BY coalesce(resolved_utc, failed_utc, processed_utc) LIMIT $2)
+			SELECT id FROM claims WHERE `+finished+` ORDER BY `+finishedAt+` LIMIT $2)
 		AND `+finished+` RETURNING id
 	), h AS (
 		DELETE FROM claim_history WHERE claim_id IN (SELECT id FROM d)

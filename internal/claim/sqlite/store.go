@@ -111,9 +111,7 @@ func ParseURL(url string) (string, error) {
 	if !ok {
 		return "", fmt.Errorf("sqlite: URL must start with \"sqlite:\"")
 	}
-	if strings.HasPrefix(rest, "//") {
-		rest = rest[2:] // sqlite:///abs/path → /abs/path
-	}
+	rest = strings.TrimPrefix(rest, "//") // sqlite:///abs/path → /abs/path
 	if i := strings.IndexByte(rest, '?'); i >= 0 {
 		return "", fmt.Errorf("sqlite: URL query parameters are not supported")
 	}
@@ -920,8 +918,14 @@ func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (
 	if err != nil {
 		return 0, err
 	}
-	// The expression matches the partial index ix_claims_finished.
-	const finished = `state IN ('processed', 'failed', 'resolved') AND coalesce(resolved_utc, failed_utc, processed_utc) < ` + agoSQL
+	// Each claim is as old as the state it is in (a retried claim that
+	// failed long ago and was processed a moment ago is new); one that
+	// still names a deferred message waits for the stranded sweep. The
+	// expressions match the partial index ix_claims_finished.
+	const (
+		finishedAt = `(CASE state WHEN 'processed' THEN processed_utc WHEN 'failed' THEN failed_utc ELSE resolved_utc END)`
+		finished   = `state IN ('processed', 'failed', 'resolved') AND deferred_seq IS NULL AND ` + finishedAt + ` < ` + agoSQL
+	)
 	// A claim's history goes with it, in the same transaction.
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -935,7 +939,7 @@ func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (
 		return 0, fmt.Errorf("purge claims: %w", translate(err))
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO purged (id)
-		SELECT id FROM claims WHERE `+finished+` ORDER BY coalesce(resolved_utc, failed_utc, processed_utc) LIMIT ?2`,
+		SELECT id FROM claims WHERE `+finished+` ORDER BY `+finishedAt+` LIMIT ?2`,
 		ago(olderThan), limit); err != nil {
 		return 0, fmt.Errorf("purge claims: %w", translate(err))
 	}

@@ -32,7 +32,7 @@ const (
 )
 
 // mixedAnswerRules extend the chaos route for AnswersMixed with the rules
-// a Stripe-like API needs (the same as the README's worked example): a
+// a Stripe-like API needs (the same as docs/answers.md's worked example): a
 // 402 is the final decline, a 400 whose error type is idempotency_error
 // is a key conflict, a 409 (the key in flight) is retried; the request id
 // and the charge are recorded; an operator may redrive under a new key
@@ -154,8 +154,17 @@ func (h *harness) checkAnswers(rep *Report, claims map[string]*claim.Claim, dead
 				}
 			case c.FlaggedAt != nil:
 				rep.violate("%s (answered %s): claim %d was flagged (%s): a final answer is never an operator's", id, h.answers[id], c.ID, c.FlagReason)
+			case dead[id][reason] <= 1 && c.DeadLetterSeq == nil && h.handedOff(c.ID):
+				// Its deliveries were spent on postponements: a processor
+				// handed the claim to the reconciler with its payload and
+				// completed the message; the recovery got the final answer
+				// and failed the claim with no message at hand. The failed
+				// claim (payload kept) is the record; only a later copy of
+				// the key would be dead-lettered (TakeDeadLetter).
+				rep.FinalAfterHandOff++
 			case dead[id][reason] != 1:
 				rep.violate("%s (answered %s): dead-lettered %d times as %s (want %s)", id, h.answers[id], dead[id][reason], reason, wantDL)
+				rep.history(id, h.hist.of(id))
 			}
 			for r, k := range dead[id] {
 				if r != reason {
@@ -191,6 +200,9 @@ func (r *Report) answersLine() string {
 	}
 	line := fmt.Sprintf("; rejected %d (dead-lettered once each, claims failed), conflicts %d (dead-lettered once each, claims failed), cached failures %d (flagged, redriven under a new key)",
 		r.Rejected, r.AnswerConflicts, r.CachedFailures)
+	if r.FinalAfterHandOff > 0 {
+		line += fmt.Sprintf("; %d failed by the reconciler's recovery after a hand-off had completed the message (the failed claim is the record: nothing left to dead-letter)", r.FinalAfterHandOff)
+	}
 	if r.FinalFlaggedFirst > 0 {
 		line += fmt.Sprintf("; of the rejected and conflicts, %d were flagged first (a crash left the manual route's outcome unknown) and failed by the operator's redrive, dead-lettered at most once", r.FinalFlaggedFirst)
 	}

@@ -148,14 +148,17 @@ func (c Config) withDefaults() Config {
 func (c Config) Validate() error {
 	switch {
 	case c.Messages < 0:
+		//lint:ignore ST1005 the error names the field, as every config error here does
 		return fmt.Errorf("Messages cannot be negative (got %d)", c.Messages)
 	case c.Replicas < 0:
+		//lint:ignore ST1005 the error names the field, as every config error here does
 		return fmt.Errorf("Replicas cannot be negative (got %d)", c.Replicas)
 	case c.DupShare > 1:
 		return fmt.Errorf("DupShare must be at most 1 (got %g)", c.DupShare)
 	case c.FaultShare < 0 || c.FaultShare > 0.15:
 		return fmt.Errorf("FaultShare must be in 0..0.15 (got %g)", c.FaultShare)
 	case !c.Recovery.Valid():
+		//lint:ignore ST1005 the error names the field, as every config error here does
 		return fmt.Errorf("Recovery must be auto or manual (got %q)", c.Recovery)
 	case c.Answers != AnswersNormal && c.Answers != AnswersMixed:
 		return fmt.Errorf("Answers must be normal or mixed (got %q)", c.Answers)
@@ -989,6 +992,7 @@ func (h *harness) reconcile(ctx context.Context, rec *reconciler.Reconciler, rep
 		rep.violate("list flagged claims: %v", err)
 		return
 	}
+	h.noteProcessorFlags(rep, flagged)
 	var (
 		wg  sync.WaitGroup
 		mu  sync.Mutex
@@ -1043,6 +1047,48 @@ func (h *harness) reconcile(ctx context.Context, rec *reconciler.Reconciler, rep
 		}()
 	}
 	wg.Wait()
+}
+
+// noteProcessorFlags explains the claims a processor flagged (the
+// reconciler's flags went through noteFlagged): a downstream answer that
+// needs a person, an outcome left unknown by a fault, an outage or a
+// killed replica — the holder that flagged it, or the one it took the
+// claim from when that holder went silent (a poller that took a manual
+// route's claim from the silent holder of its deferred message flags it:
+// its outcome is unknown). Each must be explained like the reconciler's,
+// or it is a violation.
+func (h *harness) noteProcessorFlags(rep *Report, flagged []*claim.Claim) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, c := range flagged {
+		if _, seen := h.explained[c.MessageID]; seen {
+			continue
+		}
+		why, kind := h.explainLocked(c)
+		if why == "" && c.PreviousHolder != "" {
+			prev := *c
+			prev.ClaimedBy, prev.Owner, prev.TakeOverPath = c.PreviousHolder, c.PreviousOwner, ""
+			if pw, pk := h.explainLocked(&prev); pw != "" {
+				why, kind = "the holder it was taken from: "+pw, "previous holder: "+pk
+			} else if silent, ok := h.led.takenWhileSilent(c.PreviousOwner); ok && strings.Contains(c.FlagReason, "went silent") {
+				// Alive, but it showed no life in the store for the
+				// take-over window (a late heartbeat on a loaded machine):
+				// the take-over was legitimate (the ledger checked it),
+				// and a manual route's unknown outcome is an operator's.
+				why = fmt.Sprintf("its holder %s showed no life for %s (the take-over window): a late heartbeat, and a manual route's unknown outcome is an operator's", c.PreviousHolder, silent.Round(time.Millisecond))
+				kind = "previous holder silent (late heartbeat)"
+			}
+		}
+		h.hist.add(c.MessageID, "a processor flagged claim %d (%s; claimed by %s, taken from %s)", c.ID, c.FlagReason, c.ClaimedBy, c.PreviousHolder)
+		rep.FlagExplained["processor flag, "+kind]++
+		h.explained[c.MessageID] = why
+		if why == "" {
+			rep.Unexplained++
+			rep.violate("claim %d (%s) flagged by a processor (%s) and nothing explains it: claimed by %s (taken from %s), neither killed holding it; no fault happened to the key; no store call for it was refused by an outage",
+				c.ID, c.MessageID, c.FlagReason, c.ClaimedBy, c.PreviousHolder)
+			rep.history(c.MessageID, h.hist.of(c.MessageID))
+		}
+	}
 }
 
 // explain says why a flagged claim may legitimately have been left

@@ -55,6 +55,9 @@ type owner struct {
 	lastAlive time.Time // start of the latest write that proved it alive
 	provenAt  time.Time // end of the latest write that proved it alive
 	released  bool
+	// silentFor is how long it had shown no life when a take-over the
+	// ledger checked took its claim (0: never taken over while silent).
+	silentFor time.Duration
 }
 
 type grant struct {
@@ -129,7 +132,11 @@ func (l *ledger) tookOver(key, host string, p *claim.TakeOverParams, start, end 
 		if p.Path == claim.PathReconciler {
 			window = l.staleAfter
 		}
-		if silent := end.Sub(prev.lastAlive); silent < window {
+		silent := end.Sub(prev.lastAlive)
+		if silent >= window {
+			prev.silentFor = silent
+		}
+		if silent < window {
 			l.problem("%s: %s took the claim over (path %s) from %s, which had shown life %s earlier, within its window of %s: a live holder was taken over",
 				key, host, p.Path, prev.host, silent.Round(time.Millisecond), window)
 		}
@@ -153,6 +160,17 @@ func (l *ledger) alive(o uuid.UUID, start, end time.Time) {
 	if end.After(w.provenAt) {
 		w.provenAt = end
 	}
+}
+
+// takenWhileSilent reports how long owner o had shown no life when a
+// take-over took its claim, when one did (checked against the window).
+func (l *ledger) takenWhileSilent(o uuid.UUID) (time.Duration, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w, ok := l.owners[o]; ok && w.silentFor > 0 {
+		return w.silentFor, true
+	}
+	return 0, false
 }
 
 // released records that o released its claim (its effect not performed).

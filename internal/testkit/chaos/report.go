@@ -91,6 +91,11 @@ type Report struct {
 	// was flagged first (a manual route after a crash) and failed by the
 	// operator's redrive.
 	FinalFlaggedFirst int
+	// FinalAfterHandOff counts declined or conflicting keys whose claim a
+	// processor handed to the reconciler (deliveries spent on
+	// postponements, the message completed) and the recovery failed: no
+	// message was left to dead-letter.
+	FinalAfterHandOff int
 	// RepeatedByTakeOver counts keys whose effect request was sent by more
 	// than one holder (after a take-over, with the same key).
 	RepeatedByTakeOver int

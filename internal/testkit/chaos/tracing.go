@@ -68,8 +68,8 @@ func (k *tracingKit) report(ctx context.Context, rep *Report) {
 	for _, sp := range spans {
 		s.ByName[sp.Name]++
 		for _, kv := range sp.Attributes {
-			if strings.Contains(kv.Value.Emit(), "/effects") {
-				s.Leaks = append(s.Leaks, fmt.Sprintf("span %q %s=%q", sp.Name, kv.Key, kv.Value.Emit()))
+			if strings.Contains(kv.Value.String(), "/effects") {
+				s.Leaks = append(s.Leaks, fmt.Sprintf("span %q %s=%q", sp.Name, kv.Key, kv.Value.String()))
 			}
 		}
 		if strings.HasPrefix(sp.Name, "process ") {

@@ -34,6 +34,10 @@
 //   - Closed receivers fail every call with CodeClosed; locks they handed
 //     out are kept until they run out, like a crashed replica's.
 //   - Topics fan each sent message out to every subscription, each a Queue.
+//   - Deferral: DeferMessage sets a locked delivery aside, and only
+//     ReceiveDeferredMessages, by its sequence number, delivers it again
+//     (each such fetch counts as a delivery); see deferral.go for each
+//     point the processor's delayed retries rely on.
 //
 // The broker contract suite (package brokertest) checks these behaviours,
 // the ones the processor relies on, on every test run (TestContract), and
@@ -48,7 +52,7 @@
 // the outcome without sleeping.
 //
 // What it does not model: sessions (SessionID is carried, not enforced),
-// scheduled messages (rejected at send), deferral, receive-and-delete mode,
+// scheduled messages (rejected at send), receive-and-delete mode,
 // transactions, duplicate detection (duplicates always get through, which
 // is the case the consumer must handle), message TTL and expiry, prefetch
 // and the SDK's release of messages that arrive between ReceiveMessages
