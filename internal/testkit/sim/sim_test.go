@@ -4,16 +4,20 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 )
 
 var (
-	seeds     = flag.Int("sim.seeds", 5000, "how many seeds TestSimulation runs")
+	seeds     = flag.Int("sim.seeds", 5000, "how many seeds TestSimulation runs (long mode: -sim.seeds=1000000 -timeout=0)")
 	firstSeed = flag.Uint64("sim.first", 1, "the first seed of the run")
-	oneSeed   = flag.Uint64("sim.seed", 0, "replay this one seed verbosely (0: run -sim.seeds seeds)")
+	oneSeed   = flag.Uint64("sim.seed", 0, "replay this one seed verbosely, with its trace (0: run -sim.seeds seeds)")
+	shards    = flag.Int("sim.shards", 2, "seeds run in this many parallel shards")
+	allKinds  = flag.Bool("sim.all", false, "go on after failures: report, per kind of violation, the failing seeds and the first one's trace")
 )
 
 // TestSimulation runs the real processor, reconciler and SQLite store
@@ -29,25 +33,67 @@ func TestSimulation(t *testing.T) {
 		return
 	}
 	n := *seeds
+	if n < 1 || *shards < 1 {
+		t.Fatalf("-sim.seeds and -sim.shards must be at least 1 (got %d, %d)", n, *shards)
+	}
 	if testing.Short() {
 		n = min(n, 200)
 	}
 	start := time.Now()
-	var simulated time.Duration
-	failures, ran := 0, 0
-	for s := *firstSeed; s < *firstSeed+uint64(n); s++ {
-		r := runSeed(t, s, false)
-		ran++
-		simulated += r.simulated
-		if len(r.violations) > 0 {
-			failures++
-			report(t, r)
-			if failures >= 3 {
-				break
-			}
+	var (
+		mu        sync.Mutex
+		simulated time.Duration
+		ran       int
+		failing   = map[string][]uint64{} // kind → failing seeds
+		first     = map[string]*result{}
+		stop      bool
+	)
+	t.Run("shards", func(t *testing.T) {
+		for sh := range *shards {
+			t.Run(fmt.Sprint(sh), func(t *testing.T) {
+				t.Parallel()
+				for s := *firstSeed + uint64(sh); s < *firstSeed+uint64(n); s += uint64(*shards) {
+					mu.Lock()
+					done := stop
+					mu.Unlock()
+					if done {
+						return
+					}
+					r := runSeed(t, s, false)
+					mu.Lock()
+					ran++
+					simulated += r.simulated
+					kinds := map[string]bool{}
+					for _, v := range r.violations {
+						kinds[v.kind] = true
+					}
+					for k := range kinds {
+						failing[k] = append(failing[k], s)
+						if first[k] == nil || first[k].seed > s {
+							first[k] = r
+						}
+					}
+					if len(kinds) > 0 && !*allKinds && len(first) > 0 {
+						stop = true
+					}
+					mu.Unlock()
+				}
+			})
 		}
+	})
+	var ks []string
+	for k := range failing {
+		ks = append(ks, k)
 	}
-	t.Logf("%d seeds, %.1f simulated hours, in %s", ran, simulated.Hours(), time.Since(start).Round(time.Millisecond))
+	slices.Sort(ks)
+	for _, k := range ks {
+		ss := failing[k]
+		slices.Sort(ss)
+		t.Errorf("%s: %d failing seeds, first %d (%v)", k, len(ss), ss[0], ss[:min(len(ss), 20)])
+		report(t, first[k])
+	}
+	t.Logf("%d seeds, %.1f simulated hours, in %s (%.1f seeds/s)", ran, simulated.Hours(), time.Since(start).Round(time.Millisecond),
+		float64(ran)/time.Since(start).Seconds())
 }
 
 func runSeed(t *testing.T, seed uint64, verbose bool) *result {
@@ -70,7 +116,7 @@ func report(t *testing.T, r *result) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "seed %d: %d violations\n", r.seed, len(r.violations))
 	for _, v := range r.violations {
-		fmt.Fprintf(&b, "  - %s\n", v)
+		fmt.Fprintf(&b, "  - [%s] %s\n", v.kind, v.text)
 	}
 	b.WriteString("  trace:\n")
 	for _, line := range traceOf(r) {

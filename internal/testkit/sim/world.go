@@ -38,11 +38,11 @@ const (
 	takeoverAfter     = 20 * time.Second
 	staleAfter        = 60 * time.Second
 	reconcileEvery    = 30 * time.Second
-	retention         = 15 * time.Minute
+	retention         = 6 * time.Minute
 	// chaosPhase is how long faults happen; quietPhase follows, with the
 	// faults off, so every message can settle; the run then stops.
-	chaosPhase = 20 * time.Minute
-	quietPhase = 40 * time.Minute
+	chaosPhase = 10 * time.Minute
+	quietPhase = 20 * time.Minute
 )
 
 // callKind is what the downstream does with one call.
@@ -116,14 +116,16 @@ type world struct {
 
 	// store faults
 	outageUntil time.Time
-	storeErrP   float64
+	// downstream outage
+	downUntil time.Time
+	storeErrP float64
 
 	storeCalls map[string]int // store calls per (op, claim, caller)
 	redrives   map[string]int // operator redrives per message
 	sends      map[string]int // copies sent per message
 	trace      []string
 	start      time.Time
-	violations []string
+	violations []violation
 }
 
 type replica struct {
@@ -150,10 +152,15 @@ func (w *world) noteLocked(format string, args ...any) {
 	w.trace = append(w.trace, fmt.Sprintf("%9s  ", w.now())+fmt.Sprintf(format, args...))
 }
 
-func (w *world) violate(format string, args ...any) {
+// violation is a broken invariant: its kind and what happened.
+type violation struct {
+	kind, text string
+}
+
+func (w *world) violate(kind, format string, args ...any) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.violations = append(w.violations, fmt.Sprintf(format, args...))
+	w.violations = append(w.violations, violation{kind, fmt.Sprintf(format, args...)})
 }
 
 // plan draws the seed's messages and their fates.
@@ -268,6 +275,10 @@ func (w *world) handler(who string) sbclaim.HandlerFunc {
 		if w.quiet() && k != callReject {
 			k = callOK
 		}
+		if time.Now().Before(w.downUntil) {
+			k = callDown
+			w.calls[msg]-- // the script resumes after the outage
+		}
 		manual := m != nil && m.route == "manual"
 		w.mu.Unlock()
 		switch k {
@@ -374,7 +385,7 @@ func (w *world) startReplica() {
 		Retry:              sbclaim.RetryPolicy{MaxAttempts: 3, InitialInterval: time.Second, MaxInterval: 5 * time.Second, Budget: 20 * time.Second},
 		NoPayload:          r.noPayload,
 		MaxDeliveryCount:   maxDeliveryCount,
-		DeferPollInterval:  5 * time.Second,
+		DeferPollInterval:  10 * time.Second,
 		SettleTimeout:      5 * time.Second,
 		StoreTimeout:       10 * time.Second,
 		ShutdownTimeout:    30 * time.Second,
@@ -552,7 +563,7 @@ type result struct {
 	messages   int
 	simulated  time.Duration
 	effects    int
-	violations []string
+	violations []violation
 	trace      []string
 }
 
@@ -605,8 +616,18 @@ func run(seed uint64, verbose io.Writer) *result {
 	var bg sync.WaitGroup
 	bg.Go(func() { w.reconcileLoop(runCtx) })
 	bg.Go(func() { w.monkey(runCtx) })
+	opRNG := rand.New(rand.NewPCG(seed, 0x0be7a70))
+	bg.Go(func() { w.operator(runCtx, opRNG) })
 
-	time.Sleep(chaosPhase + quietPhase)
+	time.Sleep(chaosPhase)
+	// The quiet phase ends early once everything settled: nothing at the
+	// broker but dead letters, no claim claimed or released.
+	for end := time.Now().Add(quietPhase); time.Now().Before(end); {
+		time.Sleep(time.Minute)
+		if w.settled(ctx) {
+			break
+		}
+	}
 	w.mu.Lock()
 	w.stopping = true
 	w.mu.Unlock()
@@ -672,7 +693,15 @@ func (w *world) monkey(ctx context.Context) {
 		if w.quiet() {
 			return
 		}
-		switch w.rng.IntN(6) {
+		switch w.rng.IntN(8) {
+		case 6:
+			d := time.Duration(20+w.rng.IntN(160)) * time.Second
+			w.mu.Lock()
+			w.downUntil = time.Now().Add(d)
+			w.noteLocked("downstream: down for %s", d)
+			w.mu.Unlock()
+		case 7:
+			w.resubmitDeadLetter(ctx, w.rng)
 		case 0:
 			if n := w.queue.ExpireAllLocks(); n > 0 {
 				w.note("broker: %d locks expire", n)
@@ -725,7 +754,7 @@ func (w *world) checkCompleted(id, host string) {
 	}
 	w.note("%s: completed by %s; its claim is %s (payload %v)", id, host, state, payload)
 	if state == "released" && !payload && !w.keptAtBroker(id) {
-		w.violate("%s: completed by %s while its claim is %s without a stored payload: nothing carries the work", id, host, state)
+		w.violate("completed-unheld", "%s: completed by %s while its claim is %s without a stored payload: nothing carries the work", id, host, state)
 	}
 }
 
@@ -749,6 +778,109 @@ func (w *world) keptAtBroker(id string) bool {
 	return w.sends[id] > settled
 }
 
+// resubmitDeadLetter sends a copy of a dead-lettered message again, as
+// an operator re-submits one from the dead-letter queue.
+func (w *world) resubmitDeadLetter(ctx context.Context, rng *rand.Rand) {
+	dl := w.queue.DeadLetters()
+	if len(dl) == 0 {
+		return
+	}
+	m := w.byID[dl[rng.IntN(len(dl))].MessageID]
+	if m == nil {
+		return
+	}
+	w.note("%s: operator re-submits its dead letter", m.id)
+	w.send(ctx, m)
+}
+
+// operator acts on failed and flagged claims at random moments, with the
+// public operator API the console uses: retry (with the handler here, or
+// handed off), redrive, hand-off, resolve.
+func (w *world) operator(ctx context.Context, rng *rand.Rand) {
+	st := bridge.NewStore(chaos.GateStore(w.db, w.gate(nil))).(*sbclaim.Store)
+	routers := map[string]*sbclaim.Router{"": w.router("operator")}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Duration(30+rng.IntN(300)) * time.Second):
+		}
+		rows, err := w.db.DB().QueryContext(ctx, `SELECT id, message_id, state, payload IS NOT NULL FROM claims WHERE state IN ('failed', 'flagged') ORDER BY id`)
+		if err != nil {
+			continue
+		}
+		type cand struct {
+			id         int64
+			msg, state string
+			payload    bool
+		}
+		var cs []cand
+		for rows.Next() {
+			var c cand
+			if rows.Scan(&c.id, &c.msg, &c.state, &c.payload) == nil {
+				cs = append(cs, c)
+			}
+		}
+		rows.Close()
+		if len(cs) == 0 {
+			continue
+		}
+		c := cs[rng.IntN(len(cs))]
+		w.mu.Lock()
+		effected := false
+		for _, e := range w.effects {
+			effected = effected || e.msg == c.msg
+		}
+		w.mu.Unlock()
+		switch {
+		case c.state == "failed":
+			opts := sbclaim.RetryOptions{By: "op", Note: "fixed", HeartbeatInterval: heartbeatInterval, QueryTimeout: 10 * time.Second}
+			if c.payload && rng.IntN(2) == 0 {
+				opts.Routers = routers
+			}
+			w.note("%s: operator retries claim %d (handler here: %v)", c.msg, c.id, opts.Routers != nil)
+			_, err := st.Retry(ctx, c.id, opts)
+			w.note("%s: retry of claim %d: %v", c.msg, c.id, err)
+			if err == nil && opts.Routers == nil && !c.payload {
+				// handed off without a payload: its dead letter is
+				// re-submitted, as the retry says
+				w.resubmitDeadLetter(ctx, rng)
+			}
+		case effected:
+			w.note("%s: operator resolves claim %d done (the downstream shows the effect)", c.msg, c.id)
+			_, err := st.Resolve(ctx, c.id, sbclaim.ResolutionDone, "op", "checked the downstream")
+			w.note("%s: resolve of claim %d: %v", c.msg, c.id, err)
+		case c.payload && rng.IntN(2) == 0:
+			w.mu.Lock()
+			w.redrives[c.msg]++
+			w.mu.Unlock()
+			w.note("%s: operator redrives claim %d", c.msg, c.id)
+			_, err := st.Redrive(ctx, c.id, sbclaim.RedriveOptions{By: "op", Note: "redrive", Routers: routers, HeartbeatInterval: heartbeatInterval, QueryTimeout: 10 * time.Second})
+			w.note("%s: redrive of claim %d: %v", c.msg, c.id, err)
+		case c.payload:
+			w.mu.Lock()
+			w.redrives[c.msg]++ // a hand-off is a redrive run by the reconciler
+			w.mu.Unlock()
+			w.note("%s: operator hands claim %d off", c.msg, c.id)
+			_, err := st.HandOff(ctx, c.id, "op", "hand-off")
+			w.note("%s: hand-off of claim %d: %v", c.msg, c.id, err)
+		}
+	}
+}
+
+// settled reports whether the run has nothing left to do.
+func (w *world) settled(ctx context.Context) bool {
+	st := w.queue.Stats()
+	if st.Active+st.Locked+st.Deferred > 0 {
+		return false
+	}
+	var open int
+	if err := w.db.DB().QueryRowContext(ctx, `SELECT count(*) FROM claims WHERE state IN ('claimed', 'released')`).Scan(&open); err != nil {
+		return false
+	}
+	return open == 0
+}
+
 // claimRow is a claim as the verification reads it.
 type claimRow struct {
 	id                int64
@@ -762,14 +894,14 @@ type claimRow struct {
 func (w *world) verify(ctx context.Context) {
 	rows, err := w.db.DB().QueryContext(ctx, `SELECT id, message_id, state, coalesce(route, ''), payload IS NOT NULL, deferred_seq IS NOT NULL, coalesce(flag_reason, '') FROM claims`)
 	if err != nil {
-		w.violate("read claims: %v", err)
+		w.violate("harness", "read claims: %v", err)
 		return
 	}
 	claims := map[string][]claimRow{}
 	for rows.Next() {
 		var c claimRow
 		if err := rows.Scan(&c.id, &c.msg, &c.state, &c.route, &c.payload, &c.deferred, &c.flagReason); err != nil {
-			w.violate("scan claims: %v", err)
+			w.violate("harness", "scan claims: %v", err)
 			rows.Close()
 			return
 		}
@@ -812,10 +944,10 @@ func (w *world) verify(ctx context.Context) {
 	for _, m := range w.msgs {
 		cs := claims[m.id]
 		if m.route == "auto" && len(keys[m.id]) > 1 {
-			w.violate("%s (auto route): its effect ran under %d keys %v", m.id, len(keys[m.id]), sortedKeys(keys[m.id]))
+			w.violate("auto-keys", "%s (auto route): its effect ran under %d keys %v", m.id, len(keys[m.id]), sortedKeys(keys[m.id]))
 		}
 		if m.route == "manual" && performed[m.id] > 1+w.redrives[m.id] {
-			w.violate("%s (manual route): its effect ran %d times (operator redrives: %d)", m.id, performed[m.id], w.redrives[m.id])
+			w.violate("manual-double", "%s (manual route): its effect ran %d times (operator redrives: %d)", m.id, performed[m.id], w.redrives[m.id])
 		}
 		if reason, ok := dead[m.id]; ok && reason == membus.ReasonMaxDeliveryCountExceeded && len(keys[m.id]) == 0 && (len(cs) == 0 || cs[len(cs)-1].state != "flagged") {
 			// (a message whose effect ran may end there when the broker
@@ -823,7 +955,7 @@ func (w *world) verify(ctx context.Context) {
 			// re-submission is absorbed by its claim; nor is a flagged
 			// claim's message: the dead-letter queue keeps it for the
 			// operator)
-			w.violate("%s: the broker dead-lettered it (%s): only a final answer may dead-letter a message", m.id, reason)
+			w.violate("broker-dead-letter", "%s: the broker dead-lettered it (%s): only a final answer may dead-letter a message", m.id, reason)
 		}
 		var c *claimRow
 		for i := range cs {
@@ -834,14 +966,14 @@ func (w *world) verify(ctx context.Context) {
 			// effected (and its claim purged after the retention), failed
 			// and dead-lettered, or still at the broker
 		case c == nil:
-			w.violate("%s: no claim at the end (effects %d, dead-lettered %v)", m.id, performed[m.id], dead[m.id] != "")
+			w.violate("no-claim", "%s: no claim at the end (effects %d, dead-lettered %v)", m.id, performed[m.id], dead[m.id] != "")
 		case c.state == "processed" || c.state == "resolved":
 			if len(keys[m.id]) == 0 && c.state == "processed" {
-				w.violate("%s: claim %d processed but the downstream never performed its effect", m.id, c.id)
+				w.violate("processed-no-effect", "%s: claim %d processed but the downstream never performed its effect", m.id, c.id)
 			}
 		case c.state == "failed":
 			if _, ok := dead[m.id]; !ok {
-				w.violate("%s: claim %d failed but the message was not dead-lettered", m.id, c.id)
+				w.violate("failed-not-dead-lettered", "%s: claim %d failed but the message was not dead-lettered", m.id, c.id)
 			}
 		case c.state == "flagged":
 			// In operators' hands: with its payload or its message it can
@@ -849,7 +981,7 @@ func (w *world) verify(ctx context.Context) {
 			// the downstream and resolve it by hand. The completion of its
 			// message is checked when it happens (checkCompleted).
 		default:
-			w.violate("%s: claim %d still %s at the end, %s after the faults stopped, not flagged (payload %v, deferred %v)", m.id, c.id, c.state, quietPhase, c.payload, c.deferred)
+			w.violate("unfinished", "%s: claim %d still %s at the end, %s after the faults stopped, not flagged (payload %v, deferred %v)", m.id, c.id, c.state, quietPhase, c.payload, c.deferred)
 		}
 	}
 }
@@ -868,8 +1000,8 @@ func sortedKeys(m map[string]bool) []string {
 func traceOf(r *result) []string {
 	ids := map[string]bool{}
 	for _, v := range r.violations {
-		if i := strings.IndexByte(v, ' '); i > 0 {
-			id := strings.TrimSuffix(v[:i], ":")
+		if i := strings.IndexByte(v.text, ' '); i > 0 {
+			id := strings.TrimSuffix(v.text[:i], ":")
 			ids[id] = true
 		}
 	}
