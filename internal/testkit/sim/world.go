@@ -333,7 +333,15 @@ func (w *world) handler(who string) sbclaim.HandlerFunc {
 func (w *world) chance(p float64, parts ...any) bool {
 	h := fnv.New64a()
 	fmt.Fprint(h, w.seed, parts)
-	return float64(h.Sum64()>>11)/(1<<53) < p
+	// FNV's high bits hardly change with the last byte: mix them
+	// (splitmix64's finalizer) before taking a fraction.
+	x := h.Sum64()
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return float64(x>>11)/(1<<53) < p
 }
 
 func (w *world) quiet() bool { return time.Since(w.start) > chaosPhase }
