@@ -17,6 +17,7 @@ var (
 	firstSeed = flag.Uint64("sim.first", 1, "the first seed of the run")
 	oneSeed   = flag.Uint64("sim.seed", 0, "replay this one seed verbosely, with its trace (0: run -sim.seeds seeds)")
 	shards    = flag.Int("sim.shards", 2, "seeds run in this many parallel shards")
+	repeat    = flag.Int("sim.repeat", 1, "with -sim.seed: replay the seed this many times and say how often each kind of violation reproduced")
 	allKinds  = flag.Bool("sim.all", false, "go on after failures: report, per kind of violation, the failing seeds and the first one's trace")
 )
 
@@ -24,6 +25,24 @@ var (
 // against a simulated broker, downstream, clock and fault schedule, one
 // synctest bubble per seed, and checks the exactly-once invariants.
 func TestSimulation(t *testing.T) {
+	if *oneSeed != 0 && *repeat > 1 {
+		got := map[string]int{}
+		for range *repeat {
+			r := runSeed(t, *oneSeed, false)
+			kinds := map[string]bool{}
+			for _, v := range r.violations {
+				kinds[v.kind] = true
+			}
+			for k := range kinds {
+				got[k]++
+			}
+			if len(kinds) == 0 {
+				got["none"]++
+			}
+		}
+		t.Logf("seed %d replayed %d times: %v", *oneSeed, *repeat, got)
+		return
+	}
 	if *oneSeed != 0 {
 		r := runSeed(t, *oneSeed, true)
 		for _, line := range r.trace {
