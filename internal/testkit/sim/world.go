@@ -72,6 +72,7 @@ type hookFault struct {
 	delivery uint32 // the delivery count it fires on (0: any)
 	freeze   time.Duration
 	crash    bool
+	fetched  bool // only on a delivery fetched by its sequence number (a deferred message)
 }
 
 // plannedMessage is a message and everything the seed decided about it.
@@ -141,6 +142,14 @@ type replica struct {
 	cancel     context.CancelFunc
 	kill       context.CancelFunc
 	killCtx    context.Context
+	fetchedMu  sync.Mutex
+	fetchedSet map[[16]byte]bool // lock tokens of deliveries fetched by sequence number
+}
+
+func (r *replica) fetched(m *azservicebus.ReceivedMessage) bool {
+	r.fetchedMu.Lock()
+	defer r.fetchedMu.Unlock()
+	return r.fetchedSet[m.LockToken]
 }
 
 func (w *world) now() string { return time.Since(w.start).Truncate(time.Millisecond).String() }
@@ -193,6 +202,15 @@ func (w *world) plan() {
 			} else {
 				f.freeze = time.Duration(1+w.rng.IntN(120)) * time.Second
 				f.crash = w.rng.IntN(3) == 0 // frozen, then killed
+			}
+			m.faults = append(m.faults, f)
+		}
+		if w.rng.Float64() < faultRate/2 {
+			// a holder of a fetched (deferred) message that dies or goes
+			// silent after its effect, before recording it
+			f := hookFault{point: "AfterEffect", fetched: true, crash: w.rng.IntN(3) > 0}
+			if !f.crash || w.rng.IntN(2) == 0 {
+				f.freeze = time.Duration(1+w.rng.IntN(90)) * time.Second
 			}
 			m.faults = append(m.faults, f)
 		}
@@ -431,7 +449,11 @@ func (w *world) fireHook(r *replica, point string, msg *azservicebus.ReceivedMes
 	var f *hookFault
 	if m != nil && !w.quiet() {
 		for i := range m.faults {
-			if m.faults[i].point == point && (m.faults[i].delivery == 0 || m.faults[i].delivery == msg.DeliveryCount) {
+			c := m.faults[i]
+			if c.fetched && !r.fetched(msg) {
+				continue
+			}
+			if c.point == point && (c.fetched || c.delivery == 0 || c.delivery == msg.DeliveryCount) {
 				f = &m.faults[i]
 				m.faults = append(m.faults[:i:i], m.faults[i+1:]...)
 				break
@@ -554,6 +576,12 @@ func (s *simReceiver) ReceiveDeferredMessages(ctx context.Context, seqs []int64,
 	}
 	msgs, err := s.r.ReceiveDeferredMessages(ctx, seqs, o)
 	for _, m := range msgs {
+		s.rep.fetchedMu.Lock()
+		if s.rep.fetchedSet == nil {
+			s.rep.fetchedSet = map[[16]byte]bool{}
+		}
+		s.rep.fetchedSet[m.LockToken] = true
+		s.rep.fetchedMu.Unlock()
 		s.rep.w.note("%s fetches deferred %s (delivery %d)", s.rep.host, m.MessageID, m.DeliveryCount)
 	}
 	return msgs, err
