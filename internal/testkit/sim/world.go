@@ -465,12 +465,12 @@ func (w *world) fireHook(r *replica, point string, msg *azservicebus.ReceivedMes
 		return nil
 	}
 	if f.freeze > 0 {
-		w.note("%s freezes %s at %s of %s (delivery %d)", r.host, f.freeze, point, msg.MessageID, msg.DeliveryCount)
+		w.note("%s freezes %s at %s of %s (delivery %d, fetched %v)", r.host, f.freeze, point, msg.MessageID, msg.DeliveryCount, f.fetched)
 		r.frozenTill.Store(time.Now().Add(f.freeze).UnixNano())
 		time.Sleep(f.freeze)
 	}
 	if f.crash {
-		w.note("%s dies at %s of %s (delivery %d)", r.host, point, msg.MessageID, msg.DeliveryCount)
+		w.note("%s dies at %s of %s (delivery %d, fetched %v)", r.host, point, msg.MessageID, msg.DeliveryCount, f.fetched)
 		r.die()
 		return processor.ErrCrash
 	}
