@@ -845,6 +845,9 @@ func (w *world) operator(ctx context.Context, rng *rand.Rand) {
 			return
 		case <-time.After(time.Duration(30+rng.IntN(300)) * time.Second):
 		}
+		if time.Since(w.start) > chaosPhase+quietPhase/4 {
+			return // the rest of the quiet phase lets the last actions settle
+		}
 		rows, err := w.db.DB().QueryContext(ctx, `SELECT id, message_id, state, payload IS NOT NULL FROM claims WHERE state IN ('failed', 'flagged') ORDER BY id`)
 		if err != nil {
 			continue
