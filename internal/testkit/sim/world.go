@@ -124,9 +124,10 @@ type world struct {
 	downUntil time.Time
 	storeErrP float64
 
-	storeCalls map[string]int // store calls per (op, claim, caller)
-	redrives   map[string]int // operator redrives per message
-	sends      map[string]int // copies sent per message
+	storeCalls map[string]int  // store calls per (op, claim, caller)
+	redrives   map[string]int  // operator redrives per message
+	sends      map[string]int  // copies sent per message
+	rejected   map[string]bool // the downstream gave a final refusal
 	trace      []string
 	start      time.Time
 	violations []violation
@@ -311,6 +312,9 @@ func (w *world) handler(who string) sbclaim.HandlerFunc {
 			w.note("%s call %d by %s key %s: 401", msg, i, who, key)
 			return sbclaim.Misconfigured(errors.New("401 unauthorized"))
 		case callReject:
+			w.mu.Lock()
+			w.rejected[msg] = true
+			w.mu.Unlock()
 			w.note("%s call %d by %s key %s: 402 rejected", msg, i, who, key)
 			return sbclaim.Rejected(errors.New("402 declined"))
 		case callSlow:
@@ -619,6 +623,7 @@ func run(seed uint64, verbose io.Writer) *result {
 		redrives:   map[string]int{},
 		storeCalls: map[string]int{},
 		sends:      map[string]int{},
+		rejected:   map[string]bool{},
 		start:      time.Now(),
 	}
 	lvl := slog.LevelError + 100
@@ -1015,7 +1020,10 @@ func (w *world) verify(ctx context.Context) {
 			c = &cs[i]
 		}
 		switch {
-		case c == nil && (len(keys[m.id]) > 0 || dead[m.id] != "" || kept[m.id]):
+		case c == nil && (len(keys[m.id]) > 0 || dead[m.id] != "" || kept[m.id] || w.rejected[m.id]):
+			// (rejected: a final answer; reached by a redrive or recovery
+			// after its message was gone, it has no dead letter, and its
+			// failed claim is purged after the retention)
 			// effected (and its claim purged after the retention), failed
 			// and dead-lettered, or still at the broker
 		case c == nil:
