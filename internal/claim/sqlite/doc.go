@@ -16,6 +16,9 @@
 // INSERT ... ON CONFLICT DO NOTHING RETURNING and, when some keys already
 // existed, one SELECT of those rows.
 //
-// Times are stored as TEXT written by strftime('%Y-%m-%dT%H:%M:%f','now'):
-// UTC, millisecond precision, fixed width so text order is time order.
+// Times are stored as TEXT written by strftime('%Y-%m-%dT%H:%M:%f',now):
+// UTC, millisecond precision, fixed width so text order is time order. The
+// now is sbclaim_now(), the Go process's time.Now (see clock.go), which is
+// the machine clock SQLite's own 'now' reads, and a fake clock in a
+// testing/synctest simulation.
 package sqlite

@@ -251,3 +251,11 @@ func (s *gateStore) Ping(ctx context.Context) error {
 
 // Close does not close the inner store: wrappers share it.
 func (s *gateStore) Close() error { return nil }
+
+// GateStore wraps inner: every method call first asks gate, which may
+// refuse it (an error: the call never reaches inner) or hold it (block
+// until it returns: a frozen process, a slow database). The simulation
+// (internal/testkit/sim) injects its store faults with it.
+func GateStore(inner claim.Store, gate func(ctx context.Context, op string, id int64) error) claim.Store {
+	return &gateStore{inner: inner, gate: gate}
+}
