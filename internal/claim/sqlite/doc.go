@@ -18,7 +18,7 @@
 //
 // Times are stored as TEXT written by strftime('%Y-%m-%dT%H:%M:%f',now):
 // UTC, millisecond precision, fixed width so text order is time order. The
-// now is sbclaim_now(), the Go process's time.Now (see clock.go), which is
-// the machine clock SQLite's own 'now' reads, and a fake clock in a
-// testing/synctest simulation.
+// now is SQLite's own 'now' (the machine clock, the same for a whole
+// statement), unless a simulation switched the store to Go's time.Now()
+// (UseGoClock: a testing/synctest bubble's fake clock; see clock.go).
 package sqlite

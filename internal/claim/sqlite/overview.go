@@ -64,7 +64,7 @@ func overviewQueries(p sqlstore.Overview) []overviewQuery {
 	sums := make([]string, len(claim.AgeBuckets))
 	args := make([]any, len(claim.AgeBuckets))
 	for i, b := range claim.AgeBuckets {
-		sums[i] = fmt.Sprintf("coalesce(sum(claimed_utc < strftime('%%Y-%%m-%%dT%%H:%%M:%%f',sbclaim_now(),?%d)), 0)", i+1)
+		sums[i] = fmt.Sprintf("coalesce(sum(claimed_utc < strftime('%%Y-%%m-%%dT%%H:%%M:%%f',coalesce(sbclaim_now(),'now'),?%d)), 0)", i+1)
 		args[i] = ago(b)
 	}
 	qs = append(qs, overviewQuery{name: "ages", sql: "SELECT " + strings.Join(sums, ", ") + " FROM " + unfinishedRows, args: args})
@@ -91,7 +91,7 @@ func overviewQueries(p sqlstore.Overview) []overviewQuery {
 	qs = append(qs, overviewQuery{name: "reasons", sql: `SELECT g, count(*) FROM (SELECT ` + group + ` AS g FROM ` + flaggedRows + `) GROUP BY g`, args: args})
 
 	// Flagged per hour: from the start of the hour Hours-1 hours ago.
-	since := `strftime('%Y-%m-%dT%H:00:00.000',sbclaim_now(),?1)`
+	since := `strftime('%Y-%m-%dT%H:00:00.000',coalesce(sbclaim_now(),'now'),?1)`
 	qs = append(qs, overviewQuery{name: "flagged per hour", sql: `SELECT substr(flagged_utc, 1, 13), count(*) FROM (
 			SELECT flagged_utc FROM ` + flaggedRows + ` AND flagged_utc >= ` + since + `
 			UNION ALL

@@ -139,9 +139,9 @@ func Migrate(ctx context.Context, db *sql.DB) error {
 
 // SQL fragments for the database clock.
 const (
-	nowSQL = `strftime('%Y-%m-%dT%H:%M:%f',sbclaim_now())`
+	nowSQL = `strftime('%Y-%m-%dT%H:%M:%f',coalesce(sbclaim_now(),'now'))`
 	// agoSQL is now minus the modifier in parameter ?1 (see ago).
-	agoSQL = `strftime('%Y-%m-%dT%H:%M:%f',sbclaim_now(),?1)`
+	agoSQL = `strftime('%Y-%m-%dT%H:%M:%f',coalesce(sbclaim_now(),'now'),?1)`
 	// timeLayout parses the text nowSQL writes.
 	timeLayout = "2006-01-02T15:04:05.000"
 )
@@ -464,7 +464,7 @@ func (s *Store) ClaimTx(ctx context.Context, params *claim.ClaimTxParams, fn fun
 
 // laterSQL is now plus the modifier in parameter ?n (see later).
 func laterSQL(n int) string {
-	return fmt.Sprintf(`strftime('%%Y-%%m-%%dT%%H:%%M:%%f',sbclaim_now(),?%d)`, n)
+	return fmt.Sprintf(`strftime('%%Y-%%m-%%dT%%H:%%M:%%f',coalesce(sbclaim_now(),'now'),?%d)`, n)
 }
 
 // later returns the strftime modifier that adds d.
@@ -473,9 +473,9 @@ func later(d time.Duration) string { return fmt.Sprintf("+%.3f seconds", d.Secon
 // takeOverPaths is the precondition of each take-over path beyond owner
 // and route; ?8 is the SilentFor modifier (see ago).
 var takeOverPaths = map[claim.TakeOverPath]string{
-	claim.PathRedelivery: `(state = 'released' OR (state = 'claimed' AND heartbeat_utc < strftime('%Y-%m-%dT%H:%M:%f',sbclaim_now(),?8)))
+	claim.PathRedelivery: `(state = 'released' OR (state = 'claimed' AND heartbeat_utc < strftime('%Y-%m-%dT%H:%M:%f',coalesce(sbclaim_now(),'now'),?8)))
 		AND (deferred_seq IS NULL OR deferred_seq = ?14)`,
-	claim.PathReconciler: `state IN ('claimed', 'released') AND heartbeat_utc < strftime('%Y-%m-%dT%H:%M:%f',sbclaim_now(),?8)
+	claim.PathReconciler: `state IN ('claimed', 'released') AND heartbeat_utc < strftime('%Y-%m-%dT%H:%M:%f',coalesce(sbclaim_now(),'now'),?8)
 		AND (next_attempt_utc IS NULL OR next_attempt_utc <= ` + nowSQL + `)`,
 	claim.PathOperator: `state = 'flagged'`,
 }
@@ -545,7 +545,7 @@ func (s *Store) Flag(ctx context.Context, params *claim.FlagParams) (*claim.Clai
 		WHERE id = ?2 AND owner = ?3 AND state = ?4`
 	args := []any{params.Reason, params.ID, params.Owner.String(), string(params.State)}
 	if params.SilentFor > 0 {
-		q += ` AND heartbeat_utc < strftime('%Y-%m-%dT%H:%M:%f',sbclaim_now(),?5)`
+		q += ` AND heartbeat_utc < strftime('%Y-%m-%dT%H:%M:%f',coalesce(sbclaim_now(),'now'),?5)`
 		args = append(args, ago(params.SilentFor))
 	}
 	out, err := s.changeClaims(ctx, fmt.Sprintf("flag claim %d", params.ID), claim.ChangeFlagged, "flagged_from",

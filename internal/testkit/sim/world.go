@@ -612,6 +612,10 @@ type result struct {
 }
 
 // run simulates one seed. It must be called inside a synctest bubble.
+// The store reads the bubble's fake clock (sqlite.UseGoClock): every
+// time expression of every simulated store.
+func init() { sqlite.UseGoClock(true) }
+
 func run(seed uint64, verbose io.Writer) *result {
 	w := &world{
 		seed:       seed,
