@@ -35,7 +35,7 @@ func TestParseConfig(t *testing.T) {
 			t.Errorf("%q: %v, want an error naming %q", tc.args, err, tc.want)
 		}
 	}
-	for _, ok := range []string{"127.0.0.1:8082", "[::1]:0", "localhost:8082"} {
+	for _, ok := range []string{"127.0.0.1:18082", "[::1]:0", "localhost:18082"} {
 		if _, err := parseConfig([]string{"-console-addr", ok}, io.Discard); err != nil {
 			t.Errorf("-console-addr %s: %v", ok, err)
 		}
