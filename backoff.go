@@ -10,8 +10,8 @@ import (
 // NotPerformed (or, on a RecoveryAuto route, an unknown outcome), the
 // processor records on the claim when to try again and defers the message
 // at Service Bus; it fetches it by its sequence number when due, without
-// a redelivery storm. A downstream's Retry-After (Error.RetryAfter) wins
-// when it asks for longer. After Horizon since the first postponement the
+// a redelivery storm. A delay the handler passes on (NotPerformedAfter,
+// or a Retry-After through HTTPOutcome) wins when it asks for longer. After Horizon since the first postponement the
 // claim is flagged for an operator, with a reason naming the route.
 //
 // The zero value is DefaultBackoff: 10s, ×2, at most 10m, ±20%, for 24h.
