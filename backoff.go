@@ -11,10 +11,11 @@ import (
 // processor records on the claim when to try again and defers the message
 // at Service Bus; it fetches it by its sequence number when due, without
 // a redelivery storm. A downstream's Retry-After wins when it asks for
-// longer: an HTTP route's answers honour the header (docs/answers.md), and
-// a route's breaker asks for its probe time; a HandlerFunc has no way to
-// pass one yet. After Horizon since the first postponement the claim is
-// flagged for an operator, with a reason naming the route.
+// longer: an HTTP route's answers honour the header (docs/answers.md), a
+// Go handler passes one with NotPerformedAfter or through HTTPOutcome,
+// and a route's breaker asks for its probe time. After Horizon since the
+// first postponement the claim is flagged for an operator, with a reason
+// naming the route.
 //
 // The zero value is DefaultBackoff: 10s, ×2, at most 10m, ±20%, for 24h.
 // Fields left zero in a partly set Backoff take those values; Off turns

@@ -2,6 +2,7 @@ package sbclaim
 
 import (
 	"context"
+	"iter"
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
@@ -248,10 +249,16 @@ type ClaimFilter struct {
 	// exactly (case-sensitive; % and _ are plain characters).
 	ReasonPrefix string
 	AfterID      int64 // keyset paging: only ids greater than this
-	Limit        int   // default 100
+	// Limit is the most claims one Claims call returns (default 100): a
+	// page, not the whole answer. AllClaims reads every claim, a page of
+	// Limit at a time.
+	Limit int
 }
 
-// Claims returns claims, oldest id first.
+// Claims returns ONE PAGE of claims, oldest id first: at most f.Limit
+// (default 100), so a count over more claims than that is wrong. Read
+// the next page with f.AfterID set to the last claim's ID, or range over
+// AllClaims, which does that.
 func (s *Store) Claims(ctx context.Context, f ClaimFilter) ([]*Claim, error) {
 	p := &claim.ListParams{Consumer: f.Consumer, OlderThan: f.OlderThan, Route: f.Route, ReasonPrefix: f.ReasonPrefix,
 		AfterID: f.AfterID, Limit: f.Limit}
@@ -267,6 +274,37 @@ func (s *Store) Claims(ctx context.Context, f ClaimFilter) ([]*Claim, error) {
 		out[i] = publicClaim(c)
 	}
 	return out, nil
+}
+
+// AllClaims returns every claim f selects, oldest id first, reading a
+// page of f.Limit (default 100) at a time from f.AfterID on; it never
+// stops short. A read that fails yields (nil, err) and ends the sequence.
+//
+//	for c, err := range store.AllClaims(ctx, sbclaim.ClaimFilter{States: ...}) {
+//		if err != nil {
+//			return err
+//		}
+//		...
+//	}
+func (s *Store) AllClaims(ctx context.Context, f ClaimFilter) iter.Seq2[*Claim, error] {
+	return func(yield func(*Claim, error) bool) {
+		for {
+			page, err := s.Claims(ctx, f)
+			if err != nil {
+				yield(nil, err)
+				return
+			}
+			for _, c := range page {
+				if !yield(c, nil) {
+					return
+				}
+			}
+			if len(page) == 0 {
+				return
+			}
+			f.AfterID = page[len(page)-1].ID
+		}
+	}
 }
 
 // Now returns the database clock (UTC): the clock every time on a claim

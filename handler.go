@@ -108,7 +108,9 @@ func newDelivery(ctx context.Context, msg *azservicebus.ReceivedMessage, key str
 //   - NotPerformed(err): definitely not performed (a connection refused,
 //     a 503, a 429). The claim is released and the message retried later,
 //     on the route's Backoff (deferred at Service Bus; with Backoff.Off,
-//     handed back for a redelivery at once).
+//     handed back for a redelivery at once). NotPerformedAfter(err, d)
+//     waits at least d (the downstream's Retry-After). HTTPOutcome maps
+//     an HTTP response or transport error to these outcomes in one call.
 //   - Misconfigured(err): an answer about this program's configuration
 //     (a 401 after a key rotation): not performed and not final; the
 //     route's breaker opens and its messages wait for the fix.

@@ -2,6 +2,8 @@ package sbclaim
 
 import (
 	"cmp"
+	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -85,6 +87,9 @@ type Route struct {
 	Backoff Backoff
 	// Breaker is the route's breaker (zero: DefaultBreaker).
 	Breaker Breaker
+	// Middleware wraps this route's handler, inside the router's (see
+	// Router.Use): the first is the outermost.
+	Middleware []Middleware
 }
 
 // Router picks a message's route: the first registered route whose Match
@@ -99,6 +104,7 @@ type Route struct {
 type Router struct {
 	entries []sideeffects.Router
 	names   map[string]bool
+	use     []Middleware
 }
 
 // NewRouter returns a router with routes, or an error naming every route
@@ -134,7 +140,7 @@ func (r *Router) Add(rt Route) error {
 	}
 	r.init()
 	r.names[rt.Name] = true
-	r.entries = append(r.entries, newGoRoute(rt))
+	r.entries = append(r.entries, r.newGoRoute(rt))
 	return nil
 }
 
@@ -183,14 +189,19 @@ type goRoute struct {
 	route sideeffects.Routes
 }
 
-func newGoRoute(rt Route) goRoute {
+func (r *Router) newGoRoute(rt Route) goRoute {
 	in := sideeffects.Route{Name: rt.Name, Match: sideeffects.Match{Subject: sideeffects.AnySubject},
 		JSONBody: rt.JSONBody, Recovery: sideeffects.Recovery(cmp.Or(rt.Recovery, RecoveryAuto)), Version: rt.Version, AllowNewKey: rt.AllowNewKey,
 		KeyLifetime: rt.KeyLifetime, Backoff: rt.Backoff.internal(), Breaker: rt.Breaker.internal()}
-	if rt.Handler != nil {
-		in.Effect = rt.Handler.effect()
+	if h := rt.Handler; h != nil {
+		in.Effect = HandlerFunc(func(ctx context.Context, d *Delivery) error {
+			return r.wrap(rt.Middleware, h)(ctx, d)
+		}).effect()
 	} else {
-		in.TxEffect = rt.TxHandler.txEffect()
+		h := rt.TxHandler
+		in.TxEffect = TxHandlerFunc(func(ctx context.Context, tx *sql.Tx, d *Delivery) error {
+			return r.wrap(rt.Middleware, func(ctx context.Context, d *Delivery) error { return h(ctx, tx, d) })(ctx, d)
+		}).txEffect()
 	}
 	return goRoute{match: rt.Match, route: sideeffects.Routes{in}}
 }

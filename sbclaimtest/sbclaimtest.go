@@ -1,10 +1,18 @@
 // Package sbclaimtest helps test sbclaim handlers without Service Bus and
 // without a database server: an in-memory queue that behaves like Service
 // Bus (peek-lock, lock expiry, redelivery with a growing DeliveryCount,
-// dead-lettering at MaxDeliveryCount, the SDK's own message types and
-// errors), a migrated SQLite claims store in the test's temporary
-// directory, and a processor run for the length of a test, with faults: a
-// crash right after the effect, before its outcome is recorded.
+// dead-lettering at MaxDeliveryCount, deferral, the SDK's own message
+// types and errors), a migrated SQLite claims store in the test's
+// temporary directory, and a processor run for the length of a test with
+// short delays everywhere (see Start) and its logs in the test's output,
+// with faults: a crash right after the effect, before its outcome is
+// recorded.
+//
+// A unit test runs one message through the real protocol and checks what
+// happened (Work):
+//
+//	res := sbclaimtest.Work(t, sbclaim.ProcessorConfig{Router: router}, sbclaimtest.Message(t, "order-42", "", order))
+//	// res.Settlement, res.Outcome, res.Err, res.Claim, res.History
 //
 // A handler test sends messages (duplicates too), waits until the queue is
 // idle, and checks what the handler did and the claims:
@@ -12,8 +20,8 @@
 //	store := sbclaimtest.NewStore(t)
 //	queue := sbclaimtest.NewQueue(nil)
 //	sbclaimtest.Start(t, sbclaim.ProcessorConfig{Consumer: "billing", Store: store, Router: router}, queue)
-//	queue.Send(ctx, &azservicebus.Message{MessageID: to.Ptr("order-42"), Body: body})
-//	queue.WaitIdle(ctx)
+//	queue.SendAndWait(t, sbclaimtest.Message(t, "order-42", "", order))
+//	c := sbclaimtest.ClaimByKey(t, store, "order-42")
 package sbclaimtest
 
 import (
@@ -28,6 +36,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
 	"github.com/sbclaim/sbclaim"
+	"github.com/sbclaim/sbclaim/internal/bridge"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
@@ -137,17 +146,33 @@ type options struct {
 func CrashAfterEffect(n int) Option { return func(o *options) { o.crashes = n } }
 
 // Start runs a processor on queue until the test ends. cfg.NewReceiver is
-// set to the queue's; zero timings get short test values: heartbeat
-// 100ms, take-over after 2s (long enough that a loaded machine running
-// -race never takes a live holder's claim over, short enough for
-// CrashAfterEffect), a 1s retry budget.
+// set to the queue's, and everything left zero gets a short test value, so
+// no test waits on a production delay:
+//
+//   - heartbeat 100ms; take-over after 2s (long enough that a loaded
+//     machine running -race never takes a live holder's claim over, short
+//     enough for CrashAfterEffect);
+//   - the in-delivery retry: 10ms first interval, a 1s budget;
+//   - delayed retries: a deferred message is looked for every 20ms
+//     (DeferPollInterval), and a route that sets no Backoff waits 10ms,
+//     doubling to at most 100ms (instead of 10s to 10m);
+//   - a route that sets no Breaker probes 50ms after it opened (instead
+//     of 30s);
+//   - the processor's logs go to the test's output (t.Log), shown for a
+//     failed test or with -v.
 func Start(t testing.TB, cfg sbclaim.ProcessorConfig, queue *Queue, opts ...Option) {
 	t.Helper()
 	var o options
 	for _, opt := range opts {
 		opt(&o)
 	}
+	cfg = testConfig(t, cfg)
 	cfg.NewReceiver = queue.NewReceiver
+	t.Cleanup(run(t, cfg, o))
+}
+
+// testConfig fills cfg's zero fields with the kit's short test values.
+func testConfig(t testing.TB, cfg sbclaim.ProcessorConfig) sbclaim.ProcessorConfig {
 	if cfg.HeartbeatInterval == 0 {
 		cfg.HeartbeatInterval = 100 * time.Millisecond
 	}
@@ -160,9 +185,25 @@ func Start(t testing.TB, cfg sbclaim.ProcessorConfig, queue *Queue, opts ...Opti
 	if cfg.Retry.InitialInterval == 0 {
 		cfg.Retry.InitialInterval = 10 * time.Millisecond
 	}
+	if cfg.DeferPollInterval == 0 {
+		cfg.DeferPollInterval = 20 * time.Millisecond
+	}
 	if cfg.Consumer == "" {
 		cfg.Consumer = "test"
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
+	}
+	if cfg.Router != nil {
+		cfg.Router = bridge.NewRouter(fastRouter{inner: bridge.RouterOf(cfg.Router)}).(*sbclaim.Router)
+	}
+	return cfg
+}
+
+// run starts a processor with cfg; the function it returns stops it and
+// waits until it returned.
+func run(t testing.TB, cfg sbclaim.ProcessorConfig, o options) (stop func()) {
+	t.Helper()
 	p, err := sbclaim.NewProcessor(cfg)
 	if err != nil {
 		t.Fatalf("sbclaimtest: %v", err)
@@ -183,7 +224,7 @@ func Start(t testing.TB, cfg sbclaim.ProcessorConfig, queue *Queue, opts ...Opti
 	}
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
-	t.Cleanup(func() {
+	return sync.OnceFunc(func() {
 		cancel()
 		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
 			t.Errorf("sbclaimtest: processor: %v", err)
