@@ -117,7 +117,9 @@ func TestNotPerformedAfterDelaysTheRetry(t *testing.T) {
 	})
 	before := time.Now()
 	send(t, q, message("m-1", "charge", `{}`))
-	c := waitClaim(t, st, func(c *sbclaim.Claim) bool { return c.Postponements > 0 })
+	// DueAt is recorded once the message is deferred at the broker
+	// (SetDue, after the postponement's write): wait for it.
+	c := waitClaim(t, st, func(c *sbclaim.Claim) bool { return c.Postponements > 0 && c.DueAt != nil })
 	if ran.Load() != 1 {
 		t.Fatalf("handler ran %d times, want 1 (the retry is an hour away)", ran.Load())
 	}
