@@ -20,8 +20,20 @@
 // idempotency key, and returns what happened: nil (performed),
 // NotPerformed, Misconfigured, Rejected, Permanent, KeyConflict or
 // NeedsOperator; any other error, or a panic, means the outcome is
-// unknown. A TxHandlerFunc writes only to the
-// claims database, in the transaction that inserts the claim.
+// unknown. Rejected, Permanent and KeyConflict have the same effect (the
+// claim fails, the message is dead-lettered once, the effect is never
+// repeated) and differ only in the dead letter's reason: EffectRejected,
+// EffectFailed, IdempotencyKeyConflict. NotPerformedAfter passes on the
+// delay a downstream asked for. A TxHandlerFunc writes only to the
+// claims database, in the transaction that inserts the claim (Store.Rebind
+// writes its ? placeholders in the store's dialect).
+//
+// What a handler writer needs, in short: HandlerFunc and TxHandlerFunc,
+// Delivery, the outcome wrappers above, HTTPOutcome (a net/http answer or
+// error to the outcome, by the routes file's rules: one call for a
+// raw-HTTP handler), JSON and JSONTx (a typed payload), Route, Router and
+// Middleware (Router.Use), and package sbclaimtest (Work, Start). The rest
+// of this package runs the processor and serves operators.
 //
 //	charge := func(ctx context.Context, d *sbclaim.Delivery) error {
 //		params := &stripe.PaymentIntentCreateParams{Amount: stripe.Int64(1999), Currency: stripe.String("usd")}
@@ -50,9 +62,10 @@
 // runs the periodic passes — recovery with your handlers, the flags for
 // operators and the purge — in your binary or in the reconciler command.
 //
-// Package sbclaimtest has what a handler's tests need: an in-memory queue
+// Package sbclaimtest has what a handler's tests need: Work (one message
+// through the real protocol, and what became of it), an in-memory queue
 // with Service Bus's delivery semantics, a SQLite store in the test's
-// directory, and crashes.
+// directory, short delays, and crashes.
 //
 // The protocol, the claim states and why they are shaped so are in
 // docs/design.md; running and operating it in the guides (docs/README.md).

@@ -90,7 +90,8 @@ func (s *Store) DB() *sql.DB {
 
 // Dialect returns the database's dialect: "sqlserver", "postgres" or
 // "sqlite" ("" for a store this module did not open), for SQL that
-// differs between them, such as placeholders (@p1, $1, ?).
+// differs between them. For placeholders (@p1, $1, ?), write ? and use
+// Rebind.
 func (s *Store) Dialect() string { return s.dialect }
 
 // Ping checks the database answers.
