@@ -637,34 +637,13 @@ func TestDeferredMessageLockedByASilentHolderIsLookedForAgain(t *testing.T) {
 		b := setup(t, be, membus.QueueOptions{LockDuration: 2 * time.Second})
 		ms := &muteStore{Store: b.store, Deferrer: b.store.(claim.Deferrer), mute: map[string]bool{}}
 		b.store = ms
-		b.eff.behave = func(_, key string, call int) error {
-			switch call {
-			case 1:
-				return sideeffects.Retryable(errors.New("downstream 503"))
-			case 2:
-				// The fetched delivery: its holder goes silent, and the
-				// effect waits until a poll took the claim, missed the
-				// locked message, and gave the claim back as deferred —
-				// then runs on for a second, past the lock duration
-				// (0.5 s) but within the wait for the holder (2.5 s): a
-				// poll that looked again after the lock duration alone
-				// would miss the message again and forget it.
-				c := b.claimOf(key)
-				ms.mu.Lock()
-				ms.mute[c.Owner.String()] = true
-				ms.mu.Unlock()
-				deadline := time.Now().Add(30 * time.Second)
-				for time.Now().Before(deadline) {
-					if c := b.claimOf(key); c.Postponements >= 2 && c.Deferred() {
-						time.Sleep(time.Second)
-						return nil
-					}
-					time.Sleep(20 * time.Millisecond)
-				}
-				return errors.New("the claim was never given back")
-			}
-			return nil
-		}
+		// The fetched delivery: its holder goes silent, and the effect
+		// waits until a poll took the claim, missed the locked message,
+		// and gave the claim back as deferred — then runs on for a
+		// second, past the lock duration (0.5 s) but within the wait for
+		// the holder (2.5 s): a poll that looked again after the lock
+		// duration alone would miss the message again and forget it.
+		b.eff.behave = silentFetchedHolder(b, ms, func(c *claim.Claim) bool { return c.Postponements >= 2 && c.Deferred() })
 		opts := b.deferOptions()
 		opts.HeartbeatInterval, opts.TakeoverAfter = 100*time.Millisecond, time.Second
 		// How long the claim waits for the silent holder's lock to end:
@@ -859,30 +838,12 @@ func silentManualHolder(t *testing.T, stored bool) {
 		b := setup(t, be, membus.QueueOptions{LockDuration: 2 * time.Second})
 		ms := &muteStore{Store: b.store, Deferrer: b.store.(claim.Deferrer), mute: map[string]bool{}}
 		b.store = ms
-		b.eff.behave = func(_, key string, call int) error {
-			switch call {
-			case 1:
-				return sideeffects.Retryable(errors.New("downstream 503"))
-			case 2:
-				// The fetched delivery: its holder goes silent, and the
-				// effect returns (performed) only once a poll took the
-				// claim and missed the locked message.
-				c := b.claimOf(key)
-				ms.mu.Lock()
-				ms.mute[c.Owner.String()] = true
-				ms.mu.Unlock()
-				deadline := time.Now().Add(30 * time.Second)
-				for time.Now().Before(deadline) {
-					if c := b.claimOf(key); c.State == claim.StateFlagged || (c.Postponements >= 2 && c.Deferred()) {
-						time.Sleep(time.Second)
-						return nil
-					}
-					time.Sleep(20 * time.Millisecond)
-				}
-				return errors.New("the claim was never taken from its silent holder")
-			}
-			return nil
-		}
+		// The fetched delivery: its holder goes silent, and the effect
+		// returns (performed) only once a poll took the claim and missed
+		// the locked message.
+		b.eff.behave = silentFetchedHolder(b, ms, func(c *claim.Claim) bool {
+			return c.State == claim.StateFlagged || (c.Postponements >= 2 && c.Deferred())
+		})
 		opts := b.deferOptions()
 		opts.HeartbeatInterval, opts.TakeoverAfter = 100*time.Millisecond, time.Second
 		opts.MaxLockRenewal, opts.LockDuration, opts.SettleTimeout = 1500*time.Millisecond, 500*time.Millisecond, 500*time.Millisecond
@@ -951,4 +912,33 @@ func TestResubmittedCopyOfADeadLetteredFetchedMessageRuns(t *testing.T) {
 			t.Fatalf("claim %s (%s), want processed", c.State, c.LastError)
 		}
 	})
+}
+
+// silentFetchedHolder is an effect behaviour for the silent-holder tests:
+// the first call is refused (the message is deferred); on the second (the
+// fetched delivery) the holder's heartbeats are muted, and the effect
+// waits until the claim, as read, satisfies taken (a poller took it from
+// the silent holder), runs on for a second, and succeeds.
+func silentFetchedHolder(b *bundle, ms *muteStore, taken func(*claim.Claim) bool) func(_, key string, call int) error {
+	return func(_, key string, call int) error {
+		switch call {
+		case 1:
+			return sideeffects.Retryable(errors.New("downstream 503"))
+		case 2:
+			c := b.claimOf(key)
+			ms.mu.Lock()
+			ms.mute[c.Owner.String()] = true
+			ms.mu.Unlock()
+			deadline := time.Now().Add(30 * time.Second)
+			for time.Now().Before(deadline) {
+				if taken(b.claimOf(key)) {
+					time.Sleep(time.Second)
+					return nil
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			return errors.New("the claim was never taken from its silent holder")
+		}
+		return nil
+	}
 }
