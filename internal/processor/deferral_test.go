@@ -249,7 +249,6 @@ func TestCrashBetweenRecordingTheDeferralAndDeferring(t *testing.T) {
 		b.start(opts)
 		b.send("m1", "pay", `{}`, nil)
 		b.waitCompleted(b.q, "m1", 1)
-		b.waitIdle()
 		if calls, done := b.eff.Calls("m1"), b.eff.Performed("m1"); calls != 2 || done != 1 {
 			t.Fatalf("calls %d, performed %d; want 2 and 1", calls, done)
 		}
@@ -310,7 +309,6 @@ func TestTwoReplicasRaceForADueMessage(t *testing.T) {
 		}
 		b.send("m1", "pay", `{}`, nil)
 		b.waitCompleted(b.q, "m1", 1)
-		b.waitIdle()
 		if calls, done := b.eff.Calls("m1"), b.eff.Performed("m1"); calls != 2 || done != 1 {
 			t.Fatalf("calls %d, performed %d; want 2 and 1", calls, done)
 		}
@@ -941,4 +939,73 @@ func silentFetchedHolder(b *bundle, ms *muteStore, taken func(*claim.Claim) bool
 		}
 		return nil
 	}
+}
+
+// TestCopyOfAPayloadlessClaimRunsWhenItsDeferredMessageIsGone: a claim
+// that stored no payload is released and names its deferred message,
+// which left the broker meanwhile (here dead-lettered by hand; in the
+// simulation's seed 218, by its delivery count once a dead holder's lock
+// ended). A copy of the key (an operator re-submitting the dead letter)
+// must not be completed on that message's behalf: the processor peeks
+// from the claim's sequence number, finds nothing, forgets the message
+// and runs the copy. While the message is still deferred, a copy is
+// completed without a call (it carries the work).
+func TestCopyOfAPayloadlessClaimRunsWhenItsDeferredMessageIsGone(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		var down atomic.Bool
+		down.Store(true)
+		b.eff.behave = func(_, _ string, _ int) error {
+			if down.Load() {
+				return sideeffects.Retryable(errors.New("downstream 503"))
+			}
+			return nil
+		}
+		opts := b.deferOptions()
+		b.router.backoff = sideeffects.Backoff{First: time.Hour, Factor: 1, Max: time.Hour, Horizon: 24 * time.Hour}
+		opts.StorePayload = false
+		b.start(opts)
+		b.send("m1", "pay", `{}`, nil)
+		var seq int64
+		b.eventually("the message is deferred for an hour", func() bool {
+			for _, c := range b.claims() {
+				if c.MessageID == "m1" && c.DeferredSeq != nil && c.DueAt != nil {
+					seq = *c.DeferredSeq
+					return true
+				}
+			}
+			return false
+		})
+		down.Store(false)
+
+		// A copy while the message is deferred: completed, no call.
+		b.send("m1", "pay", `{}`, nil)
+		b.waitCompleted(b.q, "m1", 1)
+		if calls := b.eff.Calls("m1"); calls != 1 {
+			t.Fatalf("calls %d after a copy of a deferred message, want 1 (the refused one)", calls)
+		}
+
+		// The deferred message leaves the broker; the claim still names it.
+		ctx := context.Background()
+		r := b.q.NewReceiver()
+		ms, err := r.ReceiveDeferredMessages(ctx, []int64{seq}, nil)
+		if err != nil || len(ms) != 1 {
+			t.Fatalf("fetching the deferred message: %v (%d)", err, len(ms))
+		}
+		if err := r.DeadLetterMessage(ctx, ms[0], nil); err != nil {
+			t.Fatal(err)
+		}
+		if c := b.claimOf("m1"); c.DeferredSeq == nil || *c.DeferredSeq != seq {
+			t.Fatalf("the claim forgot its message before the copy came (%v)", c.DeferredSeq)
+		}
+		b.send("m1", "pay", `{}`, nil) // the operator re-submits it
+		b.waitCompleted(b.q, "m1", 2)
+		b.waitIdle()
+		if got := b.eff.Performed("m1"); got != 1 {
+			t.Fatalf("performed %d times, want 1: the copy must run the work its vanished message carried", got)
+		}
+		if c := b.claimOf("m1"); c.State != claim.StateProcessed || c.DeferredSeq != nil {
+			t.Fatalf("claim %s naming %v (%s), want processed and naming no message", c.State, c.DeferredSeq, c.LastError)
+		}
+	})
 }

@@ -331,7 +331,7 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 		released := c.State == claim.StateReleased
 		routeChanged := c.RouteDiffers(d.handler.Name, d.handler.Fingerprint)
 		step := protocol.DuplicateStep{State: protocol.State(c.State), Elsewhere: protocol.Elsewhere(claimMessage(c), d.msg.SequenceNumber),
-			RouteChanged: routeChanged, Manual: d.handler.Manual(), Quiet: released}
+			PayloadStored: c.Payload != nil, RouteChanged: routeChanged, Manual: d.handler.Manual(), Quiet: released}
 		// Whether the holder is silent: a released claim has none; for a
 		// take-over the guarded UPDATE itself judges it; otherwise ask the
 		// database clock. A route whose downstream forgets keys asks it
@@ -346,7 +346,26 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 			expiredReason, step.KeyExpired = held.KeyExpired(c, d.handler.KeyLifetime, now)
 		}
 		again := false // the claim changed under us: decide again at once
-		switch protocol.Duplicate(step) {
+		action := protocol.Duplicate(step)
+		if action == protocol.DupPeek {
+			// The claim stored no payload and names another message: this
+			// copy is completed on that message's behalf only if it is
+			// surely at the broker.
+			step.Carrier = p.peekCarrier(work, d, *c.DeferredSeq)
+			action = protocol.Duplicate(step)
+		}
+		switch action {
+		case protocol.DupForget:
+			// The claim's message left the broker (settled, or
+			// dead-lettered by its delivery count) while the claim still
+			// names it: forget it (guarded on its sequence number), and
+			// this copy carries the work.
+			d.log.Info("the claim's deferred message is gone from the broker and the claim stored no payload: this copy carries the work",
+				"claim_id", c.ID, "claim_sequence_number", *c.DeferredSeq)
+			if err := p.forget(work, c.ID, *c.DeferredSeq); err != nil {
+				return abandoned(ResultAbandoned, "why", "forgetting the claim's vanished message failed", "error", err)
+			}
+			again = true
 		case protocol.DupComplete:
 			why := "finished"
 			switch {
@@ -414,7 +433,7 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 				d.log.Debug("claim held by a live attempt; waiting for its outcome", "holder", c.ClaimedBy)
 			}
 			if time.Now().Add(poll).After(until) {
-				dec := protocol.WatchEnded(messageless(c))
+				dec := protocol.WatchEnded(messageless(c), step.Elsewhere != "" && !step.PayloadStored)
 				return verdict{result: dec.Result, settle: dec.Settle, attrs: []any{"why", dec.Why, "holder", c.ClaimedBy, "path", string(c.TakeOverPath)}}
 			}
 			select {
@@ -430,6 +449,26 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 		}
 		c = now
 	}
+}
+
+// peekCarrier peeks at the broker from sequence number seq (the claim's
+// message, deferred or held elsewhere) without locking it: is it still
+// there, and on which delivery? Peeking sees locked and deferred
+// messages, never dead-lettered or settled ones.
+func (p *Processor) peekCarrier(ctx context.Context, d *delivery, seq int64) protocol.Carrier {
+	pctx, cancel := context.WithTimeout(ctx, p.opts.SettleTimeout)
+	defer cancel()
+	ms, err := d.lr.r.PeekMessages(pctx, 1, &azservicebus.PeekMessagesOptions{FromSequenceNumber: &seq})
+	switch {
+	case err != nil:
+		d.log.Warn("peeking at the claim's deferred message failed", "claim_sequence_number", seq, "error", err)
+		return protocol.CarrierUnknown
+	case len(ms) == 0 || ms[0].SequenceNumber == nil || *ms[0].SequenceNumber != seq:
+		return protocol.CarrierGone
+	case int(ms[0].DeliveryCount) >= p.opts.MaxDeliveryCount:
+		return protocol.CarrierAtRisk
+	}
+	return protocol.CarrierThere
 }
 
 // messageless reports whether c is held by a holder that has no message

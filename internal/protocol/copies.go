@@ -172,9 +172,30 @@ const (
 	DupFlagKeyExpired                          // flag: the key is older than the downstream keeps keys
 	DupTakeOver                                // take it over (guarded: refuses a live holder) and run it
 	DupWait                                    // wait for the live holder's outcome, then look again
+	DupPeek                                    // peek the broker for the claim's message (Carrier), then decide again
+	DupForget                                  // forget the claim's message, gone from the broker (ClearDeferred), then look again
 )
 
-var dupNames = [...]string{"complete", "failed copy", "flag route changed", "leave to the reconciler", "flag key expired", "take over", "wait"}
+var dupNames = [...]string{"complete", "failed copy", "flag route changed", "leave to the reconciler", "flag key expired", "take over", "wait", "peek", "forget its message"}
+
+// Carrier is what a peek at the broker (from the claim's sequence number)
+// said of the claim's message, when a copy would be completed on that
+// message's behalf and the claim stored no payload: then that message is
+// the only other copy of the body.
+type Carrier int
+
+// The carriers.
+const (
+	CarrierUnchecked Carrier = iota // not peeked
+	CarrierThere                    // at the broker, not on its last delivery
+	CarrierAtRisk                   // at the broker on its last delivery: the end of its lock dead-letters it
+	CarrierGone                     // not at the broker: settled, or dead-lettered
+	CarrierUnknown                  // the peek failed
+)
+
+var carrierNames = [...]string{"unchecked", "there", "on its last delivery", "gone", "unknown"}
+
+func (c Carrier) String() string { return carrierNames[c] }
 
 func (a DuplicateAction) String() string { return dupNames[a] }
 
@@ -184,6 +205,11 @@ type DuplicateStep struct {
 	State State
 	// Elsewhere: the claim's own message carries the work (Elsewhere).
 	Elsewhere string
+	// PayloadStored: the claim stored its payload, which carries the work
+	// whatever becomes of its message; without it, Carrier is what a
+	// peek said of that message (read only when Elsewhere).
+	PayloadStored bool
+	Carrier       Carrier
 	// RouteChanged: the delivery routes elsewhere than the claim was
 	// taken for; Manual: its route is recovery manual.
 	RouteChanged, Manual bool
@@ -205,7 +231,13 @@ func NeedsClock(state State, manual, routeChanged, keyLifetime bool) bool {
 //
 //	processed, resolved, flagged             ─► complete
 //	failed                                   ─► failed copy
-//	its message carries the work elsewhere   ─► complete
+//	its message carries the work elsewhere,
+//	  with a stored payload                  ─► complete
+//	  without: not peeked yet                ─► peek
+//	           at the broker                 ─► complete
+//	           gone from the broker          ─► forget it, look again
+//	           last delivery, or peek failed ─► wait (the copy may be the
+//	                                            only body left)
 //	route changed, holder gone               ─► flag
 //	manual route, holder silent              ─► complete (the reconciler flags it)
 //	key expired, holder gone                 ─► flag
@@ -219,7 +251,17 @@ func Duplicate(s DuplicateStep) DuplicateAction {
 		return DupFailedCopy
 	}
 	if s.Elsewhere != "" {
-		return DupComplete
+		// A copy completed on another message's behalf must leave the
+		// body somewhere: the claim's payload, or that message for sure.
+		switch {
+		case s.PayloadStored || s.Carrier == CarrierThere:
+			return DupComplete
+		case s.Carrier == CarrierUnchecked:
+			return DupPeek
+		case s.Carrier == CarrierGone:
+			return DupForget
+		}
+		return DupWait
 	}
 	released := s.State == Released
 	switch {
@@ -252,9 +294,15 @@ func MessageLeaves(s Settle, lastDelivery bool) bool {
 //	the holder has no message (the reconciler's recovery, an operator's
 //	redrive) ─► abandon: a final answer it reaches can only be
 //	            dead-lettered by a copy, and the redelivery watches again
+//	the claim stored no payload and its message is not surely at the
+//	broker (Carrier) ─► abandon: this copy may be the only body left
 //	otherwise ─► complete: the claim is the trace, the holder settles its
 //	            own message, and if it dies the reconciler recovers it
-func WatchEnded(messageless bool) Decision {
+func WatchEnded(messageless, unsureCarrier bool) Decision {
+	if unsureCarrier {
+		return Decision{Settle: Abandon, Result: ResultAbandoned,
+			Why: "the claim stored no payload and its message was not surely at the broker at the end of the lock-renewal window: this copy is kept"}
+	}
 	if messageless {
 		return Decision{Settle: Abandon, Result: ResultAbandoned,
 			Why: "holder without a message (recovery or redrive) still alive at the end of the lock-renewal window: the message is kept for its outcome"}

@@ -248,37 +248,49 @@ func render() (string, int) {
 
 	// A duplicate's next move.
 	rows = rows[:0]
+	type carrier struct {
+		label   string
+		payload bool
+		c       protocol.Carrier
+	}
+	carriers := []carrier{{"yes, payload stored", true, protocol.CarrierUnchecked}}
+	for _, c := range []protocol.Carrier{protocol.CarrierUnchecked, protocol.CarrierThere, protocol.CarrierAtRisk, protocol.CarrierGone, protocol.CarrierUnknown} {
+		carriers = append(carriers, carrier{"yes, no payload; its message: " + c.String(), false, c})
+	}
 	for _, st := range []protocol.State{protocol.Claimed, protocol.Released, protocol.Processed, protocol.Failed, protocol.Flagged, protocol.Resolved} {
-		for _, elsewhere := range []bool{false, true} {
-			for _, changed := range []bool{false, true} {
-				for _, manual := range []bool{false, true} {
-					for _, quiet := range []bool{false, true} {
-						for _, expired := range []bool{false, true} {
-							if st == protocol.Released && !quiet {
-								continue // a released claim has no holder
-							}
-							s := protocol.DuplicateStep{State: st, RouteChanged: changed, Manual: manual, Quiet: quiet, KeyExpired: expired}
-							if elsewhere {
-								s.Elsewhere = "deferred elsewhere"
-							}
-							rows = append(rows, fmt.Sprintf("%s | %s | %s | %s | %s | %s | %s",
-								st, yn(elsewhere), yn(changed), map[bool]string{false: "auto", true: "manual"}[manual], yn(quiet), yn(expired), protocol.Duplicate(s)))
+		for _, changed := range []bool{false, true} {
+			for _, manual := range []bool{false, true} {
+				for _, quiet := range []bool{false, true} {
+					for _, expired := range []bool{false, true} {
+						if st == protocol.Released && !quiet {
+							continue // a released claim has no holder
 						}
+						s := protocol.DuplicateStep{State: st, RouteChanged: changed, Manual: manual, Quiet: quiet, KeyExpired: expired}
+						rows = append(rows, fmt.Sprintf("%s | no | %s | %s | %s | %s | %s",
+							st, yn(changed), map[bool]string{false: "auto", true: "manual"}[manual], yn(quiet), yn(expired), protocol.Duplicate(s)))
 					}
 				}
 			}
 		}
+		// Its message carries the work elsewhere: decided before the route
+		// and the holder's silence are read.
+		for _, c := range carriers {
+			s := protocol.DuplicateStep{State: st, Elsewhere: "deferred elsewhere", PayloadStored: c.payload, Carrier: c.c}
+			rows = append(rows, fmt.Sprintf("%s | %s | any | any | any | any | %s", st, c.label, protocol.Duplicate(s)))
+		}
 	}
-	n += table(&b, "A duplicate delivery's next move (Duplicate)", "Another attempt holds or finished the claim. \"Quiet\": released, or its holder silent for the take-over window by the database clock.",
+	n += table(&b, "A duplicate delivery's next move (Duplicate)", "Another attempt holds or finished the claim. \"Quiet\": released, or its holder silent for the take-over window by the database clock. \"Its message\": what a peek at the broker from the claim's sequence number said.",
 		"claim | its message carries the work elsewhere | route changed | route | quiet | key expired | action", rows)
 
 	// The end of a duplicate's watch.
 	rows = rows[:0]
 	for _, ml := range []bool{false, true} {
-		rows = append(rows, fmt.Sprintf("%s | %s", yn(ml), decision(protocol.WatchEnded(ml))))
+		for _, unsure := range []bool{false, true} {
+			rows = append(rows, fmt.Sprintf("%s | %s | %s", yn(ml), yn(unsure), decision(protocol.WatchEnded(ml, unsure))))
+		}
 	}
-	n += table(&b, "A duplicate's watch ends (WatchEnded)", "A duplicate delivery waited for a live holder until the end of its lock-renewal window.",
-		"the holder has no message | write | settle | result", rows)
+	n += table(&b, "A duplicate's watch ends (WatchEnded)", "A duplicate delivery waited for a live holder, or for the claim's message to be settled or gone, until the end of its lock-renewal window.",
+		"the holder has no message | no payload, and the claim's message not surely at the broker | write | settle | result", rows)
 
 	// An operator's action.
 	rows = rows[:0]

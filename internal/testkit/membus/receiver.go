@@ -1,6 +1,7 @@
 package membus
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -95,12 +96,15 @@ func (r *Receiver) ReceiveMessages(ctx context.Context, maxMessages int, options
 	}
 }
 
-// PeekMessages returns copies of up to maxMessageCount available messages
-// without locking them (the SDK's peek: no lock token, the message stays
-// available). Unlike the SDK it keeps no peek cursor: every call starts at
-// the head. It fails with CodeConnectionLost while the broker is
-// unreachable: a cheap probe of the connection.
-func (r *Receiver) PeekMessages(ctx context.Context, maxMessageCount int, _ *azservicebus.PeekMessagesOptions) ([]*azservicebus.ReceivedMessage, error) {
+// PeekMessages returns copies of up to maxMessageCount messages without
+// locking them (the SDK's peek: no lock token, nothing changes), from
+// options.FromSequenceNumber on: available, locked and deferred ones
+// (State says which is deferred), never dead-lettered or settled ones, as
+// Service Bus's message browsing does. Unlike the SDK it keeps no peek
+// cursor: a call without FromSequenceNumber starts at the head. It fails
+// with CodeConnectionLost while the broker is unreachable: a cheap probe
+// of the connection.
+func (r *Receiver) PeekMessages(ctx context.Context, maxMessageCount int, options *azservicebus.PeekMessagesOptions) ([]*azservicebus.ReceivedMessage, error) {
 	if err := r.checkOpen(); err != nil {
 		return nil, err
 	}
@@ -113,15 +117,38 @@ func (r *Receiver) PeekMessages(ctx context.Context, maxMessageCount int, _ *azs
 	if q.unreachable {
 		return nil, sbError(azservicebus.CodeConnectionLost, "queue %s: peek: broker unreachable", q.name)
 	}
+	q.expireLocked(time.Now())
+	// As Service Bus browses its log: every message still in the entity —
+	// available, locked by a receiver, or deferred — in sequence order
+	// from FromSequenceNumber; never a dead-lettered or settled one.
+	var from int64
+	if options != nil && options.FromSequenceNumber != nil {
+		from = *options.FromSequenceNumber
+	}
+	all := make([]*entry, 0, len(q.available)+len(q.locked)+len(q.deferred))
+	all = append(all, q.available...)
+	for _, e := range q.locked {
+		all = append(all, e)
+	}
+	for _, e := range q.deferred {
+		all = append(all, e)
+	}
+	slices.SortFunc(all, func(a, b *entry) int { return cmp.Compare(*a.msg.SequenceNumber, *b.msg.SequenceNumber) })
 	var out []*azservicebus.ReceivedMessage
-	for _, e := range q.available {
+	for _, e := range all {
 		if len(out) == maxMessageCount {
 			break
+		}
+		if *e.msg.SequenceNumber < from {
+			continue
 		}
 		m := *e.msg
 		m.Body = slices.Clone(e.msg.Body)
 		m.ApplicationProperties = maps.Clone(e.msg.ApplicationProperties)
 		m.LockToken, m.LockedUntil = [16]byte{}, nil
+		if e.deferred {
+			m.State = azservicebus.MessageStateDeferred
+		}
 		out = append(out, &m)
 	}
 	return out, nil

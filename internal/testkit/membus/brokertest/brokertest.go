@@ -64,6 +64,7 @@ type Receiver interface {
 	RenewMessageLock(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.RenewMessageLockOptions) error
 	DeferMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.DeferMessageOptions) error
 	ReceiveDeferredMessages(ctx context.Context, sequenceNumbers []int64, options *azservicebus.ReceiveDeferredMessagesOptions) ([]*azservicebus.ReceivedMessage, error)
+	PeekMessages(ctx context.Context, maxMessageCount int, options *azservicebus.PeekMessagesOptions) ([]*azservicebus.ReceivedMessage, error)
 	Close(ctx context.Context) error
 }
 
@@ -187,6 +188,7 @@ func Exercise(t *testing.T, h Harness) {
 		{"DeferredIsFetchedOnlyBySequenceNumber", s.deferFetch},
 		{"DeferredLockEndLeavesItDeferred", s.deferLockEnd},
 		{"DeferralInOneSubscriptionLeavesTheOthers", s.deferFanOut},
+		{"PeekBySequenceNumberSeesLockedAndDeferred", s.peekBySeq},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if !h.Sequential {
@@ -628,6 +630,51 @@ func (s *suite) deferLockEnd(t *testing.T) {
 	s.wantDeliveryCount(t, "fetched again after its lock ran out", d, 3, 1)
 	ok(t, "CompleteMessage", r.CompleteMessage(ctx, d, nil))
 	gone(ctx, t, e, id)
+}
+
+// peekBySeq: peeking from a sequence number finds the message while it
+// is locked by a receiver and while it is deferred (State says so), with
+// its delivery count, and not once it is completed. The processor peeks
+// a claim's deferred message this way before it completes a copy on that
+// message's behalf.
+func (s *suite) peekBySeq(t *testing.T) {
+	e := s.h.NewQueue(t)
+	ctx := ctxFor(t, e)
+	id := newID(t)
+	send(ctx, t, e.Sender, id)
+	r := e.NewReceiver(t)
+	m := receive(ctx, t, r, id)
+	seq := *m.SequenceNumber
+	peek := func(what string) *azservicebus.ReceivedMessage {
+		t.Helper()
+		ms, err := e.NewReceiver(t).PeekMessages(ctx, 1, &azservicebus.PeekMessagesOptions{FromSequenceNumber: &seq})
+		ok(t, "PeekMessages "+what, err)
+		if len(ms) == 0 || *ms[0].SequenceNumber != seq {
+			return nil
+		}
+		return ms[0]
+	}
+	if p := peek("of a locked message"); p == nil || p.MessageID != id {
+		t.Fatalf("peeking from sequence number %d while the message is locked: got %v, want message %s", seq, p, id)
+	}
+	ok(t, "DeferMessage", r.DeferMessage(ctx, m, nil))
+	p := peek("of a deferred message")
+	switch {
+	case p == nil:
+		t.Fatalf("peeking from sequence number %d found no deferred message", seq)
+	case p.State != azservicebus.MessageStateDeferred:
+		t.Errorf("peeked deferred message has State %v, want deferred", p.State)
+	case p.DeliveryCount != m.DeliveryCount:
+		t.Errorf("peeked deferred message has DeliveryCount %d, want %d (peeking does not count)", p.DeliveryCount, m.DeliveryCount)
+	}
+	d := fetchDeferred(ctx, t, r, id, seq)
+	if p := peek("of a fetched deferred message"); p == nil {
+		t.Fatalf("peeking from sequence number %d found no message while the fetched deferred message is locked", seq)
+	}
+	ok(t, "CompleteMessage", r.CompleteMessage(ctx, d, nil))
+	if p := peek("of a completed message"); p != nil {
+		t.Fatalf("peeking from sequence number %d found the completed message", seq)
+	}
 }
 
 func (s *suite) deferFanOut(t *testing.T) {
