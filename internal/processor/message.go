@@ -338,7 +338,11 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 		// too: a key older than that must not be repeated.
 		expiredReason := ""
 		if c.State.Unfinished() && step.Elsewhere == "" && protocol.NeedsClock(step.State, step.Manual, routeChanged, d.handler.KeyLifetime > 0) {
-			now, err := p.dbNow(work)
+			var now time.Time
+			err := p.readWhileWatching(ctx, until, &poll, func() (err error) {
+				now, err = p.dbNow(work)
+				return err
+			})
 			if err != nil {
 				return abandoned(ResultAbandoned, "why", "reading the database clock failed", "error", err)
 			}
@@ -443,11 +447,37 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 			}
 			poll = min(2*poll, p.opts.HeartbeatInterval)
 		}
-		now, err := p.get(work, c.ID)
+		err := p.readWhileWatching(ctx, until, &poll, func() error {
+			now, err := p.get(work, c.ID)
+			if err == nil {
+				c = now
+			}
+			return err
+		})
 		if err != nil {
 			return abandoned(ResultAbandoned, "why", "reading the claim failed", "error", err)
 		}
-		c = now
+	}
+}
+
+// readWhileWatching runs read, a duplicate's look at the claim or the
+// database clock, until it succeeds, waiting poll (growing) between
+// tries, for as long as the watch may last (until): one failed read (a
+// deadlock victim, a dropped connection, a short outage) must not abandon
+// the message, which spends one of its deliveries. It returns the last
+// error when the watch ends or ctx is done first.
+func (p *Processor) readWhileWatching(ctx context.Context, until time.Time, poll *time.Duration, read func() error) error {
+	for {
+		err := read()
+		if err == nil || ctx.Err() != nil || time.Now().Add(*poll).After(until) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(*poll):
+		}
+		*poll = min(2**poll, p.opts.HeartbeatInterval)
 	}
 }
 

@@ -1122,3 +1122,66 @@ func TestNewRefusesAWatchShorterThanTheTakeOver(t *testing.T) {
 		t.Errorf("New refused renewal off with a 5m lock and TakeoverAfter 1m30s: %v", err)
 	}
 }
+
+// lookFailStore fails the next fails reads of a claim (Get) with an error
+// before commit, as a deadlock victim or a dropped connection presents.
+type lookFailStore struct {
+	claim.Store
+	fails, failed atomic.Int64
+}
+
+func (s *lookFailStore) Get(ctx context.Context, id int64) (*claim.Claim, error) {
+	if s.fails.Add(-1) >= 0 {
+		s.failed.Add(1)
+		return nil, fmt.Errorf("injected: %w", claim.ErrAborted)
+	}
+	return s.Store.Get(ctx, id)
+}
+
+// TestAFailedLookWhileWatchingKeepsWatching: a copy watching a live
+// holder reads the claim again and again; reads that fail (here three in
+// a row) are tried again within the watch, instead of abandoning the copy
+// and spending one of its deliveries each time (the simulation's seed
+// 1158: a few such abandons dead-lettered a message by its delivery
+// count).
+func TestAFailedLookWhileWatchingKeepsWatching(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be, membus.QueueOptions{})
+		holding, release := make(chan struct{}), make(chan struct{})
+		b.eff.behaveCtx = func(ctx context.Context, _ string, call int) error {
+			if call == 1 {
+				close(holding)
+				select {
+				case <-release:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			return nil
+		}
+		st := &lookFailStore{Store: b.store}
+		opts := b.options()
+		opts.Store = st
+		opts.Metrics = processor.NewMetrics(nil)
+		b.start(opts)
+		b.send("m1", "pay", `{}`, nil)
+		<-holding
+		b.send("m1", "pay", `{}`, nil) // a copy: it watches the live holder
+		b.eventually("the copy waits for the holder", func() bool {
+			return testutil.ToFloat64(opts.Metrics.DuplicateWaits) == 1
+		})
+		st.fails.Store(3)
+		b.eventually("the copy's looks fail", func() bool { return st.failed.Load() == 3 })
+		close(release)
+		b.waitIdle()
+		if got := countCompleted(b.q, "m1"); got != 2 {
+			t.Fatalf("completed %d times, want 2 (the holder's and the copy's)", got)
+		}
+		if s := b.q.Stats(); s.Abandoned != 0 || s.Redeliveries != 0 {
+			t.Fatalf("abandoned %d, redelivered %d: a failed look must not give the copy back", s.Abandoned, s.Redeliveries)
+		}
+		if got := b.eff.Calls("m1"); got != 1 {
+			t.Fatalf("effect called %d times, want 1", got)
+		}
+	})
+}

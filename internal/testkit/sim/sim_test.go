@@ -164,8 +164,9 @@ func report(t *testing.T, r *result) {
 // foundSeeds are seeds the simulation failed on, whose cause was fixed:
 // each replays on every test run and must stay clean.
 var foundSeeds = map[uint64]string{
-	16:  "a fetched message abandoned on its last delivery went to the dead-letter queue while its claim still named it: the re-submitted copy was completed unprocessed (protocol.MessageLeaves)",
-	218: "a payloadless claim given back after a fetch miss named a message the broker had dead-lettered: the re-submitted copy was completed on its behalf (protocol.Duplicate peeks: Carrier)",
+	16:   "a fetched message abandoned on its last delivery went to the dead-letter queue while its claim still named it: the re-submitted copy was completed unprocessed (protocol.MessageLeaves)",
+	1158: "a copy watching a live holder abandoned itself on each failed read of the claim, spending its deliveries until the broker dead-lettered it (the watch reads again)",
+	218:  "a payloadless claim given back after a fetch miss named a message the broker had dead-lettered: the re-submitted copy was completed on its behalf (protocol.Duplicate peeks: Carrier)",
 }
 
 // TestSimulationFoundSeeds replays the seeds the simulation found bugs

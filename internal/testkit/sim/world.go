@@ -45,7 +45,7 @@ const (
 	// chaosPhase is how long faults happen; quietPhase follows, with the
 	// faults off, so every message can settle; the run then stops.
 	chaosPhase = 10 * time.Minute
-	quietPhase = 20 * time.Minute
+	quietPhase = 40 * time.Minute
 )
 
 // callKind is what the downstream does with one call.
