@@ -73,6 +73,11 @@ type hookFault struct {
 	freeze   time.Duration
 	crash    bool
 	fetched  bool // only on a delivery fetched by its sequence number (a deferred message)
+	// partition cuts the replica off from the store for this long (its
+	// store calls fail as unavailable) while it goes on with the broker:
+	// a holder that cannot heartbeat or record its outcome, but still
+	// renews its message's lock, looks silent to the others.
+	partition time.Duration
 }
 
 // plannedMessage is a message and everything the seed decided about it.
@@ -123,6 +128,8 @@ type world struct {
 	// downstream outage
 	downUntil time.Time
 	storeErrP float64
+	// historyBroken: history rows already reported by checkHistory.
+	historyBroken map[string]bool
 
 	storeCalls map[string]int  // store calls per (op, claim, caller)
 	redrives   map[string]int  // operator redrives per message
@@ -140,6 +147,7 @@ type replica struct {
 	noPayload  bool
 	dead       atomic.Bool
 	frozenTill atomic.Int64 // unix nanos
+	cutTill    atomic.Int64 // unix nanos: cut off from the store until then (a partition)
 	cancel     context.CancelFunc
 	kill       context.CancelFunc
 	killCtx    context.Context
@@ -198,11 +206,14 @@ func (w *world) plan() {
 				point:    []string{"AfterClaim", "AfterEffect", "AfterEffect", "AfterMarkProcessed", "AfterFail", "AfterDeferRecorded"}[w.rng.IntN(6)],
 				delivery: uint32(w.rng.IntN(maxDeliveryCount + 1)),
 			}
-			if w.rng.IntN(2) == 0 {
+			switch w.rng.IntN(3) {
+			case 0:
 				f.crash = true
-			} else {
+			case 1:
 				f.freeze = time.Duration(1+w.rng.IntN(120)) * time.Second
 				f.crash = w.rng.IntN(3) == 0 // frozen, then killed
+			default:
+				f.partition = time.Duration(5+w.rng.IntN(240)) * time.Second
 			}
 			m.faults = append(m.faults, f)
 		}
@@ -210,9 +221,19 @@ func (w *world) plan() {
 			// (fires only on a fetched delivery whose effect succeeded:
 			// rare, so planned often) a holder of a fetched (deferred) message that dies or goes
 			// silent after its effect, before recording it
-			f := hookFault{point: "AfterEffect", fetched: true, crash: w.rng.IntN(3) > 0}
-			if !f.crash || w.rng.IntN(2) == 0 {
+			f := hookFault{point: "AfterEffect", fetched: true}
+			switch w.rng.IntN(3) {
+			case 0:
+				f.crash = true
+				if w.rng.IntN(2) == 0 {
+					f.freeze = time.Duration(1+w.rng.IntN(90)) * time.Second
+				}
+			case 1:
 				f.freeze = time.Duration(1+w.rng.IntN(90)) * time.Second
+			default:
+				// silent to the store, alive at the broker: the poller
+				// takes the claim and cannot fetch the locked message
+				f.partition = time.Duration(30+w.rng.IntN(240)) * time.Second
 			}
 			m.faults = append(m.faults, f)
 		}
@@ -251,6 +272,9 @@ func (w *world) gate(rep *replica) func(ctx context.Context, op string, id int64
 			if rep.dead.Load() {
 				return fmt.Errorf("sim: %s is dead", rep.host)
 			}
+		}
+		if rep != nil && time.Now().UnixNano() < rep.cutTill.Load() {
+			return fmt.Errorf("sim: %s cut off from the store (%s): %w", rep.host, op, claim.ErrUnavailable)
 		}
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -469,6 +493,11 @@ func (w *world) fireHook(r *replica, point string, msg *azservicebus.ReceivedMes
 	if f == nil {
 		return nil
 	}
+	if f.partition > 0 {
+		w.note("%s is cut off from the store for %s at %s of %s (delivery %d, fetched %v)", r.host, f.partition, point, msg.MessageID, msg.DeliveryCount, f.fetched)
+		r.cutTill.Store(time.Now().Add(f.partition).UnixNano())
+		return nil
+	}
 	if f.freeze > 0 {
 		w.note("%s freezes %s at %s of %s (delivery %d, fetched %v)", r.host, f.freeze, point, msg.MessageID, msg.DeliveryCount, f.fetched)
 		r.frozenTill.Store(time.Now().Add(f.freeze).UnixNano())
@@ -618,17 +647,18 @@ func init() { sqlite.UseGoClock(true) }
 
 func run(seed uint64, verbose io.Writer) *result {
 	w := &world{
-		seed:       seed,
-		rng:        rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
-		byID:       map[string]*plannedMessage{},
-		calls:      map[string]int{},
-		keyStore:   map[string]bool{},
-		failed:     map[string]bool{},
-		redrives:   map[string]int{},
-		storeCalls: map[string]int{},
-		sends:      map[string]int{},
-		rejected:   map[string]bool{},
-		start:      time.Now(),
+		seed:          seed,
+		rng:           rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		byID:          map[string]*plannedMessage{},
+		calls:         map[string]int{},
+		keyStore:      map[string]bool{},
+		failed:        map[string]bool{},
+		redrives:      map[string]int{},
+		storeCalls:    map[string]int{},
+		sends:         map[string]int{},
+		rejected:      map[string]bool{},
+		historyBroken: map[string]bool{},
+		start:         time.Now(),
 	}
 	lvl := slog.LevelError + 100
 	if verbose != nil {
@@ -718,6 +748,7 @@ func (w *world) reconcileLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		w.checkHistory(ctx) // before the tick's purge deletes finished claims' histories
 		res, err := rec.RunOnce(ctx)
 		if res != nil {
 			for _, c := range res.Flagged {
@@ -742,7 +773,22 @@ func (w *world) monkey(ctx context.Context) {
 		if w.quiet() {
 			return
 		}
-		switch w.rng.IntN(9) {
+		switch w.rng.IntN(10) {
+		case 9:
+			w.mu.Lock()
+			var live []*replica
+			for _, r := range w.replicas {
+				if !r.dead.Load() {
+					live = append(live, r)
+				}
+			}
+			w.mu.Unlock()
+			if len(live) > 0 {
+				r := live[w.rng.IntN(len(live))]
+				d := time.Duration(10+w.rng.IntN(170)) * time.Second
+				r.cutTill.Store(time.Now().Add(d).UnixNano())
+				w.note("%s is cut off from the store for %s", r.host, d)
+			}
 		case 6, 8:
 			d := time.Duration(20+w.rng.IntN(160)) * time.Second
 			w.mu.Lock()
@@ -943,7 +989,65 @@ type claimRow struct {
 }
 
 // verify checks the invariants from the world's ledger and the broker.
+// checkHistory checks every claim's audit history as a chain: each row
+// starts from the state the row before it ended in, a change of owner
+// (taken over, redriven, retried, dead letter taken) names as the previous
+// owner the owner the row before it left, and every other change keeps
+// that owner. A guarded write whose guard let a stale holder through (a
+// take-over from an owner that was no longer the owner, an outcome
+// written by a replaced holder) breaks the chain. Each broken chain is
+// reported once.
+func (w *world) checkHistory(ctx context.Context) {
+	rows, err := w.db.DB().QueryContext(ctx, `SELECT claim_id, id, what, from_state, to_state, coalesce(previous_owner, ''), owner, by_whom
+		FROM claim_history ORDER BY claim_id, id`)
+	if err != nil {
+		return // a store outage of the world: the next check reads it
+	}
+	defer rows.Close()
+	type row struct {
+		claim, id                         int64
+		what, from, to, prev, owner, whom string
+	}
+	var last row
+	for rows.Next() {
+		var r row
+		if err := rows.Scan(&r.claim, &r.id, &r.what, &r.from, &r.to, &r.prev, &r.owner, &r.whom); err != nil {
+			return
+		}
+		if r.claim == last.claim {
+			why := ""
+			switch r.what {
+			case "claimed":
+				why = "a second 'claimed' row"
+			case "taken over", "redriven", "retried", "dead letter taken":
+				if r.prev != "" && r.prev != last.owner {
+					why = fmt.Sprintf("%s from owner %.8s, but the owner was %.8s", r.what, r.prev, last.owner)
+				}
+			default:
+				if r.owner != last.owner {
+					why = fmt.Sprintf("%s by %s changed the owner from %.8s to %.8s without a take-over", r.what, r.whom, last.owner, r.owner)
+				}
+			}
+			if why == "" && r.from != last.to {
+				why = fmt.Sprintf("%s from state %s, but the state was %s", r.what, r.from, last.to)
+			}
+			if why != "" {
+				key := fmt.Sprintf("%d/%d", r.claim, r.id)
+				w.mu.Lock()
+				seen := w.historyBroken[key]
+				w.historyBroken[key] = true
+				w.mu.Unlock()
+				if !seen {
+					w.violate("history", "claim %d, history row %d: %s", r.claim, r.id, why)
+				}
+			}
+		}
+		last = r
+	}
+}
+
 func (w *world) verify(ctx context.Context) {
+	w.checkHistory(ctx)
 	rows, err := w.db.DB().QueryContext(ctx, `SELECT id, message_id, state, coalesce(route, ''), payload IS NOT NULL, deferred_seq IS NOT NULL, coalesce(flag_reason, '') FROM claims`)
 	if err != nil {
 		w.violate("harness", "read claims: %v", err)
