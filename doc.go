@@ -56,8 +56,9 @@
 //
 // # Running it
 //
-// OpenStore opens the claims table (SQL Server, PostgreSQL or SQLite;
-// Migrate creates it), NewProcessor runs the protocol on a receiver the
+// OpenStore opens the claims table (SQL Server, PostgreSQL or SQLite,
+// whose package under store/ the program imports; Migrate creates it),
+// NewProcessor runs the protocol on a receiver the
 // SDK opens (or package sbclaimtest's in-memory queue), and NewReconciler
 // runs the periodic passes — recovery with your handlers, the flags for
 // operators and the purge — in your binary or in the reconciler command.
@@ -66,6 +67,9 @@
 // through the real protocol, and what became of it), an in-memory queue
 // with Service Bus's delivery semantics, a SQLite store in the test's
 // directory, short delays, and crashes.
+//
+// Package otelsetup installs OpenTelemetry's exporters from OTEL_*; this
+// package uses only the OpenTelemetry API.
 //
 // The protocol, the claim states and why they are shaped so are in
 // docs/design.md; running and operating it in the guides (docs/README.md).

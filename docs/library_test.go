@@ -13,6 +13,7 @@ import (
 
 	"github.com/sbclaim/sbclaim"
 	"github.com/sbclaim/sbclaim/sbclaimtest"
+	_ "github.com/sbclaim/sbclaim/store/sqlite"
 )
 
 // The README's "Use it as a library" shows these: runBinary and

@@ -27,6 +27,9 @@ import (
 	"github.com/stripe/stripe-go/v82"
 
 	"github.com/sbclaim/sbclaim"
+	_ "github.com/sbclaim/sbclaim/store/postgres" // the claims stores SBCLAIM_DATABASE_URL may name
+	_ "github.com/sbclaim/sbclaim/store/sqlite"
+	_ "github.com/sbclaim/sbclaim/store/sqlserver"
 )
 
 // Charge returns the handler that charges one payment event: a confirmed
