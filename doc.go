@@ -33,7 +33,9 @@
 // error to the outcome, by the routes file's rules: one call for a
 // raw-HTTP handler), JSON and JSONTx (a typed payload), Route, Router and
 // Middleware (Router.Use), and package sbclaimtest (Work, Start). The rest
-// of this package runs the processor and serves operators.
+// of this package opens the store and runs the processor; package
+// operator runs the reconciler and serves operators (resolve, redrive,
+// retry, history).
 //
 //	charge := func(ctx context.Context, d *sbclaim.Delivery) error {
 //		params := &stripe.PaymentIntentCreateParams{Amount: stripe.Int64(1999), Currency: stripe.String("usd")}
@@ -58,10 +60,10 @@
 //
 // OpenStore opens the claims table (SQL Server, PostgreSQL or SQLite,
 // whose package under store/ the program imports; Migrate creates it),
-// NewProcessor runs the protocol on a receiver the
-// SDK opens (or package sbclaimtest's in-memory queue), and NewReconciler
-// runs the periodic passes — recovery with your handlers, the flags for
-// operators and the purge — in your binary or in the reconciler command.
+// NewProcessor runs the protocol on a receiver the SDK opens (or package
+// sbclaimtest's in-memory queue), and operator.NewReconciler runs the
+// periodic passes — recovery with your handlers, the flags for operators
+// and the purge — in your binary or in the reconciler command.
 //
 // Package sbclaimtest has what a handler's tests need: Work (one message
 // through the real protocol, and what became of it), an in-memory queue

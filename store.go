@@ -5,18 +5,17 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"io/fs"
 
 	"github.com/sbclaim/sbclaim/internal/bridge"
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claimdb/dialect"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
-	sqlfiles "github.com/sbclaim/sbclaim/sql"
 )
 
 func init() {
 	bridge.StoreOf = func(s any) claim.Store { return s.(*Store).s }
 	bridge.NewStore = func(s claim.Store) any { return &Store{s: s} }
+	bridge.NewClaim = func(c *claim.Claim) any { return publicClaim(c) }
 	bridge.RouterOf = func(r any) sideeffects.Router { return r.(*Router).internal() }
 	bridge.NewRouter = func(r sideeffects.Router) any {
 		return &Router{entries: []sideeffects.Router{r}, names: map[string]bool{}}
@@ -72,17 +71,6 @@ func Migrate(ctx context.Context, url string) error {
 		return fmt.Errorf("sbclaim: migrate: %w", err)
 	}
 	return nil
-}
-
-// Migrations returns one dialect's migrations ("sqlserver", "postgres" or
-// "sqlite"), goose-formatted SQL files, for a user's own migration
-// pipeline.
-func Migrations(dialect string) (fs.FS, error) {
-	switch dialect {
-	case "sqlserver", "postgres", "sqlite":
-		return sqlfiles.Dialect(dialect)
-	}
-	return nil, fmt.Errorf("sbclaim: unknown dialect %q: want sqlserver, postgres or sqlite", dialect)
 }
 
 // CheckStoreURL reports what is wrong with a database URL without
