@@ -74,9 +74,15 @@ func Migrate(ctx context.Context, url string) error {
 }
 
 // CheckStoreURL reports what is wrong with a database URL without
-// connecting (an unknown scheme, a missing host), never echoing its
-// password.
-func CheckStoreURL(url string) error { return dialect.Check(url) }
+// connecting (an unknown scheme, a missing host, a dialect whose store the
+// program does not import), never echoing its password.
+func CheckStoreURL(url string) error {
+	if err := dialect.Check(url); err != nil {
+		return err
+	}
+	_, _, err := dialect.Lookup(url)
+	return err
+}
 
 // DB returns the store's database handle, for a program's own tables in
 // the claims database (a TxHandlerFunc's schema, a test reading back what

@@ -89,7 +89,7 @@ const (
 
 // ReconcilerLockName names the database lock a reconciler tick holds, so
 // that one replica works per tick and the others skip quietly.
-const ReconcilerLockName = reconciler.LockName
+const ReconcilerLockName = "sbclaim-reconciler"
 
 // CheckSchedule reports what is wrong with a cron spec for
 // ReconcilerConfig.Schedule.

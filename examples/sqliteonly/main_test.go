@@ -6,6 +6,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/sbclaim/sbclaim"
 )
 
 // maxModules bounds the third-party modules this SQLite-only consumer
@@ -51,5 +53,18 @@ func TestRunNamesTheMissingVariable(t *testing.T) {
 	err := run(t.Context(), func(k string) string { return env[k] }, slog.New(slog.DiscardHandler))
 	if err == nil || !strings.Contains(err.Error(), "SBCLAIM_SERVICEBUS_CONNECTION_STRING") {
 		t.Fatalf("run = %v, want an error naming SBCLAIM_SERVICEBUS_CONNECTION_STRING", err)
+	}
+}
+
+// TestAnUnlinkedStoreNamesItsPackage: this program links only SQLite, so
+// a PostgreSQL URL is refused, by OpenStore and by the start-up check,
+// with the import that would link it and without the password.
+func TestAnUnlinkedStoreNamesItsPackage(t *testing.T) {
+	const url = "postgres://app:s3cret@db.internal:5432/claims"
+	_, err := sbclaim.OpenStore(t.Context(), url)
+	for _, err := range []error{err, sbclaim.CheckStoreURL(url)} {
+		if err == nil || !strings.Contains(err.Error(), `import _ "github.com/sbclaim/sbclaim/store/postgres"`) || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("err = %v, want the package to import, without the password", err)
+		}
 	}
 }

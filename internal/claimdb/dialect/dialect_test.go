@@ -2,6 +2,8 @@ package dialect
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -36,4 +38,18 @@ func TestLookupNamesThePackageToImport(t *testing.T) {
 		}
 	}()
 	Register(Postgres, Driver{Open: open, Migrate: migrate})
+}
+
+// TestPackageNamesTheStoreDirectory: the import an error names is a
+// package of this module, for every dialect.
+func TestPackageNamesTheStoreDirectory(t *testing.T) {
+	for _, d := range []Dialect{SQLite, Postgres, SQLServer} {
+		rel, ok := strings.CutPrefix(Package(d), "github.com/sbclaim/sbclaim/")
+		if !ok {
+			t.Fatalf("Package(%s) = %s, not in this module", d, Package(d))
+		}
+		if _, err := os.Stat(filepath.Join("..", "..", "..", rel, string(d)+".go")); err != nil {
+			t.Errorf("Package(%s) = %s, which registers nothing: %v", d, Package(d), err)
+		}
+	}
 }
