@@ -9,9 +9,9 @@
 // an idempotency key to send downstream, records the outcome and settles
 // the message — completing it on the success path and on the duplicate
 // path. A claim whose holder died is taken over by the message's next
-// delivery, or by the Reconciler, and its handler run again with the same
-// key, so the downstream deduplicates the repeat. Only what a person must
-// decide is flagged for operators.
+// delivery, or by the reconciler (package operator), and its handler run
+// again with the same key, so the downstream deduplicates the repeat. Only
+// what a person must decide is flagged for operators.
 //
 // # Handlers
 //
