@@ -31,7 +31,7 @@ type Backoff struct {
 }
 
 // DefaultBackoff is the schedule of a route that sets none.
-var DefaultBackoff = Backoff(sideeffects.DefaultBackoff)
+var DefaultBackoff = Backoff{First: 10 * time.Second, Factor: 2, Max: 10 * time.Minute, Jitter: 0.2, Horizon: 24 * time.Hour}
 
 func (b Backoff) internal() sideeffects.Backoff { return sideeffects.Backoff(b) }
 
@@ -55,6 +55,6 @@ type Breaker struct {
 }
 
 // DefaultBreaker is the breaker of a route that sets none.
-var DefaultBreaker = Breaker(sideeffects.DefaultBreaker)
+var DefaultBreaker = Breaker{Failures: 5, ProbeAfter: 30 * time.Second}
 
 func (b Breaker) internal() sideeffects.Breaker { return sideeffects.Breaker(b) }

@@ -5,11 +5,9 @@ import (
 	"iter"
 	"time"
 
-	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/google/uuid"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/reconciler"
 )
 
 // ClaimState is where a claim is in its life: claimed, processed,
@@ -47,6 +45,20 @@ const (
 	// TakeOverOperator: an operator's redrive or hand-off took a flagged
 	// claim.
 	TakeOverOperator TakeOverPath = "operator"
+)
+
+// Resolution is how an operator closed a flagged claim (operator.Resolve,
+// operator.Redrive).
+type Resolution string
+
+const (
+	// ResolutionDone: the operator checked that the effect happened.
+	ResolutionDone Resolution = "done"
+	// ResolutionDiscarded: the operator decided it must not happen.
+	ResolutionDiscarded Resolution = "discarded"
+	// ResolutionRedriven: a redrive re-ran the effect and it succeeded;
+	// only a redrive resolves so (operator.Resolve refuses it).
+	ResolutionRedriven Resolution = "redriven"
 )
 
 // Claim is a read-only view of one row of the claims table: everything the
@@ -212,20 +224,6 @@ func publicAnswer(a *claim.Answer) *Answer {
 	return &Answer{Status: a.Status, Step: a.Step, Headers: a.Headers, Fields: a.Fields, Truncated: a.Truncated}
 }
 
-func publicOrNil(c *claim.Claim) *Claim {
-	if c == nil {
-		return nil
-	}
-	return publicClaim(c)
-}
-
-// message rebuilds the claim's message from what the claim keeps, the
-// way a redrive and the recovery pass route it (reconciler.MessageFromClaim).
-func (c *Claim) message() *azservicebus.ReceivedMessage {
-	return reconciler.MessageFromClaim(&claim.Claim{MessageID: c.DedupKey, Payload: c.Payload,
-		Subject: c.Subject, ContentType: c.ContentType, Properties: c.Properties})
-}
-
 // Claim returns one claim by id; the error wraps ErrNotFound when there
 // is none.
 func (s *Store) Claim(ctx context.Context, id int64) (*Claim, error) {
@@ -313,48 +311,3 @@ func (s *Store) Now(ctx context.Context) (time.Time, error) { return s.s.Now(ctx
 
 // ErrNotFound is wrapped by Store.Claim's error when no claim has the id.
 var ErrNotFound = claim.ErrNotFound
-
-// HistoryEntry is one row of a claim's audit history: one change of its
-// owner or state, written in the same transaction as the change, kept as
-// long as the claim.
-type HistoryEntry struct {
-	ID   int64
-	At   time.Time // the database clock
-	What string    // claimed, taken over, redriven, released, attempt, processed, failed, flagged, resolved, dead letter taken
-	// From and To are the states before ("" for the first claim) and
-	// after the change.
-	From, To ClaimState
-	// By is who made the change: a processor's host, the reconciler, or
-	// "operator:<name>".
-	By string
-	// Path is a take-over's path (redelivery, reconciler, operator).
-	Path TakeOverPath
-	// Reason is why: the take-over or flag reason, the error of a release
-	// or attempt, the fail reason, the resolution's note.
-	Reason string
-	// PreviousOwner and Owner are the owner tokens before (take-overs
-	// only) and after the change.
-	PreviousOwner, Owner string
-	// Key is the idempotency key the claim is sent with after the change.
-	Key string
-	// Detail says all of it in one line, as `reconciler show` prints it.
-	Detail string
-}
-
-// History returns a claim's history, oldest first (empty for a claim
-// taken before the history was kept).
-func (s *Store) History(ctx context.Context, id int64) ([]HistoryEntry, error) {
-	h, err := s.s.History(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]HistoryEntry, len(h))
-	for i, e := range h {
-		out[i] = HistoryEntry{ID: e.ID, At: e.At, What: string(e.What), From: ClaimState(e.From), To: ClaimState(e.To), By: e.By,
-			Path: TakeOverPath(e.Path), Reason: e.Reason, Owner: e.Owner.String(), Key: e.Key, Detail: e.Detail()}
-		if e.PreviousOwner != uuid.Nil {
-			out[i].PreviousOwner = e.PreviousOwner.String()
-		}
-	}
-	return out, nil
-}

@@ -9,9 +9,9 @@
 // an idempotency key to send downstream, records the outcome and settles
 // the message — completing it on the success path and on the duplicate
 // path. A claim whose holder died is taken over by the message's next
-// delivery, or by the Reconciler, and its handler run again with the same
-// key, so the downstream deduplicates the repeat. Only what a person must
-// decide is flagged for operators.
+// delivery, or by the reconciler (package operator), and its handler run
+// again with the same key, so the downstream deduplicates the repeat. Only
+// what a person must decide is flagged for operators.
 //
 // # Handlers
 //
@@ -33,7 +33,9 @@
 // error to the outcome, by the routes file's rules: one call for a
 // raw-HTTP handler), JSON and JSONTx (a typed payload), Route, Router and
 // Middleware (Router.Use), and package sbclaimtest (Work, Start). The rest
-// of this package runs the processor and serves operators.
+// of this package opens the store and runs the processor; package
+// operator runs the reconciler and serves operators (resolve, redrive,
+// retry, history).
 //
 //	charge := func(ctx context.Context, d *sbclaim.Delivery) error {
 //		params := &stripe.PaymentIntentCreateParams{Amount: stripe.Int64(1999), Currency: stripe.String("usd")}
@@ -56,16 +58,20 @@
 //
 // # Running it
 //
-// OpenStore opens the claims table (SQL Server, PostgreSQL or SQLite;
-// Migrate creates it), NewProcessor runs the protocol on a receiver the
-// SDK opens (or package sbclaimtest's in-memory queue), and NewReconciler
-// runs the periodic passes — recovery with your handlers, the flags for
-// operators and the purge — in your binary or in the reconciler command.
+// OpenStore opens the claims table (SQL Server, PostgreSQL or SQLite,
+// whose package under store/ the program imports; Migrate creates it),
+// NewProcessor runs the protocol on a receiver the SDK opens (or package
+// sbclaimtest's in-memory queue), and operator.NewReconciler runs the
+// periodic passes — recovery with your handlers, the flags for operators
+// and the purge — in your binary or in the reconciler command.
 //
 // Package sbclaimtest has what a handler's tests need: Work (one message
 // through the real protocol, and what became of it), an in-memory queue
 // with Service Bus's delivery semantics, a SQLite store in the test's
 // directory, short delays, and crashes.
+//
+// Package otelsetup installs OpenTelemetry's exporters from OTEL_*; this
+// package uses only the OpenTelemetry API.
 //
 // The protocol, the claim states and why they are shaped so are in
 // docs/design.md; running and operating it in the guides (docs/README.md).

@@ -27,7 +27,7 @@ type Middleware func(next HandlerFunc) HandlerFunc
 // Use adds middleware that wraps the handler of every Go route of r,
 // those added before and after it alike, outside each route's own
 // (see Middleware for the order). Call it before passing r to
-// NewProcessor or NewReconciler.
+// NewProcessor or operator.NewReconciler.
 func (r *Router) Use(mw ...Middleware) {
 	r.use = append(r.use, mw...)
 }

@@ -59,12 +59,12 @@ func ParseDedupKey(spec string) (DedupKeyFunc, error) {
 // downstream's brief hiccup; a longer outage is carried by delayed
 // retries (Backoff), which free the message and the worker instead of
 // holding them.
-const DefaultRetryBudget = sideeffects.DefaultRetryBudget
+const DefaultRetryBudget = 30 * time.Second
 
 // DefaultEffectMaxAttempts is the attempts of an effect within one
 // delivery when RetryPolicy.MaxAttempts is zero, and the processor
 // command's default (SBCLAIM_EFFECT_MAX_ATTEMPTS).
-const DefaultEffectMaxAttempts = sideeffects.DefaultMaxAttempts
+const DefaultEffectMaxAttempts = 5
 
 // RetryPolicy bounds the retries of an effect within one delivery: by
 // attempts and by a time budget, whichever ends first, with exponential

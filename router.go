@@ -96,7 +96,7 @@ type Route struct {
 // selects it, in registration order; a routes file (AddRoutesFile) is one
 // entry among them. A message no route selects is dead-lettered NoRoute.
 // Register every route before passing the router to NewProcessor or
-// NewReconciler: they take the routes it has then.
+// operator.NewReconciler: they take the routes it has then.
 //
 // A Match func also runs on messages the reconciler rebuilds from a claim
 // (see Delivery.Message): match on Subject and application properties,

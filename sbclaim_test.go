@@ -16,6 +16,7 @@ import (
 	"github.com/sbclaim/sbclaim"
 	"github.com/sbclaim/sbclaim/internal/claimdb"
 	"github.com/sbclaim/sbclaim/internal/testkit/testdb"
+	"github.com/sbclaim/sbclaim/operator"
 	"github.com/sbclaim/sbclaim/sbclaimtest"
 )
 
@@ -261,12 +262,12 @@ func TestHandOffRedrivesUserCodeWithTheSameKey(t *testing.T) {
 	waitIdle(t, q) // the unknown outcome on a manual route is left for the reconciler
 
 	ctx := context.Background()
-	rec, err := sbclaim.NewReconciler(sbclaim.ReconcilerConfig{Store: st, Routers: map[string]*sbclaim.Router{"refunds": router},
+	rec, err := operator.NewReconciler(operator.ReconcilerConfig{Store: st, Routers: map[string]*sbclaim.Router{"refunds": router},
 		HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tick := func(want func(sbclaim.TickResult) bool) {
+	tick := func(want func(operator.TickResult) bool) {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)
 		for {
@@ -283,7 +284,7 @@ func TestHandOffRedrivesUserCodeWithTheSameKey(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	tick(func(r sbclaim.TickResult) bool { return r.Flagged == 1 })
+	tick(func(r operator.TickResult) bool { return r.Flagged == 1 })
 	cl := onlyClaim(t, st)
 	if cl.State != sbclaim.StateFlagged {
 		t.Fatalf("claim %+v, want flagged (manual route, outcome unknown)", cl)
@@ -300,7 +301,7 @@ func TestHandOffRedrivesUserCodeWithTheSameKey(t *testing.T) {
 	results := make(chan res, 2)
 	for _, who := range []string{"alice", "bob"} {
 		go func() {
-			c, err := st.HandOff(ctx, cl.ID, who, "checked the PSP: no refund")
+			c, err := operator.HandOff(ctx, st, cl.ID, who, "checked the PSP: no refund")
 			results <- res{c, err}
 		}()
 	}
@@ -311,7 +312,7 @@ func TestHandOffRedrivesUserCodeWithTheSameKey(t *testing.T) {
 		switch {
 		case r.err == nil && r.c.State == sbclaim.StateReleased:
 			handed = r.c
-		case errors.Is(r.err, sbclaim.ErrNotFlagged) || errors.Is(r.err, sbclaim.ErrStateChanged):
+		case errors.Is(r.err, operator.ErrNotFlagged) || errors.Is(r.err, operator.ErrStateChanged):
 			refused++
 		default:
 			t.Fatalf("HandOff: %+v, %v", r.c, r.err)
@@ -320,7 +321,7 @@ func TestHandOffRedrivesUserCodeWithTheSameKey(t *testing.T) {
 	if handed == nil || refused != 1 {
 		t.Fatalf("concurrent hand-offs: one released (%v), %d refused; want one each", handed != nil, refused)
 	}
-	h, err := st.History(ctx, cl.ID)
+	h, err := operator.History(ctx, st, cl.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,13 +335,13 @@ func TestHandOffRedrivesUserCodeWithTheSameKey(t *testing.T) {
 		!strings.Contains(audit[0], "checked the PSP") {
 		t.Errorf("the hand-off's history %q: want the operator's take-over and release, with the note", audit)
 	}
-	if _, err := st.Resolve(ctx, cl.ID, sbclaim.ResolutionDiscarded, "bob", "too late"); !errors.Is(err, sbclaim.ErrStateChanged) {
+	if _, err := operator.Resolve(ctx, st, cl.ID, sbclaim.ResolutionDiscarded, "bob", "too late"); !errors.Is(err, operator.ErrStateChanged) {
 		t.Errorf("Resolve after the hand-off: %v, want ErrStateChanged", err)
 	}
 
 	// A reconciler that does not run the route (a deployment's standalone
 	// one) leaves the handed-off claim to the one that does.
-	standalone, err := sbclaim.NewReconciler(sbclaim.ReconcilerConfig{Store: st, Routers: map[string]*sbclaim.Router{"billing": router},
+	standalone, err := operator.NewReconciler(operator.ReconcilerConfig{Store: st, Routers: map[string]*sbclaim.Router{"billing": router},
 		HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -353,7 +354,7 @@ func TestHandOffRedrivesUserCodeWithTheSameKey(t *testing.T) {
 		t.Fatalf("after a reconciler without the route: %s, want still released", cl.State)
 	}
 
-	tick(func(r sbclaim.TickResult) bool { return r.Recovered == 1 })
+	tick(func(r operator.TickResult) bool { return r.Recovered == 1 })
 	keys, _ := c.snapshot()
 	if len(keys) != 2 || keys[0] != keys[1] {
 		t.Fatalf("handler keys %q: want the original attempt and one redrive, with one key", keys)
@@ -377,7 +378,7 @@ func TestOneRegistryServesEveryPart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := sbclaim.NewReconciler(sbclaim.ReconcilerConfig{Store: st, Registerer: reg}); err != nil {
+	if _, err := operator.NewReconciler(operator.ReconcilerConfig{Store: st, Registerer: reg}); err != nil {
 		t.Fatal(err)
 	}
 	mfs, err := reg.Gather()

@@ -5,18 +5,17 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"io/fs"
 
 	"github.com/sbclaim/sbclaim/internal/bridge"
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/claimdb"
+	"github.com/sbclaim/sbclaim/internal/claimdb/dialect"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
-	sqlfiles "github.com/sbclaim/sbclaim/sql"
 )
 
 func init() {
 	bridge.StoreOf = func(s any) claim.Store { return s.(*Store).s }
 	bridge.NewStore = func(s claim.Store) any { return &Store{s: s} }
+	bridge.NewClaim = func(c *claim.Claim) any { return publicClaim(c) }
 	bridge.RouterOf = func(r any) sideeffects.Router { return r.(*Router).internal() }
 	bridge.NewRouter = func(r sideeffects.Router) any {
 		return &Router{entries: []sideeffects.Router{r}, names: map[string]bool{}}
@@ -37,44 +36,53 @@ type Store struct {
 //	postgres://user:pass@host:5432/db
 //	sqlite:/path/to/claims.db                       (sqlite::memory: for tests)
 //
-// It does not create the schema (except for sqlite::memory:, which starts
-// migrated): run Migrate once per database. Errors never contain the
-// URL's password.
+// The program imports the store of each dialect it opens, for its effect
+// (this package links no database driver):
+//
+//	import _ "github.com/sbclaim/sbclaim/store/sqlite" // or store/postgres, store/sqlserver
+//
+// and a URL whose store is not imported is refused with an error naming
+// the package. OpenStore does not create the schema (except for
+// sqlite::memory:, which starts migrated): run Migrate once per database.
+// Errors never contain the URL's password.
 func OpenStore(ctx context.Context, url string) (*Store, error) {
-	s, err := claimdb.Open(ctx, url)
+	d, drv, err := dialect.Lookup(url)
 	if err != nil {
 		return nil, fmt.Errorf("sbclaim: open store: %w", err)
 	}
-	d, _ := claimdb.DialectOf(url)
+	s, err := drv.Open(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("sbclaim: open store: %w", err)
+	}
 	return &Store{s: s, dialect: string(d)}, nil
 }
 
 // Migrate creates or upgrades the claims table in the database a URL
-// names, with the migrations embedded in this module (sql/<dialect>/). It
-// is idempotent, and safe to run from several replicas at once on
-// PostgreSQL and SQL Server.
+// names, with the migrations embedded in this module (sql/<dialect>/),
+// through the store the program imports (see OpenStore). It is
+// idempotent, and safe to run from several replicas at once on PostgreSQL
+// and SQL Server.
 func Migrate(ctx context.Context, url string) error {
-	if err := claimdb.Migrate(ctx, url); err != nil {
+	_, drv, err := dialect.Lookup(url)
+	if err == nil {
+		err = drv.Migrate(ctx, url)
+	}
+	if err != nil {
 		return fmt.Errorf("sbclaim: migrate: %w", err)
 	}
 	return nil
 }
 
-// Migrations returns one dialect's migrations ("sqlserver", "postgres" or
-// "sqlite"), goose-formatted SQL files, for a user's own migration
-// pipeline.
-func Migrations(dialect string) (fs.FS, error) {
-	switch dialect {
-	case "sqlserver", "postgres", "sqlite":
-		return sqlfiles.Dialect(dialect)
-	}
-	return nil, fmt.Errorf("sbclaim: unknown dialect %q: want sqlserver, postgres or sqlite", dialect)
-}
-
 // CheckStoreURL reports what is wrong with a database URL without
-// connecting (an unknown scheme, a missing host), never echoing its
-// password.
-func CheckStoreURL(url string) error { return claimdb.Check(url) }
+// connecting (an unknown scheme, a missing host, a dialect whose store the
+// program does not import), never echoing its password.
+func CheckStoreURL(url string) error {
+	if err := dialect.Check(url); err != nil {
+		return err
+	}
+	_, _, err := dialect.Lookup(url)
+	return err
+}
 
 // DB returns the store's database handle, for a program's own tables in
 // the claims database (a TxHandlerFunc's schema, a test reading back what

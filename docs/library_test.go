@@ -12,7 +12,9 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
 	"github.com/sbclaim/sbclaim"
+	"github.com/sbclaim/sbclaim/operator"
 	"github.com/sbclaim/sbclaim/sbclaimtest"
+	_ "github.com/sbclaim/sbclaim/store/sqlite"
 )
 
 // The README's "Use it as a library" shows these: runBinary and
@@ -50,7 +52,7 @@ func runBinary(ctx context.Context, dbURL, connStr string, charge sbclaim.Handle
 	if err != nil {
 		return err
 	}
-	reconciler, err := sbclaim.NewReconciler(sbclaim.ReconcilerConfig{
+	reconciler, err := operator.NewReconciler(operator.ReconcilerConfig{
 		Store: store, Routers: map[string]*sbclaim.Router{"billing": router}, Logger: logger,
 	})
 	if err != nil {

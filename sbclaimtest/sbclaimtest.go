@@ -39,6 +39,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/bridge"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/testkit/membus"
+	_ "github.com/sbclaim/sbclaim/store/sqlite"
 )
 
 // NewStore returns a migrated SQLite claims store in t's temporary

@@ -13,6 +13,7 @@ import (
 	"github.com/sbclaim/sbclaim"
 	"github.com/sbclaim/sbclaim/internal/bridge"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/operator"
 )
 
 // SendAndWait sends msgs and waits (a minute at most) until the queue is
@@ -114,7 +115,7 @@ type Result struct {
 	// history (nil: no claim, as for a transactional handler whose
 	// attempt rolled back, or a message refused before its claim).
 	Claim   *sbclaim.Claim
-	History []sbclaim.HistoryEntry
+	History []operator.HistoryEntry
 }
 
 // Work runs one delivery of msg through a real processor (claim,
@@ -191,7 +192,7 @@ func Work(t testing.TB, cfg sbclaim.ProcessorConfig, msg *azservicebus.Message) 
 		c = claimOf(t, cfg.Store, cfg.Consumer, *msg.MessageID)
 	}
 	if c != nil {
-		h, err := cfg.Store.History(ctx, c.ID)
+		h, err := operator.History(ctx, cfg.Store, c.ID)
 		if err != nil {
 			t.Fatalf("sbclaimtest: Work: history of claim %d: %v", c.ID, err)
 		}

@@ -4,8 +4,8 @@
 // Server roles a deployment creates by hand.
 //
 // Users do not import this package: sbclaim.Migrate runs the migrations,
-// and sbclaim.Migrations returns one dialect's files for a user's own goose
-// pipeline. Inside the module it is imported under the name sqlfiles,
+// and operator.Migrations returns one dialect's files for a user's own
+// goose pipeline. Inside the module it is imported under the name sqlfiles,
 // beside database/sql.
 //
 // The migrations are plain SQL files run by pressly/goose/v3. Each dialect

@@ -19,6 +19,7 @@ import (
 	"github.com/sbclaim/sbclaim"
 	"github.com/sbclaim/sbclaim/internal/console"
 	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
+	ops "github.com/sbclaim/sbclaim/operator"
 	"github.com/sbclaim/sbclaim/sbclaimtest"
 )
 
@@ -197,7 +198,7 @@ func runSystem(ctx context.Context, cfg config, logger *slog.Logger, logPath str
 		}
 		processors = append(processors, p)
 	}
-	rec, err := sbclaim.NewReconciler(sbclaim.ReconcilerConfig{Store: store, Routers: routers,
+	rec, err := ops.NewReconciler(ops.ReconcilerConfig{Store: store, Routers: routers,
 		StaleAfter: staleAfter, HeartbeatInterval: heartbeat,
 		RecoveryBackoff: 2 * time.Second, RecoveryBackoffMax: 10 * time.Second,
 		Host: "dev-reconciler", Logger: logger})
@@ -332,7 +333,7 @@ func seedOr(seed uint64) uint64 {
 
 // reconcile ticks the reconciler until ctx ends and says what a tick did
 // when it did something.
-func reconcile(ctx context.Context, rec *sbclaim.Reconciler, out *printer, logger *slog.Logger) {
+func reconcile(ctx context.Context, rec *ops.Reconciler, out *printer, logger *slog.Logger) {
 	t := time.NewTicker(reconcileTick)
 	defer t.Stop()
 	for {

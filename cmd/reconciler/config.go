@@ -17,6 +17,7 @@ import (
 	"github.com/sbclaim/sbclaim"
 	"github.com/sbclaim/sbclaim/internal/console"
 	"github.com/sbclaim/sbclaim/internal/settings"
+	ops "github.com/sbclaim/sbclaim/operator"
 )
 
 // StaleFactor is how many heartbeat intervals a claim must miss before the
@@ -85,10 +86,10 @@ func configSettings(c *Config) []settings.Setting {
 				c.DatabaseURL = v
 				return nil
 			}},
-		{Env: "SBCLAIM_RECONCILE_SCHEDULE", Flag: "schedule", Default: sbclaim.DefaultSchedule,
+		{Env: "SBCLAIM_RECONCILE_SCHEDULE", Flag: "schedule", Default: ops.DefaultSchedule,
 			Usage: `cron spec of the reconcile tick: 5 fields ("*/5 * * * *") or "@every 1m"`,
 			Parse: func(v string) error {
-				if err := sbclaim.CheckSchedule(v); err != nil {
+				if err := ops.CheckSchedule(v); err != nil {
 					return fmt.Errorf("invalid cron spec: %w", err)
 				}
 				c.Schedule = v
@@ -100,16 +101,16 @@ func configSettings(c *Config) []settings.Setting {
 		settings.Duration("SBCLAIM_HEARTBEAT_INTERVAL", "heartbeat-interval", "30s",
 			"the processors' heartbeat interval: the reconciler heartbeats the claims it recovers as often, and stale-after is checked against it",
 			time.Nanosecond, &c.HeartbeatInterval),
-		settings.Int("SBCLAIM_RECOVERY_MAX_ATTEMPTS", "recovery-max-attempts", strconv.Itoa(sbclaim.DefaultRecoveryMaxAttempts),
+		settings.Int("SBCLAIM_RECOVERY_MAX_ATTEMPTS", "recovery-max-attempts", strconv.Itoa(ops.DefaultRecoveryMaxAttempts),
 			"recovery attempts whose outcome may stay unknown before the claim is flagged for an operator",
 			1, math.MaxInt, &c.RecoveryMaxAttempts),
-		settings.Duration("SBCLAIM_RECOVERY_BACKOFF", "recovery-backoff", sbclaim.DefaultRecoveryBackoff.String(),
+		settings.Duration("SBCLAIM_RECOVERY_BACKOFF", "recovery-backoff", ops.DefaultRecoveryBackoff.String(),
 			"wait before the next recovery attempt of a claim that recovery did not settle; doubled per attempt",
 			time.Nanosecond, &c.RecoveryBackoff),
 		settings.Duration("SBCLAIM_RECOVERY_BACKOFF_MAX", "recovery-backoff-max", "1h",
 			"longest wait between two recovery attempts of a claim",
 			time.Nanosecond, &c.RecoveryBackoffMax),
-		settings.Int("SBCLAIM_RECOVERY_CONCURRENCY", "recovery-concurrency", strconv.Itoa(sbclaim.DefaultRecoveryConcurrency),
+		settings.Int("SBCLAIM_RECOVERY_CONCURRENCY", "recovery-concurrency", strconv.Itoa(ops.DefaultRecoveryConcurrency),
 			"effects the recovery pass runs at once",
 			1, math.MaxInt, &c.RecoveryConcurrency),
 		settings.Duration("SBCLAIM_RETENTION", "retention", "168h",
@@ -121,13 +122,13 @@ func configSettings(c *Config) []settings.Setting {
 		settings.Int("SBCLAIM_MAX_DELIVERY_COUNT", "max-delivery-count", "10",
 			"the Service Bus entity's max delivery count (used to validate retention)",
 			1, math.MaxInt, &c.MaxDeliveryCount),
-		settings.Int("SBCLAIM_FLAG_BATCH_SIZE", "flag-batch-size", strconv.Itoa(sbclaim.DefaultFlagBatchSize),
+		settings.Int("SBCLAIM_FLAG_BATCH_SIZE", "flag-batch-size", strconv.Itoa(ops.DefaultFlagBatchSize),
 			"claims flagged per query; the flag pass loops until a batch is short",
 			1, math.MaxInt, &c.FlagBatchSize),
-		settings.Int("SBCLAIM_PURGE_BATCH_SIZE", "purge-batch-size", strconv.Itoa(sbclaim.DefaultPurgeBatchSize),
+		settings.Int("SBCLAIM_PURGE_BATCH_SIZE", "purge-batch-size", strconv.Itoa(ops.DefaultPurgeBatchSize),
 			"claims deleted per DELETE; the purge pass loops until a batch is short",
 			1, math.MaxInt, &c.PurgeBatchSize),
-		settings.Int("SBCLAIM_PURGE_MAX_PER_TICK", "purge-max-per-tick", strconv.Itoa(sbclaim.DefaultMaxPurgePerTick),
+		settings.Int("SBCLAIM_PURGE_MAX_PER_TICK", "purge-max-per-tick", strconv.Itoa(ops.DefaultMaxPurgePerTick),
 			"at most this many claims deleted per tick (a backlog is worked off over several ticks)",
 			1, math.MaxInt, &c.PurgeMaxPerTick),
 		settings.Duration("SBCLAIM_QUERY_TIMEOUT", "query-timeout", "30s",
@@ -346,8 +347,8 @@ func validIssuer(v string) error {
 }
 
 // reconcilerConfig is the tick's configuration.
-func (c *Config) reconcilerConfig(st *sbclaim.Store, routers map[string]*sbclaim.Router) sbclaim.ReconcilerConfig {
-	return sbclaim.ReconcilerConfig{
+func (c *Config) reconcilerConfig(st *sbclaim.Store, routers map[string]*sbclaim.Router) ops.ReconcilerConfig {
+	return ops.ReconcilerConfig{
 		Store:               st,
 		StaleAfter:          c.StaleAfter,
 		Retention:           c.Retention,

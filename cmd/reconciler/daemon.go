@@ -17,6 +17,7 @@ import (
 
 	"github.com/sbclaim/sbclaim"
 	"github.com/sbclaim/sbclaim/internal/redact"
+	ops "github.com/sbclaim/sbclaim/operator"
 )
 
 // cmdRun is the daemon: the tick on the cron schedule, and /healthz,
@@ -124,7 +125,7 @@ func cmdOnce(ctx context.Context, e *env, _ []string) int {
 		return e.fail("once", err)
 	}
 	if !res.Locked {
-		e.logger.Info("another reconciler holds the lock; nothing to do", "lock", sbclaim.ReconcilerLockName)
+		e.logger.Info("another reconciler holds the lock; nothing to do", "lock", ops.ReconcilerLockName)
 	}
 	return exitOK
 }
@@ -132,7 +133,7 @@ func cmdOnce(ctx context.Context, e *env, _ []string) int {
 // newReconciler builds the tick from the configuration: with routes,
 // recovery is on; without, it says so (every stale claim goes to
 // operators). reg, when set, gets the tick's metrics.
-func (e *env) newReconciler(st *sbclaim.Store, reg prometheus.Registerer) (*sbclaim.Reconciler, error) {
+func (e *env) newReconciler(st *sbclaim.Store, reg prometheus.Registerer) (*ops.Reconciler, error) {
 	routers, err := e.routes()
 	if err != nil {
 		return nil, err
@@ -147,9 +148,9 @@ func (e *env) newReconciler(st *sbclaim.Store, reg prometheus.Registerer) (*sbcl
 			consumers = append(consumers, cmp.Or(c, "(every other consumer)"))
 		}
 		e.logger.Info("recovery on: stale claims are re-run with the same idempotency key",
-			"consumers", consumers, "max_attempts", cmp.Or(cfg.RecoveryMaxAttempts, sbclaim.DefaultRecoveryMaxAttempts))
+			"consumers", consumers, "max_attempts", cmp.Or(cfg.RecoveryMaxAttempts, ops.DefaultRecoveryMaxAttempts))
 	}
-	return sbclaim.NewReconciler(cfg)
+	return ops.NewReconciler(cfg)
 }
 
 // routes loads SBCLAIM_ROUTES: a router by consumer, each with its

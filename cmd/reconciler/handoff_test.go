@@ -14,6 +14,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
 	"github.com/sbclaim/sbclaim"
+	ops "github.com/sbclaim/sbclaim/operator"
 	"github.com/sbclaim/sbclaim/sbclaimtest"
 )
 
@@ -65,12 +66,12 @@ func TestRedriveHandOffOfUserCode(t *testing.T) {
 		if err := q.WaitIdle(wctx); err != nil {
 			t.Fatal(err)
 		}
-		rec, err := sbclaim.NewReconciler(sbclaim.ReconcilerConfig{Store: st, Routers: map[string]*sbclaim.Router{"refunds": router},
+		rec, err := ops.NewReconciler(ops.ReconcilerConfig{Store: st, Routers: map[string]*sbclaim.Router{"refunds": router},
 			HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 300 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
-		tick := func(want func(sbclaim.TickResult) bool) {
+		tick := func(want func(ops.TickResult) bool) {
 			t.Helper()
 			deadline := time.Now().Add(30 * time.Second)
 			for {
@@ -87,7 +88,7 @@ func TestRedriveHandOffOfUserCode(t *testing.T) {
 				time.Sleep(50 * time.Millisecond)
 			}
 		}
-		tick(func(r sbclaim.TickResult) bool { return r.Flagged == 1 })
+		tick(func(r ops.TickResult) bool { return r.Flagged == 1 })
 		cs, err := st.Claims(ctx, sbclaim.ClaimFilter{States: []sbclaim.ClaimState{sbclaim.StateFlagged}, Route: "refund"})
 		if err != nil || len(cs) != 1 {
 			t.Fatalf("flagged refund claims: %v, %v", cs, err)
@@ -134,7 +135,7 @@ func TestRedriveHandOffOfUserCode(t *testing.T) {
 		}
 
 		// The user's binary re-runs it, once, with the claim's key.
-		tick(func(r sbclaim.TickResult) bool { return r.Recovered == 1 })
+		tick(func(r ops.TickResult) bool { return r.Recovered == 1 })
 		mu.Lock()
 		defer mu.Unlock()
 		if len(keys) != 2 || keys[0] != keys[1] || keys[0] != "refunds/refund-7" {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sbclaim/sbclaim"
+	ops "github.com/sbclaim/sbclaim/operator"
 )
 
 // previewBytes is how much of a stored payload show prints.
@@ -113,7 +114,7 @@ func showFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 		if err != nil {
 			return e.fail("show", fmt.Errorf("claim %d: %w", id, err))
 		}
-		h, err := st.History(ctx, id)
+		h, err := ops.History(ctx, st, id)
 		if err != nil {
 			return e.fail("show", fmt.Errorf("history of claim %d: %w", id, err))
 		}
@@ -135,7 +136,7 @@ func showFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 // (ages by the database clock), the payload (hash and a safe preview) and
 // the audit trail. Each block writes to one tabwriter, so the columns of
 // every block line up; a new block is one more function called here.
-func writeClaim(w io.Writer, c *sbclaim.Claim, h []sbclaim.HistoryEntry, now time.Time) {
+func writeClaim(w io.Writer, c *sbclaim.Claim, h []ops.HistoryEntry, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	writeClaimFields(tw, c, now)
 	if len(h) > 0 {
@@ -148,7 +149,7 @@ func writeClaim(w io.Writer, c *sbclaim.Claim, h []sbclaim.HistoryEntry, now tim
 
 // writeHistory prints the claim's history: one row per change of its
 // owner or state, oldest first.
-func writeHistory(tw io.Writer, c *sbclaim.Claim, h []sbclaim.HistoryEntry) {
+func writeHistory(tw io.Writer, c *sbclaim.Claim, h []ops.HistoryEntry) {
 	fmt.Fprintln(tw, "History (one row per change of owner or state, kept with the claim)")
 	for _, e := range h {
 		fmt.Fprintf(tw, "  %s\t%s\tby %s\t%s\n", ts(e.At), e.What, dash(printable(e.By, 0)), printable(e.Detail, 0))
@@ -300,7 +301,7 @@ type entryJSON struct {
 	Key           string               `json:"key"`
 }
 
-func historyJSON(h []sbclaim.HistoryEntry) []entryJSON {
+func historyJSON(h []ops.HistoryEntry) []entryJSON {
 	out := make([]entryJSON, len(h))
 	for i, e := range h {
 		out[i] = entryJSON{ID: e.ID, At: e.At, What: e.What, From: e.From, To: e.To, By: e.By, Path: e.Path,
@@ -392,7 +393,7 @@ func resolveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 			return e.fail("resolve", err)
 		}
 		defer st.Close()
-		c, err := st.Resolve(ctx, id, res, operator, *note)
+		c, err := ops.Resolve(ctx, st, id, res, operator, *note)
 		if err != nil {
 			return e.refuse("resolve", id, err)
 		}
@@ -453,11 +454,11 @@ func redriveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 		if *handOff {
 			return e.handOff(ctx, st, id, operator, *note)
 		}
-		c, err := st.Redrive(ctx, id, sbclaim.RedriveOptions{
+		c, err := ops.Redrive(ctx, st, id, ops.RedriveOptions{
 			By: operator, Note: *note, NewKey: *newKey, Routers: routers, Logger: e.logger,
 			HeartbeatInterval: e.cfg.HeartbeatInterval, QueryTimeout: e.cfg.QueryTimeout,
 		})
-		var act *sbclaim.ActionError
+		var act *ops.ActionError
 		if err == nil {
 			key := "idempotency key " + printable(c.IdempotencyKey, 0)
 			if *newKey {
@@ -474,7 +475,7 @@ func redriveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 			return e.refuse("redrive", id, err)
 		}
 		switch {
-		case act.Kind == sbclaim.ActionEffectFailed && act.Outcome.Final():
+		case act.Kind == ops.ActionEffectFailed && act.Outcome.Final():
 			status := ""
 			if act.Answer != nil && act.Answer.Status != 0 {
 				status = fmt.Sprintf(" (HTTP %d)", act.Answer.Status)
@@ -486,7 +487,7 @@ func redriveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 			fmt.Fprintf(e.stderr, "reconciler redrive: claim %d: the downstream gave a final answer with idempotency key %s: outcome %s%s: %v\n%s\n",
 				id, printable(act.IdempotencyKey, 0), act.Outcome, status, act.Err, back)
 			return exitFailure
-		case act.Kind == sbclaim.ActionEffectFailed:
+		case act.Kind == ops.ActionEffectFailed:
 			back := "The claim is flagged again with this failure as its reason."
 			if !act.Reflagged {
 				back = "Flagging it again failed too: the reconciler flags it again within SBCLAIM_STALE_AFTER."
@@ -499,7 +500,7 @@ func redriveFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 				"Redrive it again later, or resolve it by hand: reconciler resolve %d --as done|discarded --note '...'\n",
 				id, printable(act.IdempotencyKey, 0), act.Outcome, act.Attempts, act.Err, back, maybe, id)
 			return exitFailure
-		case act.Kind == sbclaim.ActionNotRecorded:
+		case act.Kind == ops.ActionNotRecorded:
 			fmt.Fprintf(e.stderr, "reconciler redrive: claim %d: the effect WAS performed (idempotency key %s), but recording it failed: %v\n"+
 				"Do NOT redrive it again to be sure: it happened. The claim stays held by this redrive until its hold lapses;\n"+
 				"within SBCLAIM_STALE_AFTER the reconciler flags it again (\"redrive ... stopped\"), then record it:\n"+
@@ -525,7 +526,7 @@ func routesHere(routers map[string]*sbclaim.Router, c *sbclaim.Claim) bool {
 	if r == nil {
 		return false
 	}
-	name, ok := r.RouteOf(c)
+	name, ok := ops.RouteOf(r, c)
 	return ok && (c.Route == "" || name == c.Route)
 }
 
@@ -533,7 +534,7 @@ func routesHere(routers map[string]*sbclaim.Router, c *sbclaim.Claim) bool {
 // user's own binary: released, audited, for that binary's reconciler
 // passes to re-run with the claim's idempotency key.
 func (e *env) handOff(ctx context.Context, st *sbclaim.Store, id int64, operator, note string) int {
-	c, err := st.HandOff(ctx, id, operator, note)
+	c, err := ops.HandOff(ctx, st, id, operator, note)
 	if err != nil {
 		return e.refuse("redrive", id, err)
 	}
@@ -548,9 +549,9 @@ func (e *env) handOff(ctx context.Context, st *sbclaim.Store, id int64, operator
 // acted first, or the claim cannot take the action) says what the claim
 // is now, and that nothing was changed.
 func (e *env) refuse(cmd string, id int64, err error) int {
-	var act *sbclaim.ActionError
+	var act *ops.ActionError
 	switch {
-	case errors.As(err, &act) && act.Kind == sbclaim.ActionRefused:
+	case errors.As(err, &act) && act.Kind == ops.ActionRefused:
 		fmt.Fprintf(e.stderr, "reconciler %s: refused: %s\n", cmd, printable(act.Error(), 0))
 		return exitFailure
 	case errors.Is(err, sbclaim.ErrNotFound):

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/sbclaim/sbclaim"
+	ops "github.com/sbclaim/sbclaim/operator"
 )
 
 // maxRetryBulk bounds one retry command, like the console's bulk actions
@@ -92,9 +93,9 @@ func retryFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 			if err := ctx.Err(); err != nil {
 				return e.fail("retry", err)
 			}
-			c, err := st.Retry(ctx, id, sbclaim.RetryOptions{By: operator, Note: *note, NewKey: *newKey, Routers: routers, Logger: e.logger,
+			c, err := ops.Retry(ctx, st, id, ops.RetryOptions{By: operator, Note: *note, NewKey: *newKey, Routers: routers, Logger: e.logger,
 				HeartbeatInterval: e.cfg.HeartbeatInterval, QueryTimeout: e.cfg.QueryTimeout})
-			var act *sbclaim.ActionError
+			var act *ops.ActionError
 			switch {
 			case err == nil && c.State == sbclaim.StateReleased:
 				retried++
@@ -104,11 +105,11 @@ func retryFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 				retried++
 				fmt.Fprintf(e.stdout, "claim %d retried by %s: the effect succeeded with idempotency key %s; resolved as %s\n",
 					c.ID, printable(operator, 0), printable(c.IdempotencyKey, 0), c.Resolution)
-			case errors.As(err, &act) && act.Kind == sbclaim.ActionRefused:
+			case errors.As(err, &act) && act.Kind == ops.ActionRefused:
 				refused++
 				e.refuse("retry", id, err)
 				code = exitFailure
-			case errors.As(err, &act) && act.Kind == sbclaim.ActionEffectFailed:
+			case errors.As(err, &act) && act.Kind == ops.ActionEffectFailed:
 				failedAgain++
 				state := "flagged again"
 				if act.Failed {

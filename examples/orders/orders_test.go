@@ -16,6 +16,7 @@ import (
 	"github.com/sbclaim/sbclaim"
 	"github.com/sbclaim/sbclaim/examples/orders"
 	"github.com/sbclaim/sbclaim/sbclaimtest"
+	_ "github.com/sbclaim/sbclaim/store/sqlite" // the claims store's dialect
 )
 
 // setup migrates a SQLite claims database in the test's directory, creates

@@ -27,6 +27,10 @@ import (
 	"github.com/stripe/stripe-go/v82"
 
 	"github.com/sbclaim/sbclaim"
+	"github.com/sbclaim/sbclaim/operator"
+	_ "github.com/sbclaim/sbclaim/store/postgres" // the claims stores SBCLAIM_DATABASE_URL may name
+	_ "github.com/sbclaim/sbclaim/store/sqlite"
+	_ "github.com/sbclaim/sbclaim/store/sqlserver"
 )
 
 // Charge returns the handler that charges one payment event: a confirmed
@@ -135,7 +139,7 @@ func run(ctx context.Context, getenv func(string) string, logger *slog.Logger) e
 	if err != nil {
 		return err
 	}
-	reconciler, err := sbclaim.NewReconciler(sbclaim.ReconcilerConfig{
+	reconciler, err := operator.NewReconciler(operator.ReconcilerConfig{
 		Store: store, Routers: map[string]*sbclaim.Router{"billing": router}, Logger: logger,
 	})
 	if err != nil {

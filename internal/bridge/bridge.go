@@ -1,7 +1,7 @@
 // Package bridge lets the module's own tools (the chaos harness, the
-// operator console) reach the internal value behind a public sbclaim
-// handle, and wrap an internal value in one, without widening the public
-// API. The root package fills the functions in its init; importing
+// operator console, package operator) reach the internal value behind a
+// public sbclaim handle, and wrap an internal value in one, without
+// widening the public API. The root package fills the functions in its init; importing
 // github.com/sbclaim/sbclaim is enough to have them set.
 package bridge
 
@@ -16,6 +16,9 @@ var (
 	// NewStore wraps a claim.Store (a fault-injecting wrapper, say) in an
 	// *sbclaim.Store.
 	NewStore func(s claim.Store) any
+	// NewClaim returns the public view (*sbclaim.Claim) of a claim, for
+	// package operator.
+	NewClaim func(c *claim.Claim) any
 	// RouterOf returns the router behind an *sbclaim.Router.
 	RouterOf func(router any) sideeffects.Router
 	// NewRouter wraps a router (a fault-injecting wrapper of RouterOf's,

@@ -1,8 +1,9 @@
-// Package claimdb opens the claims database a URL names: it tells the
-// dialect from the URL, checks the URL, opens the product's store for it,
+// Package claimdb opens the claims database a URL names, with all three
+// stores linked in: it opens the product's store for the URL's dialect,
 // applies the embedded migrations, and creates throwaway databases for
-// tests and the chaos harness (Scratch). It is the one package outside the
-// database drivers that reads a database URL:
+// tests and the chaos harness (Scratch). The module's tools and tests use
+// it; the public API does not (it opens the stores the program imports,
+// through package dialect, which reads the URLs):
 //
 //	sqlite:/var/lib/sbclaim/claims.db   (sqlite::memory: for tests)
 //	postgres://user:pass@host:5432/db?sslmode=require  (or postgresql://)
@@ -15,94 +16,36 @@ package claimdb
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/mssql"
 	"github.com/sbclaim/sbclaim/internal/claim/postgres"
 	"github.com/sbclaim/sbclaim/internal/claim/sqlite"
+	"github.com/sbclaim/sbclaim/internal/claimdb/dialect"
 )
 
-// Dialect is the database a URL names.
-type Dialect string
+// Dialect is the database a URL names (package dialect, which reads URLs
+// without a driver).
+type Dialect = dialect.Dialect
 
 // The supported dialects.
 const (
-	SQLite    Dialect = "sqlite"
-	Postgres  Dialect = "postgres"
-	SQLServer Dialect = "sqlserver"
+	SQLite    = dialect.SQLite
+	Postgres  = dialect.Postgres
+	SQLServer = dialect.SQLServer
 )
-
-const want = "want sqlite:, postgres://, postgresql:// or sqlserver://"
 
 // DialectOf returns the dialect of a database URL, or an error naming the
 // unsupported scheme (never the URL itself).
-func DialectOf(rawURL string) (Dialect, error) {
-	scheme, _, ok := strings.Cut(rawURL, ":")
-	if !ok || scheme == "" {
-		return "", errors.New("database URL has no scheme (" + want + ")")
-	}
-	switch strings.ToLower(scheme) {
-	case "sqlite":
-		return SQLite, nil
-	case "postgres", "postgresql":
-		return Postgres, nil
-	case "sqlserver":
-		return SQLServer, nil
-	}
-	if !isScheme(scheme) {
-		return "", errors.New("database URL has an unrecognisable scheme (" + want + ")")
-	}
-	return "", fmt.Errorf("unsupported database URL scheme %q (%s)", scheme, want)
-}
-
-// isScheme reports whether s may be shown as a URL scheme: a letter, then
-// letters, digits, '+', '-' or '.' (so it cannot be part of a password).
-func isScheme(s string) bool {
-	if len(s) > 32 {
-		return false
-	}
-	for i, r := range s {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z':
-		case i > 0 && (r >= '0' && r <= '9' || r == '+' || r == '-' || r == '.'):
-		default:
-			return false
-		}
-	}
-	return s != ""
-}
+func DialectOf(rawURL string) (Dialect, error) { return dialect.Of(rawURL) }
 
 // Check reports what is wrong with a database URL without connecting: an
 // unsupported scheme, a sqlite: URL without a path, a server URL that does
 // not parse or names no host. Configuration calls it at start-up so a bad
 // URL refuses to start with a clear reason.
-func Check(rawURL string) error {
-	d, err := DialectOf(rawURL)
-	if err != nil {
-		return err
-	}
-	if d == SQLite {
-		if _, path, _ := strings.Cut(rawURL, ":"); path == "" {
-			return errors.New("sqlite: needs a file path (or :memory:)")
-		}
-		return nil
-	}
-	if !strings.Contains(rawURL, "://") {
-		return fmt.Errorf("a %s URL starts %s://", d, d)
-	}
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return errors.New("not a valid URL")
-	}
-	if u.Host == "" {
-		return errors.New("the URL has no host")
-	}
-	return nil
-}
+func Check(rawURL string) error { return dialect.Check(rawURL) }
 
 // Open opens the claims store a URL names. It does not migrate (except a
 // sqlite::memory: store, which starts empty): run Migrate first.
@@ -136,10 +79,7 @@ func Open(ctx context.Context, rawURL string) (claim.Store, error) {
 }
 
 // normalizePostgres lets the scheme's case vary (pgx wants lower case).
-func normalizePostgres(rawURL string) string {
-	scheme, rest, _ := strings.Cut(rawURL, ":")
-	return strings.ToLower(scheme) + ":" + rest
-}
+func normalizePostgres(rawURL string) string { return dialect.NormalizePostgres(rawURL) }
 
 // store is what every dialect's store offers beyond claim.Store.
 type store interface {

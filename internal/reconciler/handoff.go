@@ -34,7 +34,7 @@ type HandOffParams struct {
 // flagged claim over (path operator: of two concurrent redrives or
 // resolves, one wins) and releases it, recording who asked and why. A
 // released claim is what the recovery pass re-runs: the reconciler passes
-// running in the user's binary (sbclaim.NewReconciler with its routers)
+// running in the user's binary (operator.NewReconciler with its routers)
 // take it over once it has been released for their stale window, check
 // that its route and fingerprint are theirs, and run the handler with the
 // claim's own idempotency key, so an effect that did happen is

@@ -278,7 +278,7 @@ const HandOffGrace = 10
 // Flag's own, by the database clock); until then it is skipped.
 func (r *Reconciler) flagHandedOff(ctx context.Context, c *claim.Claim) (recoveryOutcome, *claim.Claim) {
 	reason := fmt.Sprintf("handed off by an operator (%s) for the reconciler that runs route %q, but none re-ran it within %s: "+
-		"run the reconciler passes in the binary that has the route's handler (sbclaim.NewReconciler with its routers), then hand it off again",
+		"run the reconciler passes in the binary that has the route's handler (operator.NewReconciler with its routers), then hand it off again",
 		c.TakeOverReason, c.Route, HandOffGrace*r.cfg.StaleAfter)
 	return r.flag(ctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: c.State, SilentFor: HandOffGrace * r.cfg.StaleAfter,
 		Reason: reason, By: r.cfg.Host})

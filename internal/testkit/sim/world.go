@@ -25,6 +25,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/reconciler"
 	"github.com/sbclaim/sbclaim/internal/testkit/chaos"
 	"github.com/sbclaim/sbclaim/internal/testkit/membus"
+	"github.com/sbclaim/sbclaim/operator"
 )
 
 // The simulated deployment's settings (one set for every seed: the seed
@@ -932,12 +933,12 @@ func (w *world) operator(ctx context.Context, rng *rand.Rand) {
 		w.mu.Unlock()
 		switch {
 		case c.state == "failed":
-			opts := sbclaim.RetryOptions{By: "op", Note: "fixed", HeartbeatInterval: heartbeatInterval, QueryTimeout: 10 * time.Second}
+			opts := operator.RetryOptions{By: "op", Note: "fixed", HeartbeatInterval: heartbeatInterval, QueryTimeout: 10 * time.Second}
 			if c.payload && rng.IntN(2) == 0 {
 				opts.Routers = routers
 			}
 			w.note("%s: operator retries claim %d (handler here: %v)", c.msg, c.id, opts.Routers != nil)
-			_, err := st.Retry(ctx, c.id, opts)
+			_, err := operator.Retry(ctx, st, c.id, opts)
 			w.note("%s: retry of claim %d: %v", c.msg, c.id, err)
 			if err == nil && opts.Routers == nil && !c.payload {
 				// handed off without a payload: its dead letter is
@@ -946,21 +947,21 @@ func (w *world) operator(ctx context.Context, rng *rand.Rand) {
 			}
 		case effected:
 			w.note("%s: operator resolves claim %d done (the downstream shows the effect)", c.msg, c.id)
-			_, err := st.Resolve(ctx, c.id, sbclaim.ResolutionDone, "op", "checked the downstream")
+			_, err := operator.Resolve(ctx, st, c.id, sbclaim.ResolutionDone, "op", "checked the downstream")
 			w.note("%s: resolve of claim %d: %v", c.msg, c.id, err)
 		case c.payload && rng.IntN(2) == 0:
 			w.mu.Lock()
 			w.redrives[c.msg]++
 			w.mu.Unlock()
 			w.note("%s: operator redrives claim %d", c.msg, c.id)
-			_, err := st.Redrive(ctx, c.id, sbclaim.RedriveOptions{By: "op", Note: "redrive", Routers: routers, HeartbeatInterval: heartbeatInterval, QueryTimeout: 10 * time.Second})
+			_, err := operator.Redrive(ctx, st, c.id, operator.RedriveOptions{By: "op", Note: "redrive", Routers: routers, HeartbeatInterval: heartbeatInterval, QueryTimeout: 10 * time.Second})
 			w.note("%s: redrive of claim %d: %v", c.msg, c.id, err)
 		case c.payload:
 			w.mu.Lock()
 			w.redrives[c.msg]++ // a hand-off is a redrive run by the reconciler
 			w.mu.Unlock()
 			w.note("%s: operator hands claim %d off", c.msg, c.id)
-			_, err := st.HandOff(ctx, c.id, "op", "hand-off")
+			_, err := operator.HandOff(ctx, st, c.id, "op", "hand-off")
 			w.note("%s: hand-off of claim %d: %v", c.msg, c.id, err)
 		}
 	}

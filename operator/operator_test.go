@@ -1,4 +1,4 @@
-package sbclaim_test
+package operator_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sbclaim/sbclaim"
+	"github.com/sbclaim/sbclaim/operator"
 	"github.com/sbclaim/sbclaim/sbclaimtest"
 )
 
@@ -47,7 +48,7 @@ func TestOperatorActionsAndClaimView(t *testing.T) {
 	waitIdle(t, q)
 
 	ctx := context.Background()
-	rec, err := sbclaim.NewReconciler(sbclaim.ReconcilerConfig{Store: st, Routers: map[string]*sbclaim.Router{"billing": router},
+	rec, err := operator.NewReconciler(operator.ReconcilerConfig{Store: st, Routers: map[string]*sbclaim.Router{"billing": router},
 		HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -105,23 +106,23 @@ func TestOperatorActionsAndClaimView(t *testing.T) {
 	// Only a router that has the claim's route can redrive it here.
 	other, _ := sbclaim.NewRouter(sbclaim.Route{Name: "mail", Match: sbclaim.MatchSubject("mail"),
 		Handler: func(context.Context, *sbclaim.Delivery) error { return nil }})
-	if name, ok := router.RouteOf(c1); !ok || name != "charge" {
+	if name, ok := operator.RouteOf(router, c1); !ok || name != "charge" {
 		t.Errorf("RouteOf = %q, %v; want charge", name, ok)
 	}
-	if _, ok := other.RouteOf(c1); ok {
+	if _, ok := operator.RouteOf(other, c1); ok {
 		t.Error("a router without the route routes the claim")
 	}
-	_, err = st.Redrive(ctx, c1.ID, sbclaim.RedriveOptions{By: "alice", Routers: map[string]*sbclaim.Router{"": other}})
-	var ae *sbclaim.ActionError
-	if !errors.As(err, &ae) || ae.Kind != sbclaim.ActionRefused || ae.Claim == nil || ae.Claim.State != sbclaim.StateFlagged ||
+	_, err = operator.Redrive(ctx, st, c1.ID, operator.RedriveOptions{By: "alice", Routers: map[string]*sbclaim.Router{"": other}})
+	var ae *operator.ActionError
+	if !errors.As(err, &ae) || ae.Kind != operator.ActionRefused || ae.Claim == nil || ae.Claim.State != sbclaim.StateFlagged ||
 		!strings.Contains(ae.Error(), "nothing was changed") {
 		t.Fatalf("redrive with a router that lacks the route: %v (%+v), want refused", err, ae)
 	}
 
 	// The redrive gets a final answer: the claim fails, with the answer.
-	_, err = st.Redrive(ctx, c1.ID, sbclaim.RedriveOptions{By: "alice", Note: "PSP back", Routers: map[string]*sbclaim.Router{"billing": router},
+	_, err = operator.Redrive(ctx, st, c1.ID, operator.RedriveOptions{By: "alice", Note: "PSP back", Routers: map[string]*sbclaim.Router{"billing": router},
 		HeartbeatInterval: time.Second, QueryTimeout: 10 * time.Second})
-	if !errors.As(err, &ae) || ae.Kind != sbclaim.ActionEffectFailed || ae.Outcome != sbclaim.OutcomeRejected || !ae.Outcome.Final() ||
+	if !errors.As(err, &ae) || ae.Kind != operator.ActionEffectFailed || ae.Outcome != sbclaim.OutcomeRejected || !ae.Outcome.Final() ||
 		!ae.Failed || ae.Reflagged || ae.IdempotencyKey != "billing/charge-1" || ae.Route != "charge" || ae.Answer == nil ||
 		ae.Answer.Status != http.StatusPaymentRequired || ae.Answer.Fields["/error/code"] != "card_declined" {
 		t.Fatalf("redrive to a decline: %v (%+v)", err, ae)
@@ -130,18 +131,18 @@ func TestOperatorActionsAndClaimView(t *testing.T) {
 		got.TakeOverPath != sbclaim.TakeOverOperator || got.Answer == nil || got.AnswerAt == nil {
 		t.Errorf("after the declined redrive: %+v", got)
 	}
-	_, err = st.Redrive(ctx, c1.ID, sbclaim.RedriveOptions{By: "bob", Routers: map[string]*sbclaim.Router{"billing": router}})
-	if !errors.As(err, &ae) || ae.Kind != sbclaim.ActionRefused || !errors.Is(err, sbclaim.ErrNotFlagged) || ae.Claim.State != sbclaim.StateFailed {
+	_, err = operator.Redrive(ctx, st, c1.ID, operator.RedriveOptions{By: "bob", Routers: map[string]*sbclaim.Router{"billing": router}})
+	if !errors.As(err, &ae) || ae.Kind != operator.ActionRefused || !errors.Is(err, operator.ErrNotFlagged) || ae.Claim.State != sbclaim.StateFailed {
 		t.Errorf("redrive of a failed claim: %v, want refused (ErrNotFlagged)", err)
 	}
 
 	// Resolve, then a second resolve is refused.
-	res, err := st.Resolve(ctx, c2.ID, sbclaim.ResolutionDone, "alice", "seen in the PSP")
+	res, err := operator.Resolve(ctx, st, c2.ID, sbclaim.ResolutionDone, "alice", "seen in the PSP")
 	if err != nil || res.State != sbclaim.StateResolved || res.Resolution != sbclaim.ResolutionDone || res.ResolvedBy != "alice" ||
 		res.ResolutionNote != "seen in the PSP" || res.ResolvedAt == nil {
 		t.Fatalf("resolve: %+v, %v", res, err)
 	}
-	if _, err := st.Resolve(ctx, c2.ID, sbclaim.ResolutionDiscarded, "bob", "late"); !errors.As(err, &ae) || ae.Kind != sbclaim.ActionRefused {
+	if _, err := operator.Resolve(ctx, st, c2.ID, sbclaim.ResolutionDiscarded, "bob", "late"); !errors.As(err, &ae) || ae.Kind != operator.ActionRefused {
 		t.Errorf("second resolve: %v, want refused", err)
 	}
 	if _, err := st.Claim(ctx, 999999); !errors.Is(err, sbclaim.ErrNotFound) {

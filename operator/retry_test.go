@@ -1,4 +1,4 @@
-package sbclaim_test
+package operator_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
 	"github.com/sbclaim/sbclaim"
+	"github.com/sbclaim/sbclaim/operator"
 	"github.com/sbclaim/sbclaim/sbclaimtest"
 )
 
@@ -108,11 +109,11 @@ func TestRetryAfterAMisconfiguration(t *testing.T) {
 	for _, by := range []string{"alice", "bob"} {
 		wg.Go(func() {
 			for _, c := range failed {
-				_, err := st.Retry(ctx, c.ID, sbclaim.RetryOptions{By: by, Note: "API key fixed: Bearer prefix", Routers: routers})
-				var ae *sbclaim.ActionError
+				_, err := operator.Retry(ctx, st, c.ID, operator.RetryOptions{By: by, Note: "API key fixed: Bearer prefix", Routers: routers})
+				var ae *operator.ActionError
 				switch {
 				case err == nil:
-				case errors.As(err, &ae) && ae.Kind == sbclaim.ActionRefused && (errors.Is(err, sbclaim.ErrNotFailed) || errors.Is(err, sbclaim.ErrStateChanged)):
+				case errors.As(err, &ae) && ae.Kind == operator.ActionRefused && (errors.Is(err, operator.ErrNotFailed) || errors.Is(err, operator.ErrStateChanged)):
 					refused.Add(1)
 				default:
 					t.Errorf("retry of claim %d by %s: %v", c.ID, by, err)
@@ -129,7 +130,7 @@ func TestRetryAfterAMisconfiguration(t *testing.T) {
 		if err != nil || got.State != sbclaim.StateResolved || got.Resolution != sbclaim.ResolutionRedriven || got.FailedAt == nil {
 			t.Fatalf("claim %d after the retry: %+v, %v", c.ID, got, err)
 		}
-		h, err := st.History(ctx, c.ID)
+		h, err := operator.History(ctx, st, c.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -174,7 +175,7 @@ func TestRetryWithoutRoutersRunsOnTheResubmittedDeadLetter(t *testing.T) {
 	}
 	down.broken.Store(false)
 	// The console lacks the Go handler: the retry hands the claim off.
-	got, err := st.Retry(ctx, c.ID, sbclaim.RetryOptions{By: "alice", Note: "API key fixed"})
+	got, err := operator.Retry(ctx, st, c.ID, operator.RetryOptions{By: "alice", Note: "API key fixed"})
 	if err != nil || got.State != sbclaim.StateReleased {
 		t.Fatalf("hand-off retry: %+v, %v", got, err)
 	}

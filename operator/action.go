@@ -1,13 +1,16 @@
-package sbclaim
+package operator
 
 import (
 	"errors"
 	"fmt"
 
+	"github.com/sbclaim/sbclaim"
+	"github.com/sbclaim/sbclaim/internal/bridge"
+	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
 )
 
-// ActionKind says how an operator action (Store.Redrive, Resolve, HandOff)
+// ActionKind says how an operator action (Redrive, Resolve, HandOff, Retry)
 // ended when it did not succeed.
 type ActionKind int
 
@@ -42,26 +45,6 @@ func (k ActionKind) String() string {
 	return fmt.Sprintf("ActionKind(%d)", int(k))
 }
 
-// Outcome is what became of one run of an effect, as the handler's error
-// (or the HTTP effect's answer) classified it.
-type Outcome string
-
-// The outcomes.
-const (
-	OutcomeOK        Outcome = "ok"        // performed
-	OutcomeRetryable Outcome = "retryable" // definitely not performed (NotPerformed)
-	OutcomePermanent Outcome = "permanent" // refused for good, not performed (Permanent)
-	OutcomeUnknown   Outcome = "unknown"   // may or may not have happened
-	OutcomeRejected  Outcome = "rejected"  // the downstream's final business answer (Rejected)
-	OutcomeConflict  Outcome = "conflict"  // the key was used with another payload (KeyConflict)
-)
-
-// Final reports whether o settles the idempotency key for good: ok,
-// permanent, rejected and conflict. Retryable and unknown do not.
-func (o Outcome) Final() bool {
-	return o == OutcomeOK || o == OutcomePermanent || o == OutcomeRejected || o == OutcomeConflict
-}
-
 // ActionError is an operator action that did not succeed; Kind says how.
 // It wraps the reason (ErrNotFlagged, ErrStateChanged, ... for a refusal;
 // the effect's error otherwise).
@@ -70,7 +53,7 @@ type ActionError struct {
 	ClaimID int64
 	// Claim is the claim as the action left it (nil when it could not be
 	// read).
-	Claim *Claim
+	Claim *sbclaim.Claim
 	// Why says, for a refusal, why the claim cannot take the action.
 	Why string
 	// Route and IdempotencyKey are the route whose effect a redrive ran
@@ -80,9 +63,9 @@ type ActionError struct {
 	// Outcome, Attempts and Answer are the failed effect's
 	// (ActionEffectFailed): how its last attempt ended, how many were
 	// made, and the downstream's last answer (nil: none).
-	Outcome  Outcome
+	Outcome  sbclaim.Outcome
 	Attempts int
-	Answer   *Answer
+	Answer   *sbclaim.Answer
 	// Failed: the outcome was final and the claim is failed. Reflagged:
 	// it was not, and the claim is flagged again.
 	Failed, Reflagged bool
@@ -122,7 +105,7 @@ func actionError(err error) error {
 		return &ActionError{Kind: ActionRefused, ClaimID: refused.ID, Claim: publicOrNil(refused.Claim), Why: refused.Why, Err: refused.Err}
 	case errors.As(err, &effErr):
 		return &ActionError{Kind: ActionEffectFailed, ClaimID: effErr.ClaimID, Route: effErr.Route, IdempotencyKey: effErr.Key,
-			Outcome: Outcome(effErr.Outcome.String()), Attempts: effErr.Attempts, Answer: publicAnswer(effErr.Answer),
+			Outcome: sbclaim.Outcome(effErr.Outcome.String()), Attempts: effErr.Attempts, Answer: publicAnswer(effErr.Answer),
 			Failed: effErr.Failed, Reflagged: effErr.Reflagged, Err: effErr.Err}
 	case errors.As(err, &recErr):
 		return &ActionError{Kind: ActionNotRecorded, ClaimID: recErr.ClaimID, IdempotencyKey: recErr.Key, Err: recErr.Err}
@@ -131,14 +114,31 @@ func actionError(err error) error {
 }
 
 // RouteOf returns the name of the route r selects for a claim's stored
-// message, as Store.Redrive and the reconciler's recovery route it; ok is
-// false when no route of r selects it. When the name is not the claim's
-// Route, this program does not have the claim's effect: a redrive here is
-// refused, and Store.HandOff hands the claim to the program that has it.
-func (r *Router) RouteOf(c *Claim) (route string, ok bool) {
-	h, err := r.internal().Route(c.message())
+// message, as Redrive and the reconciler's recovery route it; ok is false
+// when no route of r selects it. When the name is not the claim's Route,
+// this program does not have the claim's effect: a redrive here is
+// refused, and HandOff hands the claim to the program that has it.
+func RouteOf(r *sbclaim.Router, c *sbclaim.Claim) (route string, ok bool) {
+	h, err := bridge.RouterOf(r).Route(reconciler.MessageFromClaim(&claim.Claim{MessageID: c.DedupKey, Payload: c.Payload,
+		Subject: c.Subject, ContentType: c.ContentType, Properties: c.Properties}))
 	if err != nil {
 		return "", false
 	}
 	return h.Name, true
+}
+
+// publicOrNil is the public view of c (nil for nil).
+func publicOrNil(c *claim.Claim) *sbclaim.Claim {
+	if c == nil {
+		return nil
+	}
+	return bridge.NewClaim(c).(*sbclaim.Claim)
+}
+
+// publicAnswer is the public view of a (nil for nil).
+func publicAnswer(a *claim.Answer) *sbclaim.Answer {
+	if a == nil {
+		return nil
+	}
+	return &sbclaim.Answer{Status: a.Status, Step: a.Step, Headers: a.Headers, Fields: a.Fields, Truncated: a.Truncated}
 }

@@ -1,7 +1,8 @@
-package sbclaim
+package operator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -9,20 +10,22 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sbclaim/sbclaim"
+	"github.com/sbclaim/sbclaim/internal/bridge"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
 )
 
 // ReconcilerConfig configures a Reconciler. Store is required; every other
 // field has a default.
 type ReconcilerConfig struct {
-	Store *Store
+	Store *sbclaim.Store
 	// Routers are the processors' routers by consumer name (the "" entry
 	// serves consumers without one of their own). With them the
 	// reconciler recovers stale claims itself, running the same handlers
 	// with the same idempotency keys; without them it flags every stale
 	// claim for operators. A program that runs its own processor passes
 	// the same Router here.
-	Routers map[string]*Router
+	Routers map[string]*sbclaim.Router
 	// StaleAfter: a claim whose holder showed no heartbeat, or a released
 	// claim nobody took over, for this long is recovered (default 5m; at
 	// least 3 × HeartbeatInterval and at least the processors'
@@ -86,7 +89,7 @@ const (
 
 // ReconcilerLockName names the database lock a reconciler tick holds, so
 // that one replica works per tick and the others skip quietly.
-const ReconcilerLockName = reconciler.LockName
+const ReconcilerLockName = "sbclaim-reconciler"
 
 // CheckSchedule reports what is wrong with a cron spec for
 // ReconcilerConfig.Schedule.
@@ -108,23 +111,23 @@ type Reconciler struct {
 // the setting out of range.
 func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 	if cfg.Store == nil {
-		return nil, errNilStore
+		return nil, errors.New("operator: ReconcilerConfig.Store is required (sbclaim.OpenStore)")
 	}
 	var routes reconciler.Routes
 	if len(cfg.Routers) > 0 {
 		routes = make(reconciler.Routes, len(cfg.Routers))
 		for consumer, r := range cfg.Routers {
 			if r == nil {
-				return nil, fmt.Errorf("sbclaim: ReconcilerConfig.Routers[%q] is nil", consumer)
+				return nil, fmt.Errorf("operator: ReconcilerConfig.Routers[%q] is nil", consumer)
 			}
-			routes[consumer] = r.internal()
+			routes[consumer] = bridge.RouterOf(r)
 		}
 	}
 	var metrics *reconciler.Metrics
 	if cfg.Registerer != nil {
 		metrics = reconciler.NewMetrics(cfg.Registerer)
 	}
-	r, err := reconciler.New(cfg.Store.s, reconciler.Config{
+	r, err := reconciler.New(bridge.StoreOf(cfg.Store), reconciler.Config{
 		StaleAfter:          cfg.StaleAfter,
 		Routes:              routes,
 		RecoveryMaxAttempts: cfg.RecoveryMaxAttempts,

@@ -1,4 +1,4 @@
-package sbclaim
+package operator
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/sbclaim/sbclaim"
+	"github.com/sbclaim/sbclaim/internal/bridge"
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
 )
@@ -32,28 +34,15 @@ var (
 	ErrKeyExpired = reconciler.ErrKeyExpired
 )
 
-// Resolution is how an operator closes a flagged claim by hand.
-type Resolution string
-
-const (
-	// ResolutionDone: the operator checked that the effect happened.
-	ResolutionDone Resolution = "done"
-	// ResolutionDiscarded: the operator decided it must not happen.
-	ResolutionDiscarded Resolution = "discarded"
-	// ResolutionRedriven: a redrive re-ran the effect and it succeeded;
-	// only a redrive resolves so (Resolve refuses it).
-	ResolutionRedriven Resolution = "redriven"
-)
-
 // Resolve closes a flagged claim by hand, recording by (the operator) and
 // note (why; both required). A claim that is not flagged (any more) is
 // refused with an *ActionError of Kind ActionRefused.
-func (s *Store) Resolve(ctx context.Context, id int64, as Resolution, by, note string) (*Claim, error) {
-	c, err := reconciler.Resolve(ctx, s.s, &reconciler.ResolveParams{ID: id, Resolution: claim.Resolution(as), By: by, Note: note})
+func Resolve(ctx context.Context, s *sbclaim.Store, id int64, as sbclaim.Resolution, by, note string) (*sbclaim.Claim, error) {
+	c, err := reconciler.Resolve(ctx, bridge.StoreOf(s), &reconciler.ResolveParams{ID: id, Resolution: claim.Resolution(as), By: by, Note: note})
 	return publicOrNil(c), actionError(err)
 }
 
-// RedriveOptions tune Store.Redrive.
+// RedriveOptions tune Redrive.
 type RedriveOptions struct {
 	// By is the operator, recorded as the holder and on the resolution
 	// (required); Note says why.
@@ -61,7 +50,7 @@ type RedriveOptions struct {
 	// Routers are the routers by consumer the redrive finds the claim's
 	// route in: it runs the route's handler here, now, with the claim's
 	// idempotency key.
-	Routers map[string]*Router
+	Routers map[string]*sbclaim.Router
 	// NewKey redrives under a new idempotency key, on a route that allows
 	// it, after checking the downstream did nothing under the old one.
 	NewKey bool
@@ -77,24 +66,24 @@ type RedriveOptions struct {
 // claim's idempotency key (the downstream deduplicates an effect the first
 // attempt performed), holding the claim while it runs. A route with
 // RecoveryManual makes one attempt and stops at an unknown outcome. When
-// the effect is code this program does not have (Router.RouteOf does not
+// the effect is code this program does not have (RouteOf does not
 // name the claim's route), use HandOff.
 //
 // When it does not succeed the error is an *ActionError: refused (nothing
 // changed), the effect failed (the claim failed or flagged again), or the
 // effect was performed but not recorded.
-func (s *Store) Redrive(ctx context.Context, id int64, opts RedriveOptions) (*Claim, error) {
+func Redrive(ctx context.Context, s *sbclaim.Store, id int64, opts RedriveOptions) (*sbclaim.Claim, error) {
 	if len(opts.Routers) == 0 {
-		return nil, errors.New("sbclaim: redrive: Routers are required (use HandOff for a claim whose handler runs elsewhere)")
+		return nil, errors.New("operator: redrive: Routers are required (use HandOff for a claim whose handler runs elsewhere)")
 	}
 	routes := make(reconciler.Routes, len(opts.Routers))
 	for consumer, r := range opts.Routers {
 		if r == nil {
-			return nil, fmt.Errorf("sbclaim: redrive: Routers[%q] is nil", consumer)
+			return nil, fmt.Errorf("operator: redrive: Routers[%q] is nil", consumer)
 		}
-		routes[consumer] = r.internal()
+		routes[consumer] = bridge.RouterOf(r)
 	}
-	c, err := reconciler.Redrive(ctx, s.s, &reconciler.RedriveParams{ID: id, By: opts.By, Note: opts.Note, NewKey: opts.NewKey,
+	c, err := reconciler.Redrive(ctx, bridge.StoreOf(s), &reconciler.RedriveParams{ID: id, By: opts.By, Note: opts.Note, NewKey: opts.NewKey,
 		Routes: routes, Logger: opts.Logger, HeartbeatInterval: opts.HeartbeatInterval, StoreTimeout: opts.QueryTimeout})
 	return publicOrNil(c), actionError(err)
 }
@@ -107,22 +96,22 @@ func (s *Store) Redrive(ctx context.Context, id int64, opts RedriveOptions) (*Cl
 // once it has been released for their StaleAfter. A claim that is not
 // flagged, or has no stored payload, is refused with an *ActionError of
 // Kind ActionRefused.
-func (s *Store) HandOff(ctx context.Context, id int64, by, note string) (*Claim, error) {
-	c, err := reconciler.HandOff(ctx, s.s, &reconciler.HandOffParams{ID: id, By: by, Note: note})
+func HandOff(ctx context.Context, s *sbclaim.Store, id int64, by, note string) (*sbclaim.Claim, error) {
+	c, err := reconciler.HandOff(ctx, bridge.StoreOf(s), &reconciler.HandOffParams{ID: id, By: by, Note: note})
 	return publicOrNil(c), actionError(err)
 }
 
-// ErrNotFailed: only a failed claim can be retried (Store.Retry); a
+// ErrNotFailed: only a failed claim can be retried (Retry); a
 // flagged one is redriven.
 var ErrNotFailed = reconciler.ErrNotFailed
 
 // ErrMessageUnsettled: a retry of a failed claim without a stored payload
-// (Store.Retry) waits while the claim still names a deferred message whose
+// (Retry) waits while the claim still names a deferred message whose
 // settlement is not recorded: the processors dead-letter it (or find it
 // gone) once its last holder's lock has ended. Retry then.
 var ErrMessageUnsettled = reconciler.ErrMessageUnsettled
 
-// RetryOptions tune Store.Retry.
+// RetryOptions tune Retry.
 type RetryOptions struct {
 	// By is the operator and Note what was fixed (both required); both
 	// are recorded in the claim's history ("retried").
@@ -137,7 +126,7 @@ type RetryOptions struct {
 	// the retry runs its handler here, now. Without Routers (the handler
 	// runs in another program) the claim is handed off: released for the
 	// reconciler passes running with the handler, as HandOff does.
-	Routers map[string]*Router
+	Routers map[string]*sbclaim.Router
 	// HeartbeatInterval and QueryTimeout are as for RedriveOptions.
 	HeartbeatInterval time.Duration
 	QueryTimeout      time.Duration
@@ -156,18 +145,18 @@ type RetryOptions struct {
 // stored: then the next delivery of its message runs it, so re-submit its
 // dead letter). A copy of the message that comes after the claim finished
 // completes as a duplicate: the effect runs once.
-func (s *Store) Retry(ctx context.Context, id int64, opts RetryOptions) (*Claim, error) {
+func Retry(ctx context.Context, s *sbclaim.Store, id int64, opts RetryOptions) (*sbclaim.Claim, error) {
 	p := &reconciler.RetryParams{ID: id, By: opts.By, Note: opts.Note, NewKey: opts.NewKey, HandOff: len(opts.Routers) == 0,
 		Logger: opts.Logger, HeartbeatInterval: opts.HeartbeatInterval, StoreTimeout: opts.QueryTimeout}
 	if len(opts.Routers) > 0 {
 		p.Routes = make(reconciler.Routes, len(opts.Routers))
 		for consumer, r := range opts.Routers {
 			if r == nil {
-				return nil, fmt.Errorf("sbclaim: retry: Routers[%q] is nil", consumer)
+				return nil, fmt.Errorf("operator: retry: Routers[%q] is nil", consumer)
 			}
-			p.Routes[consumer] = r.internal()
+			p.Routes[consumer] = bridge.RouterOf(r)
 		}
 	}
-	c, err := reconciler.Retry(ctx, s.s, p)
+	c, err := reconciler.Retry(ctx, bridge.StoreOf(s), p)
 	return publicOrNil(c), actionError(err)
 }
