@@ -165,7 +165,7 @@ func (p *Processor) handleBatch(ctx, work context.Context, lr *liveReceiver, msg
 		// owner tokens, so the redelivery's claim finds it (an orphan row
 		// whose holder shows no life is taken over after TakeoverAfter).
 		for _, d := range batch {
-			run(d, func() verdict { return abandoned(ResultAbandoned, "why", "claim failed", "error", err) })
+			run(d, func() verdict { return p.claimWhenStoreBack(ctx, d.traced(work), d, err) })
 		}
 	default:
 		// The store answered but refused the batch (one bad row fails a
@@ -177,6 +177,30 @@ func (p *Processor) handleBatch(ctx, work context.Context, lr *liveReceiver, msg
 		for _, d := range batch {
 			run(d, func() verdict { return p.claimOne(ctx, d.traced(work), d) })
 		}
+	}
+}
+
+// claimWhenStoreBack handles a delivery whose claim failed with err. A
+// store-wide refusal (an outage, a failover) pauses receiving; the
+// delivery keeps its message locked (its lock is renewed) and claims it
+// again once the store accepts writes, for as long as its lock may be
+// renewed: an abandon now would spend one of the message's deliveries on
+// an outage, and a few outages would dead-letter it. Any other error, or
+// an outage that outlasts the lock's renewal, gives the message back.
+func (p *Processor) claimWhenStoreBack(ctx, work context.Context, d *delivery, err error) verdict {
+	if !claim.StoreWide(err) {
+		return abandoned(ResultAbandoned, "why", "claim failed", "error", err)
+	}
+	wait := time.NewTimer(time.Until(p.watchUntil(d)))
+	defer wait.Stop()
+	select {
+	case <-p.breaker.closed():
+		d.log.Info("claim store accepts writes again: claiming the message it refused", "error", err)
+		return p.claimOne(ctx, work, d)
+	case <-wait.C:
+		return abandoned(ResultAbandoned, "why", "claim failed, and the claim store still refuses work at the end of the lock's renewal", "error", err)
+	case <-ctx.Done():
+		return abandoned(ResultAbandoned, "why", "shutting down while the claim store refuses work", "error", err)
 	}
 }
 

@@ -746,9 +746,11 @@ func (p *Processor) waitForRoutes(ctx context.Context, wait time.Duration) {
 
 // breaker is open while the claim store refuses work store-wide.
 type breaker struct {
-	mu   sync.Mutex
-	open bool
-	cls  claim.Class
+	mu    sync.Mutex
+	open  bool
+	cls   claim.Class
+	shut  chan struct{} // closed when the open breaker closes
+	ready chan struct{} // an already closed channel
 }
 
 // trip opens the breaker; it reports whether it was closed before.
@@ -757,13 +759,34 @@ func (b *breaker) trip(err error) bool {
 	defer b.mu.Unlock()
 	was := b.open
 	b.open, b.cls = true, claim.ClassOf(err)
+	if !was {
+		b.shut = make(chan struct{})
+	}
 	return !was
 }
 
 func (b *breaker) reset() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.open {
+		close(b.shut)
+	}
 	b.open = false
+}
+
+// closed returns a channel closed once the breaker is closed (at once
+// when it is).
+func (b *breaker) closed() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.open {
+		return b.shut
+	}
+	if b.ready == nil {
+		b.ready = make(chan struct{})
+		close(b.ready)
+	}
+	return b.ready
 }
 
 func (b *breaker) isOpen() bool {

@@ -323,11 +323,15 @@ func TestBadInputIsDeadLetteredWithReason(t *testing.T) {
 	})
 }
 
-// TestStoreOutageAbandonsThenRecovers: the store goes down while the
-// processor runs; the batch received meanwhile is abandoned once, and
-// the processor stops receiving until the store is back. (A store down
-// at start is never received for: TestStartUpSaysTheStoreDoesNotAnswer.)
-func TestStoreOutageAbandonsThenRecovers(t *testing.T) {
+// TestStoreOutageHoldsThenRecovers: the store goes down while the
+// processor runs; the batch received meanwhile keeps its messages locked
+// (their locks renewed) instead of abandoning them, which would spend one
+// delivery of each per outage; the processor stops receiving until the
+// store is back, then claims and processes them, each once, on their
+// first delivery. (A store down at start is never received for:
+// TestStartUpSaysTheStoreDoesNotAnswer; an outage longer than the lock's
+// renewal: TestStoreOutageLongerThanTheRenewalAbandons.)
+func TestStoreOutageHoldsThenRecovers(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, be string) {
 		b := setup(t, be, membus.QueueOptions{})
 		fs := &flakyStore{Store: b.store}
@@ -341,7 +345,7 @@ func TestStoreOutageAbandonsThenRecovers(t *testing.T) {
 		for i := range 5 {
 			b.send(fmt.Sprintf("m%d", i), "pay", `{}`, nil)
 		}
-		b.eventually("an abandon during the outage", func() bool { return b.q.Stats().Abandoned >= 1 })
+		b.eventually("a message received and held", func() bool { return b.q.Stats().Locked >= 1 })
 		// While the store is down the processor pings it instead of
 		// receiving, so the messages' delivery counts do not run out.
 		b.eventually("pings during the outage", func() bool { return fs.fails.Load() >= 5 })
@@ -362,13 +366,41 @@ func TestStoreOutageAbandonsThenRecovers(t *testing.T) {
 				t.Errorf("%s: performed %d completed %d, want 1 and 1", key, b.eff.Performed(key), countCompleted(b.q, key))
 			}
 		}
-		if outcomes(opts.Metrics, processor.ResultAbandoned) < 1 {
-			t.Errorf("no abandoned outcome recorded")
+		if s := b.q.Stats(); s.Abandoned != 0 || s.Redeliveries != 0 {
+			t.Errorf("abandoned %d, redelivered %d: an outage must not spend deliveries", s.Abandoned, s.Redeliveries)
 		}
 		if s := b.q.Stats(); s.DeadLettered != 0 {
 			t.Errorf("dead-lettered %d during an outage, want 0", s.DeadLettered)
 		}
 	})
+}
+
+// TestStoreOutageLongerThanTheRenewalAbandons: a delivery holds its
+// message through a store outage only as long as its lock may be
+// renewed; then it gives the message back (one delivery spent), and the
+// redelivery is processed once the store is back.
+func TestStoreOutageLongerThanTheRenewalAbandons(t *testing.T) {
+	b := setup(t, "sqlite", membus.QueueOptions{})
+	fs := &flakyStore{Store: b.store}
+	opts := b.options()
+	opts.Store = fs
+	opts.MaxLockRenewal = time.Second // the least the take-over window allows
+	opts.Retry.Budget = 500 * time.Millisecond
+
+	opts.Metrics = processor.NewMetrics(nil)
+	b.start(opts)
+	b.eventually("the start-up store probe", func() bool { return fs.probed.Load() >= 1 })
+	fs.down.Store(true)
+	b.send("m1", "pay", `{}`, nil)
+	b.eventually("the message given back at the end of its renewal", func() bool { return b.q.Stats().Abandoned == 1 })
+	fs.down.Store(false)
+	b.waitIdle()
+	if b.eff.Performed("m1") != 1 || countCompleted(b.q, "m1") != 1 {
+		t.Fatalf("performed %d completed %d, want 1 and 1", b.eff.Performed("m1"), countCompleted(b.q, "m1"))
+	}
+	if !strings.Contains(b.logs.String(), "still refuses work at the end of the lock's renewal") {
+		t.Errorf("the abandon does not say why:\n%s", b.logs.tail(10))
+	}
 }
 
 // ledgerEffect is a transactional effect: it writes a ledger row in the
