@@ -350,6 +350,10 @@ type MarkProcessedParams struct {
 	ID     int64
 	Owner  uuid.UUID
 	Answer *Answer // the downstream's answer; nil keeps the claim's
+	// FollowUps, numbered (NumberFollowUps), are written with the outcome,
+	// in the same transaction (see Outbox); a store without an outbox
+	// refuses them.
+	FollowUps []FollowUp
 }
 
 // ReleaseParams is the input of Release.

@@ -453,8 +453,13 @@ func (s *Store) ClaimTx(ctx context.Context, params *claim.ClaimTxParams, fn fun
 	if res[0].Outcome != claim.OutcomeWon {
 		return res[0], nil // the deferred rollback ends the transaction
 	}
-	if err := fn(claim.WithTxClaim(ctx, res[0].Claim), tx); err != nil {
+	fctx, sink := claim.CollectFollowUps(ctx)
+	if err := fn(claim.WithTxClaim(fctx, res[0].Claim), tx); err != nil {
 		return claim.ClaimResult{}, err
+	}
+	c := res[0].Claim
+	if err := insertFollowUps(ctx, tx, c.ID, claim.NumberFollowUps(c.Consumer, c.MessageID, sink.List())); err != nil {
+		return claim.ClaimResult{}, fmt.Errorf("claim tx %s/%s: %w", params.Claim.MessageID, params.Claim.Consumer, err)
 	}
 	if err := tx.Commit(); err != nil {
 		return claim.ClaimResult{}, fmt.Errorf("claim tx %s/%s: commit: %w", params.Claim.MessageID, params.Claim.Consumer, translate(err))
@@ -604,7 +609,28 @@ func (s *Store) Heartbeat(ctx context.Context, params *claim.HeartbeatParams) er
 
 // MarkProcessed moves a claimed claim held by Owner to processed.
 func (s *Store) MarkProcessed(ctx context.Context, params *claim.MarkProcessedParams) error {
-	return s.execWrite(ctx, claim.OutcomeWrite{MarkProcessed: params})
+	w := claim.OutcomeWrite{MarkProcessed: params}
+	if len(params.FollowUps) == 0 {
+		return s.execWrite(ctx, w)
+	}
+	// Its follow-ups in the same transaction, only when the guard held.
+	if err := claim.ValidateNumbered(params.ID, params.FollowUps); err != nil {
+		return err
+	}
+	query, args, err := outcomeSQL(w)
+	if err != nil {
+		return err
+	}
+	what, reason, _ := outcomeHistory(w.Kind())
+	return s.change(ctx, "mark processed", func(tx *sql.Tx) ([]int64, error) {
+		if err := sqlstore.ExecGuarded(ctx, tx, translate, "mark processed", params.ID, query, args...); err != nil {
+			return nil, err
+		}
+		if err := insertFollowUps(ctx, tx, params.ID, params.FollowUps); err != nil {
+			return nil, fmt.Errorf("mark processed claim %d: %w", params.ID, err)
+		}
+		return []int64{params.ID}, nil
+	}, what, "'claimed'", "", reason)
 }
 
 // execWrite runs one outcome write on its own (an implicit transaction).
@@ -688,6 +714,11 @@ func (s *Store) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) 
 		}
 		if what, reason, ok := outcomeHistory(w.Kind()); ok && errs[i] == nil {
 			if err := writeHistory(ctx, tx, id, what, "'claimed'", "", reason); err != nil {
+				return nil, fmt.Errorf("write %d outcomes: %w", len(writes), err)
+			}
+		}
+		if w.MarkProcessed != nil && errs[i] == nil {
+			if err := insertFollowUps(ctx, tx, id, w.MarkProcessed.FollowUps); err != nil {
 				return nil, fmt.Errorf("write %d outcomes: %w", len(writes), err)
 			}
 		}
@@ -924,7 +955,8 @@ func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (
 	// expressions match the partial index ix_claims_finished.
 	const (
 		finishedAt = `(CASE state WHEN 'processed' THEN processed_utc WHEN 'failed' THEN failed_utc ELSE resolved_utc END)`
-		finished   = `state IN ('processed', 'failed', 'resolved') AND deferred_seq IS NULL AND ` + finishedAt + ` < ` + agoSQL
+		finished   = `state IN ('processed', 'failed', 'resolved') AND deferred_seq IS NULL AND ` + finishedAt + ` < ` + agoSQL + `
+		AND NOT EXISTS (SELECT 1 FROM claim_followups f WHERE f.claim_id = claims.id AND f.state = 'pending')`
 	)
 	// A claim's history goes with it, in the same transaction.
 	tx, err := s.db.BeginTx(ctx, nil)
@@ -945,6 +977,9 @@ func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (
 	}
 	if _, err := tx.ExecContext(ctx, `DELETE FROM claim_history WHERE claim_id IN (SELECT id FROM purged)`); err != nil {
 		return 0, fmt.Errorf("purge claims: history: %w", translate(err))
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM claim_followups WHERE claim_id IN (SELECT id FROM purged)`); err != nil {
+		return 0, fmt.Errorf("purge claims: follow-ups: %w", translate(err))
 	}
 	res, err := tx.ExecContext(ctx, `DELETE FROM claims WHERE id IN (SELECT id FROM purged)`)
 	if err != nil {
