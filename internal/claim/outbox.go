@@ -269,6 +269,12 @@ func CollectFollowUps(ctx context.Context) (context.Context, *FollowUpSink) {
 	return context.WithValue(ctx, sinkKey{}, s), s
 }
 
+// WithoutFollowUps returns ctx without a sink: an effect run with it
+// cannot publish (Publish: ErrNoOutbox).
+func WithoutFollowUps(ctx context.Context) context.Context {
+	return context.WithValue(ctx, sinkKey{}, (*FollowUpSink)(nil))
+}
+
 // FollowUpSinkOf returns the sink of ctx (nil: follow-ups cannot be
 // published here).
 func FollowUpSinkOf(ctx context.Context) *FollowUpSink {
