@@ -83,8 +83,8 @@ func (o *OutboxOptions) defaults() error {
 	o.Lease = cmpOr(o.Lease, time.Minute)
 	o.SendTimeout = cmpOr(o.SendTimeout, 10*time.Second)
 	o.SweepInterval = cmpOr(o.SweepInterval, 5*time.Second)
-	o.MinBackoff = cmpOr(o.MinBackoff, time.Second)
 	o.MaxBackoff = cmpOr(o.MaxBackoff, 5*time.Minute)
+	o.MinBackoff = cmpOr(o.MinBackoff, min(time.Second, o.MaxBackoff))
 	if o.Batch == 0 {
 		o.Batch = 64
 	}
