@@ -135,3 +135,43 @@ func (c OutboxConfig) internal() processor.OutboxOptions {
 	}
 	return o
 }
+
+// SentFollowUp is one follow-up of a claim as the store keeps it, for
+// operators (Store.FollowUps, `reconciler show`, the console).
+type SentFollowUp struct {
+	Position  int    // 1, 2, … in the order the handler published them
+	MessageID string // FollowUpMessageID
+	To        string
+	Subject   string
+	SessionID string
+	// Sent is set once the relay sent it and recorded so (SentAt).
+	Sent   bool
+	SentAt *time.Time
+	// Attempts counts the relay's tries (leases); LastError is the last
+	// failed send's error; NextAttemptAt when a failed send is retried.
+	Attempts      int
+	LastError     string
+	NextAttemptAt *time.Time
+	CreatedAt     time.Time
+	ScheduledAt   *time.Time
+}
+
+// FollowUps returns claim id's follow-ups by position (none: empty; a
+// store without an outbox has none).
+func (s *Store) FollowUps(ctx context.Context, id int64) ([]SentFollowUp, error) {
+	ob, ok := s.s.(claim.Outbox)
+	if !ok {
+		return nil, nil
+	}
+	fus, err := ob.FollowUps(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]SentFollowUp, len(fus))
+	for i, f := range fus {
+		out[i] = SentFollowUp{Position: f.Position, MessageID: f.MessageID, To: f.To, Subject: f.Subject, SessionID: f.SessionID,
+			Sent: f.State == claim.FollowUpSent, SentAt: f.SentAt, Attempts: f.Attempts, LastError: f.LastError,
+			NextAttemptAt: f.NextAttemptAt, CreatedAt: f.CreatedAt, ScheduledAt: f.ScheduledAt}
+	}
+	return out, nil
+}

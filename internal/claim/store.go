@@ -440,6 +440,10 @@ type ResolveParams struct {
 	// Answer, for ResolutionRedriven only, is the downstream's answer to
 	// the redrive; nil keeps the claim's.
 	Answer *Answer
+	// FollowUps, for a redrive's own resolution only (Owner set), are the
+	// follow-ups its effect published, numbered (NumberFollowUps): written
+	// in the same transaction, as with MarkProcessed.
+	FollowUps []FollowUp
 }
 
 // PurgeParams is the input of PurgeProcessed.

@@ -32,6 +32,7 @@ func (s *suite) outboxTests() []struct {
 		{"OutboxConcurrentLeasesTakeEachRowOnce", s.followUpLeaseRace},
 		{"OutboxRetryBacksOff", s.followUpRetry},
 		{"OutboxPurgeDeletesFollowUpsWithTheirClaim", s.followUpPurge},
+		{"OutboxARedrivesResolutionWritesItsFollowUps", s.followUpsOfARedrive},
 	}
 }
 
@@ -390,5 +391,37 @@ func (s *suite) followUpPurge(t *testing.T) {
 	mustGet(t, st, pending.ID)
 	if got := followUps(t, ob, pending.ID); len(got) != 2 {
 		t.Fatalf("the kept claim has %d follow-ups, want 2", len(got))
+	}
+}
+
+func (s *suite) followUpsOfARedrive(t *testing.T) {
+	st, ob := s.outbox(t)
+	ctx := ctxT(t)
+	f := s.flagged(t, st, msg("", "payments", "x"))
+	taken, err := st.TakeOver(ctx, &claim.TakeOverParams{ID: f.ID, PreviousOwner: f.Owner, Owner: uuid.New(), Path: claim.PathOperator,
+		By: "operator:ann", Reason: "redrive", Route: f.Route, Fingerprint: f.Fingerprint})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fus := sampleFollowUps(taken)
+	// Only a redrive's own resolution carries follow-ups.
+	if _, err := st.Resolve(ctx, &claim.ResolveParams{ID: f.ID, Resolution: claim.ResolutionDone, By: "ann", FollowUps: fus}); err == nil {
+		t.Fatal("an operator's resolution with follow-ups was accepted")
+	}
+	// Another owner's resolution is refused and writes none.
+	_, err = st.Resolve(ctx, &claim.ResolveParams{ID: f.ID, Owner: uuid.New(), Resolution: claim.ResolutionRedriven, By: "ann", FollowUps: fus})
+	wantErr(t, "resolve by another owner", err, claim.ErrStateChanged)
+	if got := followUps(t, ob, f.ID); len(got) != 0 {
+		t.Fatalf("a refused resolution left %d follow-ups", len(got))
+	}
+	c, err := st.Resolve(ctx, &claim.ResolveParams{ID: f.ID, Owner: taken.Owner, Resolution: claim.ResolutionRedriven, By: "ann", FollowUps: fus})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.State != claim.StateResolved {
+		t.Fatalf("resolved claim %+v", c)
+	}
+	if got := followUps(t, ob, f.ID); len(got) != 2 || got[0].MessageID != fus[0].MessageID {
+		t.Fatalf("the redrive's follow-ups: %v", got)
 	}
 }

@@ -950,12 +950,25 @@ func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*clai
 	if params.Owner != uuid.Nil {
 		guard = "State = 'claimed' AND Owner = " + a.add(guid(params.Owner), declGUID)
 	}
-	out, err := queryClaims(ctx, s.db, declareNow+`UPDATE dbo.Claims
-SET State = 'resolved', ResolvedUtc = @now, ResolvedBy = @p1, Resolution = @p2, ResolutionNote = @p3`+redrive+`, `+setAnswer("@p5")+`
-`+simpleHistory(claim.ChangeResolved, "DELETED.State", "INSERTED.ResolvedBy",
-		"INSERTED.Resolution + CASE WHEN INSERTED.ResolutionNote <> N'' THEN N': ' + INSERTED.ResolutionNote ELSE N'' END")+
-		`OUTPUT `+insertedColumns+`
-WHERE Id = @p4 AND `+guard+`;`, a)
+	q := declareNow + `UPDATE dbo.Claims
+SET State = 'resolved', ResolvedUtc = @now, ResolvedBy = @p1, Resolution = @p2, ResolutionNote = @p3` + redrive + `, ` + setAnswer("@p5") + `
+` + simpleHistory(claim.ChangeResolved, "DELETED.State", "INSERTED.ResolvedBy",
+		"INSERTED.Resolution + CASE WHEN INSERTED.ResolutionNote <> N'' THEN N': ' + INSERTED.ResolutionNote ELSE N'' END") +
+		`OUTPUT ` + insertedColumns + `
+WHERE Id = @p4 AND ` + guard + `;`
+	var out []*claim.Claim
+	if len(params.FollowUps) == 0 {
+		out, err = queryClaims(ctx, s.db, q, a)
+	} else {
+		// The redrive's follow-ups in the same transaction.
+		err = s.inTx(ctx, fmt.Sprintf("resolve claim %d", params.ID), func(tx *sql.Tx) error {
+			var err error
+			if out, err = queryClaims(ctx, tx, q, a); err != nil || len(out) == 0 {
+				return err
+			}
+			return insertFollowUps(ctx, tx, params.ID, params.FollowUps)
+		})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("resolve claim %d: %w", params.ID, err)
 	}

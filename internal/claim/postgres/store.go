@@ -873,7 +873,20 @@ func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*clai
 	if err != nil {
 		return nil, fmt.Errorf("resolve claim %d: %w", params.ID, err)
 	}
-	row := s.db.QueryRowContext(ctx, `WITH u AS (UPDATE claims SET state = 'resolved', resolved_utc = now(),
+	var c *claim.Claim
+	err = s.inTx(ctx, fmt.Sprintf("resolve claim %d", params.ID), func(tx *sql.Tx) error {
+		c, err = s.resolve(ctx, tx, params, owner, answer)
+		if err != nil || len(params.FollowUps) == 0 {
+			return err
+		}
+		return insertFollowUps(ctx, tx, params.ID, params.FollowUps)
+	})
+	return c, err
+}
+
+// resolve is Resolve's guarded UPDATE, in tx.
+func (s *Store) resolve(ctx context.Context, tx *sql.Tx, params *claim.ResolveParams, owner *uuid.UUID, answer sql.NullString) (*claim.Claim, error) {
+	row := tx.QueryRowContext(ctx, `WITH u AS (UPDATE claims SET state = 'resolved', resolved_utc = now(),
 		resolved_by = $1, resolution = $2, resolution_note = $3,
 		processed_utc = CASE WHEN $2 = 'redriven' THEN now() ELSE processed_utc END,
 		payload = CASE WHEN $2 = 'redriven' THEN NULL ELSE payload END, `+setAnswer(6)+`

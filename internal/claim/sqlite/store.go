@@ -403,11 +403,22 @@ func (s *Store) changeOne(ctx context.Context, op string, id int64, what claim.C
 // changeClaims runs a guarded UPDATE ... RETURNING columns and the history
 // rows of the claims it changed in one transaction, and returns them.
 func (s *Store) changeClaims(ctx context.Context, op string, what claim.Change, from, by, reason, query string, args ...any) ([]*claim.Claim, error) {
+	return s.changeClaimsThen(ctx, op, what, from, by, reason, nil, query, args...)
+}
+
+// changeClaimsThen is changeClaims that also runs then in the same
+// transaction when the UPDATE changed a claim.
+func (s *Store) changeClaimsThen(ctx context.Context, op string, what claim.Change, from, by, reason string, then func(tx *sql.Tx) error, query string, args ...any) ([]*claim.Claim, error) {
 	var out []*claim.Claim
 	err := s.change(ctx, op, func(tx *sql.Tx) ([]int64, error) {
 		var ids []int64
 		if err := queryClaims(ctx, tx, query, args, func(c *claim.Claim) { out, ids = append(out, c), append(ids, c.ID) }); err != nil {
 			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		if len(ids) > 0 && then != nil {
+			if err := then(tx); err != nil {
+				return nil, fmt.Errorf("%s: %w", op, err)
+			}
 		}
 		return ids, nil
 	}, what, from, by, reason)
@@ -924,8 +935,9 @@ func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*clai
 	if params.Owner != uuid.Nil {
 		from = "'claimed'"
 	}
-	out, err := s.changeClaims(ctx, fmt.Sprintf("resolve claim %d", params.ID), claim.ChangeResolved, from, params.By,
+	out, err := s.changeClaimsThen(ctx, fmt.Sprintf("resolve claim %d", params.ID), claim.ChangeResolved, from, params.By,
 		"resolution || CASE WHEN resolution_note <> '' THEN ': ' || resolution_note ELSE '' END",
+		func(tx *sql.Tx) error { return insertFollowUps(ctx, tx, params.ID, params.FollowUps) },
 		`UPDATE claims SET state = 'resolved', resolved_utc = `+nowSQL+`,
 		resolved_by = ?1, resolution = ?2, resolution_note = ?3,
 		processed_utc = CASE WHEN ?2 = 'redriven' THEN `+nowSQL+` ELSE processed_utc END,
