@@ -175,3 +175,9 @@ func (s *Store) FollowUps(ctx context.Context, id int64) ([]SentFollowUp, error)
 	}
 	return out, nil
 }
+
+// FollowUpTargets returns the queues and topics the file's routes publish
+// follow-ups to (followUps), sorted; none when its routes publish none. A
+// processor running such routes needs ProcessorConfig.Outbox, and its
+// identity Data Sender on each target.
+func (f *RoutesFile) FollowUpTargets() []string { return f.r.FollowUpTargets() }
