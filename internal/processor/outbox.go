@@ -222,8 +222,10 @@ func (r *relay) sweep(ctx context.Context) {
 // sweepOnce leases and sends pending follow-ups in batches until none is
 // left, a send fails (Service Bus is failing: the next pass tries again)
 // or the store does (its breaker pauses the sweep as it pauses receives).
+// While Service Bus does not answer the processor's receiver (Ready says
+// so) the sweep waits too, rather than spend its leases and backoffs.
 func (r *relay) sweepOnce(ctx context.Context) {
-	if r.p.breaker.isOpen() {
+	if r.p.breaker.isOpen() || !r.p.brokerOK.Load() {
 		return
 	}
 	sctx, cancel := context.WithTimeout(ctx, r.p.opts.StoreTimeout)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
@@ -317,4 +318,40 @@ func TestOutboxOffRefusesPublish(t *testing.T) {
 		t.Fatalf("publish without an outbox: %v", err)
 	}
 	b.waitIdle()
+}
+
+// The sweep sends what no fast path did (here a follow-up recorded by
+// someone else), and waits while Service Bus does not answer the
+// processor.
+func TestOutboxSweepWaitsForServiceBus(t *testing.T) {
+	b := setupOutbox(t, "sqlite")
+	ctx := context.Background()
+	res, err := b.store.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "elsewhere", Claims: []claim.ClaimParams{{
+		MessageID: "pay-9", Consumer: "billing", Owner: uuid.New(), PayloadHash: claim.HashPayload([]byte("x"))}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := res[0].Claim
+	fus := claim.NumberFollowUps("billing", "pay-9", []claim.FollowUp{{To: "receipts", Body: []byte("r")}})
+	if err := b.store.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: c.ID, Owner: c.Owner, FollowUps: fus}); err != nil {
+		t.Fatal(err)
+	}
+	b.q.SetUnreachable(true)
+	o := b.options()
+	o.BrokerProbeInterval = 100 * time.Millisecond // an idle entity: the probe says when Service Bus answers again
+	m := processor.NewMetrics(nil)
+	o.Metrics = m
+	b.start(o)
+	// Several sweep intervals pass (the sweep runs every 50ms) with
+	// nothing sent, whatever the machine's load.
+	time.Sleep(300 * time.Millisecond)
+	if n := len(b.ns.Sent("receipts")); n != 0 {
+		t.Fatalf("%d sends while Service Bus did not answer", n)
+	}
+	b.q.SetUnreachable(false)
+	got := b.allSent(c.ID, 1)
+	if got[0].MessageID != fus[0].MessageID {
+		t.Fatalf("sent %q", got[0].MessageID)
+	}
+	b.eventually("the pending gauge to read 0", func() bool { return testutil.ToFloat64(m.FollowUpsPending) == 0 })
 }
