@@ -21,7 +21,8 @@ type Delivery struct {
 	consumer string
 	claimID  int64
 	attempt  int
-	form     claim.KeyForm // how key was derived: its steps extend it alike
+	form     claim.KeyForm       // how key was derived: its steps extend it alike
+	outbox   *claim.FollowUpSink // the attempt's follow-ups (followup.go); nil: none
 }
 
 // Message returns the Service Bus SDK's own message value. When the
@@ -90,7 +91,7 @@ func (d *Delivery) ReportAnswer(ctx context.Context, status int, headers http.He
 }
 
 func newDelivery(ctx context.Context, msg *azservicebus.ReceivedMessage, key string) *Delivery {
-	d := &Delivery{msg: msg, key: key, dedupKey: msg.MessageID, attempt: 1, form: sideeffects.KeyFormOf(ctx)}
+	d := &Delivery{msg: msg, key: key, dedupKey: msg.MessageID, attempt: 1, form: sideeffects.KeyFormOf(ctx), outbox: claim.FollowUpSinkOf(ctx)}
 	if c, ok := sideeffects.CallOf(ctx); ok {
 		d.dedupKey, d.consumer, d.claimID, d.attempt = c.DedupKey, c.Consumer, c.ClaimID, c.Attempt
 	}

@@ -183,6 +183,10 @@ type ProcessorConfig struct {
 	// messaging.process.duration and messaging.client.consumed.messages;
 	// nil: the global provider (otel.GetMeterProvider()).
 	MeterProvider metric.MeterProvider
+	// Outbox sends the follow-up messages handlers publish
+	// (Delivery.Publish); see OutboxConfig. Off (Publish fails) unless
+	// Outbox.NewSender is set.
+	Outbox OutboxConfig
 }
 
 // Processor receives messages, claims each, runs its route's handler with
@@ -244,6 +248,7 @@ func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
 		Metrics:        processor.NewMetrics(cfg.Registerer),
 		TracerProvider: cfg.TracerProvider,
 		MeterProvider:  cfg.MeterProvider,
+		Outbox:         cfg.Outbox.internal(),
 	}
 	p, err := processor.New(opts)
 	if err != nil {

@@ -298,8 +298,16 @@ func TestRoleAssignments(t *testing.T) {
 	if !strings.Contains(all, receiver) {
 		t.Error("no Azure Service Bus Data Receiver role assignment")
 	}
-	if strings.Contains(all, sender) {
-		t.Error("Azure Service Bus Data Sender is assigned, but nothing in sbclaim sends")
+	// Data Sender only on the outbox's targets: an entity of
+	// senderQueueNames or senderTopicNames, never the namespace.
+	sb := read(t, "modules/servicebus-access.bicep")
+	if n := strings.Count(all, sender); n != 1 || !strings.Contains(sb, sender) {
+		t.Errorf("Azure Service Bus Data Sender appears %d times, want once, in modules/servicebus-access.bicep", n)
+	}
+	for _, m := range regexp.MustCompile(`(?s)resource (\w+) 'Microsoft.Authorization/roleAssignments@[^']+' = [^\n]*\n(.*?)\n\}`).FindAllStringSubmatch(sb, -1) {
+		if strings.Contains(m[2], "serviceBusDataSender") && !regexp.MustCompile(`scope: sender(Queues|Topics)\[i\]`).MatchString(m[2]) {
+			t.Errorf("role assignment %s gives Data Sender beyond the outbox's targets", m[1])
+		}
 	}
 }
 

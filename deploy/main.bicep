@@ -98,6 +98,12 @@ param topicName string = ''
 @description('Subscription of topicName to receive from.')
 param subscriptionName string = ''
 
+@description('Queues the processor publishes follow-up messages to (the outbox; docs/outbox.md): its identity gets Azure Service Bus Data Sender on each, never on the namespace. Enable duplicate detection on them.')
+param followUpQueues array = []
+
+@description('Topics the processor publishes follow-up messages to (the outbox): its identity gets Azure Service Bus Data Sender on each.')
+param followUpTopics array = []
+
 @description('The entity\'s lock duration, as a Go duration (e.g. 1m). Used by the reconciler to refuse a retention shorter than lock duration × max delivery count.')
 param entityLockDuration string = '1m'
 
@@ -434,6 +440,8 @@ module serviceBusAccess 'modules/servicebus-access.bicep' = {
     subscriptionName: subscriptionName
     receiverPrincipalId: processorIdentity.properties.principalId
     scalerPrincipalId: scalerIdentity.properties.principalId
+    senderQueueNames: followUpQueues
+    senderTopicNames: followUpTopics
   }
 }
 

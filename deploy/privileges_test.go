@@ -55,7 +55,7 @@ func (g grant) String() string { return fmt.Sprintf("%s: %s on the %s", g.identi
 var (
 	identityDecl = regexp.MustCompile(`(?m)^resource (\w+) 'Microsoft\.ManagedIdentity/userAssignedIdentities@[^']+' = \{\s*name: 'id-\$\{namePrefix\}-([a-z]+)'`)
 	moduleDecl   = regexp.MustCompile(`(?m)^module (\w+) '(modules/[^']+)' = [^{]*\{`)
-	roleDecl     = regexp.MustCompile(`(?m)^resource (\w+) 'Microsoft\.Authorization/roleAssignments@[^']+' = (?:\[for \w+ in (\w+): |if \([^{]*\) )?\{`)
+	roleDecl     = regexp.MustCompile(`(?m)^resource (\w+) 'Microsoft\.Authorization/roleAssignments@[^']+' = (?:\[for (?:\w+|\(\w+, \w+\)) in (\w+): |if \([^{]*\) )?\{`)
 	scopeKinds   = map[string]string{
 		"Microsoft.ServiceBus/namespaces":                      "namespace",
 		"Microsoft.ServiceBus/namespaces/queues":               "queue",
@@ -146,6 +146,8 @@ func TestRoleAssignmentScopes(t *testing.T) {
 	want := []grant{
 		{"id-sbclaim-processor", "Azure Service Bus Data Receiver", "queue"},
 		{"id-sbclaim-processor", "Azure Service Bus Data Receiver", "subscription"},
+		{"id-sbclaim-processor", "Azure Service Bus Data Sender", "queue"},
+		{"id-sbclaim-processor", "Azure Service Bus Data Sender", "topic"},
 		{"id-sbclaim-scaler", "Azure Service Bus Data Owner", "queue"},
 		{"id-sbclaim-scaler", "Azure Service Bus Data Owner", "topic"},
 		{"id-sbclaim-pull", "AcrPull", "registry"},

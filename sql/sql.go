@@ -12,9 +12,11 @@
 // creates the same tables: the claims, with a sequential bigint key, the
 // unique index on (message id, consumer) that is the only arbiter of
 // duplicates, a partial index over unfinished claims for the reconciler
-// and a partial index over finished claims for the purge; and (00004) the
+// and a partial index over finished claims for the purge; (00004) the
 // claims' append-only history, one row per change of a claim's owner or
-// state, indexed by claim.
+// state, indexed by claim; and (00009) the claims' follow-up messages (the
+// outbox), keyed by claim and position, with a partial index over the
+// pending ones.
 package sql
 
 import (

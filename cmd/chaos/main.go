@@ -15,6 +15,7 @@
 //	go run ./cmd/chaos -handler go        # the replicas run a Go sbclaim.HandlerFunc instead of the HTTP route
 //	go run ./cmd/chaos -faults all,downstream-outage   # the downstream refuses every request for 3 s
 //	go run ./cmd/chaos -faults all,downstream-outage -no-deferral   # the old behaviour: FAIL (broker dead letters)
+//	go run ./cmd/chaos -pipeline -messages 200   # the outbox: A publishes, B consumes; replicas of both killed
 //	go run ./cmd/chaos -scenario naive|unique-index|two-phase
 //	go run ./cmd/chaos -bench   # SQLite, plus PostgreSQL / SQL Server when their URLs are set
 package main
@@ -65,6 +66,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		recovery  = fs.String("recovery", "auto", "the routes' recovery: auto (the downstream honours Idempotency-Key: crash-left claims are repeated with the same key) or manual (they are flagged for operators)")
 		noDefer   = fs.Bool("no-deferral", false, "turn the processors' delayed retries off (the old behaviour: a retryable outcome abandons the message and the broker redelivers it at once); with -faults ...,downstream-outage the run should FAIL")
 		window    = fs.Duration("downstream-window", 3*time.Second, "length of the downstream-outage and misconfigured windows")
+		pipeline  = fs.Bool("pipeline", false, "run the outbox pipeline instead: consumer A charges each payment and publishes payment.charged (its follow-up), consumer B issues a receipt for it; replicas of both killed at every step, A's relay between a follow-up's send and its mark; -messages payments, -replicas per consumer, -db, -seed, -faults none|all")
+		pipeDedup = fs.Bool("pipeline-duplicate-detection", false, "with -pipeline: turn duplicate detection on at the target (a resend is then dropped by the broker; off, B's claim deduplicates it)")
 		tracing   = fs.Bool("tracing", false, "run with OpenTelemetry tracing on (always-on sampler, spans kept in memory and checked); with -bench: also measure the processor's throughput with tracing on against off in each cell")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -103,6 +106,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 
 	switch {
+	case *pipeline:
+		rep, err := chaos.RunPipeline(ctx, chaos.PipelineConfig{
+			Payments: *messages, Replicas: *replicas, Seed: *seed, DatabaseURL: *db, Logger: logger,
+			NoFaults: *faults == "none", DuplicateDetection: *pipeDedup, DupShare: orNone(*dupShare),
+		})
+		if err != nil {
+			fmt.Fprintf(stderr, "chaos: pipeline: %v\n", err)
+			return 2
+		}
+		rep.Write(stdout)
+		if !rep.Pass() {
+			return 1
+		}
+		return 0
 	case *bench:
 		concs, err := intList(*benchConc)
 		if err != nil {

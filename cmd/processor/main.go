@@ -160,6 +160,7 @@ func serve(ctx context.Context, cfg *Config, logger *slog.Logger, getenv func(st
 		},
 		Logger:     logger,
 		Registerer: reg,
+		Outbox:     outboxConfig(routes, client, logger),
 	})
 	if err != nil {
 		return err
@@ -242,4 +243,17 @@ func newLogger(format string, level slog.Level, w io.Writer) *slog.Logger {
 		return slog.New(slog.NewTextHandler(w, opts))
 	}
 	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// outboxConfig turns the outbox on when the routes publish follow-ups
+// (followUps): the relay sends them with the processor's Service Bus
+// client, whose identity needs Data Sender on each target.
+func outboxConfig(routes *sbclaim.RoutesFile, client *azservicebus.Client, logger *slog.Logger) sbclaim.OutboxConfig {
+	targets := routes.FollowUpTargets()
+	if len(targets) == 0 {
+		return sbclaim.OutboxConfig{}
+	}
+	logger.Info("outbox on: the routes publish follow-up messages (the identity needs Data Sender on each target; enable duplicate detection on them)",
+		"targets", targets)
+	return sbclaim.OutboxConfig{NewSender: func(to string) (sbclaim.Sender, error) { return client.NewSender(to, nil) }}
 }

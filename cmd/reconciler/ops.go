@@ -118,9 +118,14 @@ func showFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 		if err != nil {
 			return e.fail("show", fmt.Errorf("history of claim %d: %w", id, err))
 		}
+		fus, err := st.FollowUps(ctx, id)
+		if err != nil {
+			return e.fail("show", fmt.Errorf("follow-ups of claim %d: %w", id, err))
+		}
 		if *asJSON {
 			j := toJSON(c)[0]
 			j.History = historyJSON(h)
+			j.FollowUps = followUpsJSON(fus)
 			return e.writeJSON("show", j)
 		}
 		now, err := st.Now(ctx)
@@ -128,6 +133,7 @@ func showFlags(fs *flag.FlagSet) func(context.Context, *env, []string) int {
 			return e.fail("show", err)
 		}
 		writeClaim(e.stdout, c, h, now)
+		writeFollowUps(e.stdout, fus)
 		return exitOK
 	}
 }
@@ -653,6 +659,56 @@ type claimJSON struct {
 	PostponedAt     *time.Time         `json:"postponed_at"` // the first postponement
 	// History is the claim's history (show only).
 	History []entryJSON `json:"history,omitempty"`
+	// FollowUps are the messages its effect published (show only).
+	FollowUps []followUpJSON `json:"follow_ups,omitempty"`
+}
+
+// followUpJSON is one follow-up of a claim for scripts.
+type followUpJSON struct {
+	Position      int        `json:"position"`
+	MessageID     string     `json:"message_id"`
+	To            string     `json:"to"`
+	Subject       string     `json:"subject,omitempty"`
+	Sent          bool       `json:"sent"`
+	SentAt        *time.Time `json:"sent_at"`
+	Attempts      int        `json:"attempts"`
+	LastError     string     `json:"last_error,omitempty"`
+	NextAttemptAt *time.Time `json:"next_attempt_at"`
+}
+
+func followUpsJSON(fus []sbclaim.SentFollowUp) []followUpJSON {
+	var out []followUpJSON
+	for _, f := range fus {
+		out = append(out, followUpJSON{Position: f.Position, MessageID: f.MessageID, To: f.To, Subject: f.Subject, Sent: f.Sent,
+			SentAt: f.SentAt, Attempts: f.Attempts, LastError: f.LastError, NextAttemptAt: f.NextAttemptAt})
+	}
+	return out
+}
+
+// writeFollowUps prints the messages the claim's effect published (the
+// outbox) and whether each was sent.
+func writeFollowUps(w io.Writer, fus []sbclaim.SentFollowUp) {
+	if len(fus) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "Follow-ups (messages the effect published, sent by the processors' relay)")
+	for _, f := range fus {
+		state := "pending"
+		if f.Sent && f.SentAt != nil {
+			state = "sent " + ts(*f.SentAt)
+		}
+		detail := ""
+		if f.Attempts > 0 {
+			detail = fmt.Sprintf("%d attempt(s)", f.Attempts)
+		}
+		if f.LastError != "" && !f.Sent {
+			detail += "; last error: " + printable(f.LastError, 200)
+		}
+		fmt.Fprintf(tw, "  %d\tto %s\t%s\t%s\t%s\t%s\n", f.Position, printable(f.To, 0), dash(printable(f.Subject, 80)),
+			printable(f.MessageID, 0), state, detail)
+	}
+	tw.Flush()
 }
 
 // answerJSON is a claim's answer for scripts.

@@ -4,10 +4,13 @@
 //   receiver  "Azure Service Bus Data Receiver" on the one queue, or the
 //             one topic subscription, the processor receives from (not the
 //             namespace), for the processor's identity: receive, complete,
-//             abandon, dead-letter, renew locks. Nothing in sbclaim sends,
-//             so no Data Sender role is assigned (the reconciler's redrive
+//             abandon, dead-letter, renew locks. (The reconciler's redrive
 //             calls the downstream API again; it does not re-send to
-//             Service Bus).
+//             Service Bus.)
+//   sender    "Azure Service Bus Data Sender" on each queue and topic the
+//             processor publishes follow-up messages to (the outbox:
+//             senderQueueNames, senderTopicNames), never on the namespace,
+//             for the processor's identity. None when it publishes none.
 //   scaler    "Azure Service Bus Data Owner" on the one queue or topic the
 //             KEDA scale rule watches, for a separate scaler identity. The
 //             azure-servicebus scaler reads the entity's message counts
@@ -35,8 +38,15 @@ param receiverPrincipalId string
 @description('Principal (object) id of the scaler identity; empty to skip the scaler role.')
 param scalerPrincipalId string = ''
 
+@description('Queues the processor publishes follow-up messages to (the outbox); it gets Data Sender on each.')
+param senderQueueNames array = []
+
+@description('Topics the processor publishes follow-up messages to (the outbox); it gets Data Sender on each.')
+param senderTopicNames array = []
+
 // Built-in role definition ids (the same in every tenant).
 var serviceBusDataReceiver = '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
+var serviceBusDataSender = '69a216fc-b8fb-44d8-bc22-1f3c2cd27a39'
 var serviceBusDataOwner = '090c5cfd-751d-490a-894a-3ce6f1109419'
 
 var useQueue = !empty(queueName)
@@ -83,6 +93,39 @@ resource receiverOnSubscription 'Microsoft.Authorization/roleAssignments@2022-04
     description: 'sbclaim processor: receive and settle messages of this subscription'
   }
 }
+
+// The outbox's targets: scopes only, each an existing entity.
+resource senderQueues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' existing = [for name in senderQueueNames: {
+  parent: serviceBus
+  name: name
+}]
+
+resource senderTopics 'Microsoft.ServiceBus/namespaces/topics@2024-01-01' existing = [for name in senderTopicNames: {
+  parent: serviceBus
+  name: name
+}]
+
+resource senderOnQueues 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (name, i) in senderQueueNames: {
+  scope: senderQueues[i]
+  name: guid(senderQueues[i].id, receiverPrincipalId, serviceBusDataSender)
+  properties: {
+    principalId: receiverPrincipalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataSender)
+    description: 'sbclaim processor: send follow-up messages (the outbox) to this queue'
+  }
+}]
+
+resource senderOnTopics 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (name, i) in senderTopicNames: {
+  scope: senderTopics[i]
+  name: guid(senderTopics[i].id, receiverPrincipalId, serviceBusDataSender)
+  properties: {
+    principalId: receiverPrincipalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataSender)
+    description: 'sbclaim processor: send follow-up messages (the outbox) to this topic'
+  }
+}]
 
 resource scalerOnQueue 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(scalerPrincipalId) && useQueue) {
   scope: queue

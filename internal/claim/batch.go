@@ -126,6 +126,11 @@ func CheckBatch(writes []OutcomeWrite) error {
 		if seen[id] {
 			return fmt.Errorf("%w: two writes for claim %d", ErrBadBatch, id)
 		}
+		if w.MarkProcessed != nil {
+			if err := ValidateNumbered(id, w.MarkProcessed.FollowUps); err != nil {
+				return fmt.Errorf("%w: write %d: %w", ErrBadBatch, i, err)
+			}
+		}
 		seen[id] = true
 	}
 	return nil

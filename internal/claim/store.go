@@ -350,6 +350,10 @@ type MarkProcessedParams struct {
 	ID     int64
 	Owner  uuid.UUID
 	Answer *Answer // the downstream's answer; nil keeps the claim's
+	// FollowUps, numbered (NumberFollowUps), are written with the outcome,
+	// in the same transaction (see Outbox); a store without an outbox
+	// refuses them.
+	FollowUps []FollowUp
 }
 
 // ReleaseParams is the input of Release.
@@ -436,6 +440,10 @@ type ResolveParams struct {
 	// Answer, for ResolutionRedriven only, is the downstream's answer to
 	// the redrive; nil keeps the claim's.
 	Answer *Answer
+	// FollowUps, for a redrive's own resolution only (Owner set), are the
+	// follow-ups its effect published, numbered (NumberFollowUps): written
+	// in the same transaction, as with MarkProcessed.
+	FollowUps []FollowUp
 }
 
 // PurgeParams is the input of PurgeProcessed.

@@ -58,8 +58,11 @@ type claimData struct {
 	// payload was not stored: then its re-submitted dead letter runs it).
 	Retry        bool
 	RetryHandOff bool
-	RetryNewKey  string
-	MaxNote      int
+	// FollowUps are the messages the claim's effect published (the
+	// outbox), by position; none when the store has no outbox.
+	FollowUps   []*claim.StoredFollowUp
+	RetryNewKey string
+	MaxNote     int
 }
 
 // answerView is the downstream's recorded answer as the page lists it:
@@ -166,6 +169,12 @@ func (s *Server) renderClaim(w http.ResponseWriter, r *http.Request, status int,
 		FailWhy: failReasons[c.FailReason], DeadLetter: deadLetter(c), Flagged: c.State == claim.StateFlagged, MaxNote: MaxNote}
 	if c.PreviousOwner != uuid.Nil {
 		d.PreviousOwner = c.PreviousOwner.String()
+	}
+	if ob, ok := s.opts.Store.(claim.Outbox); ok {
+		if d.FollowUps, err = ob.FollowUps(ctx, id); err != nil {
+			s.storeError(w, r, "the claim's follow-ups", err)
+			return
+		}
 	}
 	d.Props = sortedPairs(c.Properties)
 	switch {

@@ -66,6 +66,13 @@ type Params struct {
 	// (the reconciler's recovery backoff: claim.RecordAttemptParams).
 	NextAttemptIn time.Duration
 
+	// Outbox lets the effect publish follow-up messages (claim.FollowUp):
+	// each attempt collects its own (claim.CollectFollowUps), and those of
+	// the attempt that succeeded are Result.FollowUps, for the caller's
+	// outcome write. Without it an effect's Publish fails
+	// (claim.ErrNoOutbox).
+	Outbox bool
+
 	Logger *slog.Logger // nil discards
 	// OnHeartbeat, when set, is called after every heartbeat write with
 	// its error (nil when written), for metrics.
@@ -89,6 +96,11 @@ type Result struct {
 	// Answer is the downstream's last answer in this run (nil when no
 	// attempt got one), as a claim keeps it.
 	Answer *claim.Answer
+	// FollowUps are the follow-up messages the successful attempt
+	// published (Params.Outbox), unnumbered: the caller writes them with
+	// the outcome (claim.NumberFollowUps, MarkProcessedParams.FollowUps).
+	// A failed attempt's are dropped with it.
+	FollowUps []claim.FollowUp
 }
 
 // ClaimAnswer converts a downstream's answer to the claim's copy of it
@@ -180,10 +192,17 @@ func Run(ctx context.Context, p Params) Result {
 	attempts := 0
 	// The attempt's own recorder: onAttempt runs right after the attempt,
 	// on the same goroutine.
-	var attemptAnswers *sideeffects.AnswerRecorder
+	var (
+		attemptAnswers *sideeffects.AnswerRecorder
+		attemptOutbox  *claim.FollowUpSink
+	)
 	err := p.Retry.Do(effectCtx, func(ctx context.Context) error {
 		attempts++
 		ctx, attemptAnswers = sideeffects.RecordAnswers(ctx)
+		attemptOutbox = nil
+		if p.Outbox {
+			ctx, attemptOutbox = claim.CollectFollowUps(ctx)
+		}
 		ctx = sideeffects.WithCall(ctx, sideeffects.Call{ClaimID: p.Claim.ID, Consumer: p.Claim.Consumer,
 			DedupKey: p.Claim.MessageID, Attempt: p.Claim.Attempts + attempts})
 		ctx, endSpan := startAttempt(ctx, p, p.Claim.Attempts+attempts)
@@ -210,6 +229,9 @@ func Run(ctx context.Context, p Params) Result {
 
 	res := Result{Err: err, Outcome: sideeffects.Classify(err), Attempts: attempts, Duration: time.Since(start),
 		Answer: answerOf(runAnswers, err)}
+	if err == nil {
+		res.FollowUps = attemptOutbox.List()
+	}
 	mu.Lock()
 	res.Lost = lost
 	mu.Unlock()

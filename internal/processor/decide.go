@@ -100,7 +100,7 @@ func (p *Processor) perform(work context.Context, d *delivery, c *claim.Claim, d
 		if crashed(p.opts.Hooks.AfterEffect, work, d) {
 			return verdict{result: ResultCrashed}
 		}
-		err = p.markProcessed(work, c, answer)
+		err = p.markProcessed(work, c, answer, followUpsOf(c, res))
 	case protocol.Release:
 		err = p.release(work, c, errors.New(dec.Reason), answer)
 	case protocol.HandOff:
@@ -146,6 +146,9 @@ func (p *Processor) perform(work context.Context, d *delivery, c *claim.Claim, d
 	case protocol.MarkProcessed:
 		if crashed(p.opts.Hooks.AfterMarkProcessed, work, d) {
 			return verdict{result: ResultCrashed}
+		}
+		if res != nil && len(res.FollowUps) > 0 {
+			p.followUpsRecorded(c.ID)
 		}
 	case protocol.Defer:
 		if crashed(p.opts.Hooks.AfterDeferRecorded, work, d) {

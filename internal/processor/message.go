@@ -625,7 +625,7 @@ func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) v
 	hp := held.Params{
 		Store: p.opts.Store, Claim: c, Effect: d.handler.Effect, Message: d.msg, Key: c.Key(), Retry: retry,
 		HeartbeatInterval: p.opts.HeartbeatInterval, StoreTimeout: p.opts.StoreTimeout, Logger: d.log,
-		OnHeartbeat: p.countHeartbeat,
+		OnHeartbeat: p.countHeartbeat, Outbox: p.publishes(),
 	}
 	if p.opts.MaxLockRenewal > 0 {
 		// The message is ours for MaxLockRenewal at most: an effect still
@@ -786,6 +786,7 @@ func (p *Processor) runTx(work context.Context, d *delivery) verdict {
 	ctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
 	defer cancel()
 	start := time.Now()
+	published := false
 	res, err := p.opts.Store.ClaimTx(ctx, &claim.ClaimTxParams{Host: p.opts.Host, Claim: p.claimParams(d)},
 		func(ctx context.Context, tx *sql.Tx) (err error) {
 			defer func() {
@@ -799,7 +800,14 @@ func (p *Processor) runTx(work context.Context, d *delivery) verdict {
 				key = c.Key()
 				ctx = sideeffects.WithCall(ctx, sideeffects.Call{ClaimID: c.ID, Consumer: c.Consumer, DedupKey: c.MessageID, Attempt: 1})
 			}
-			return d.handler.TxEffect.PerformTx(ctx, tx, d.msg, key)
+			if !p.publishes() {
+				ctx = claim.WithoutFollowUps(ctx)
+			}
+			if err := d.handler.TxEffect.PerformTx(ctx, tx, d.msg, key); err != nil {
+				return err
+			}
+			published = len(claim.FollowUpSinkOf(ctx).List()) > 0
+			return nil
 		})
 	if err != nil {
 		eo := sideeffects.Classify(err)
@@ -821,6 +829,9 @@ func (p *Processor) runTx(work context.Context, d *delivery) verdict {
 	switch res.Outcome {
 	case claim.OutcomeWon:
 		p.metrics.EffectSeconds.WithLabelValues(d.handler.Name, sideeffects.OutcomeOK.String()).Observe(time.Since(start).Seconds())
+		if published {
+			p.followUpsRecorded(res.Claim.ID)
+		}
 		return completed(ResultProcessed)
 	case claim.OutcomeConflict:
 		return deadLettered(ResultConflict, ReasonIdempotencyKeyConflict, conflictDescription(d, res.Claim, p.opts.Consumer))
@@ -873,10 +884,10 @@ func crashed(hook func(context.Context, *azservicebus.ReceivedMessage) error, ct
 // markProcessed records the effect's success. A store outage is retried
 // for a while (held.Write): the effect already happened, and recording it
 // now saves a take-over and a repeat.
-func (p *Processor) markProcessed(work context.Context, c *claim.Claim, answer *claim.Answer) error {
+func (p *Processor) markProcessed(work context.Context, c *claim.Claim, answer *claim.Answer, followUps []claim.FollowUp) error {
 	work, endSpan := p.startOutcome(work, c, "processed")
 	err := held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
-		return p.opts.Store.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: c.ID, Owner: c.Owner, Answer: answer})
+		return p.opts.Store.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: c.ID, Owner: c.Owner, Answer: answer, FollowUps: followUps})
 	})
 	if errors.Is(err, claim.ErrStateChanged) && p.ownState(work, c, claim.StateProcessed) {
 		err = nil // an earlier try committed but its answer was lost

@@ -38,6 +38,15 @@ type Metrics struct {
 	// reason (failures, probe, config).
 	RouteBreakerOpen  *prometheus.GaugeVec   // route
 	RouteBreakerTrips *prometheus.CounterVec // route, reason
+	// The outbox (outbox.go): follow-ups pending in the store and the age
+	// of the oldest (the sweep's last look), sends by result (sent,
+	// failed, lost: sent but the lease was lost before the mark), and
+	// resends (a send of a follow-up leased before: the earlier send may
+	// have reached Service Bus, which drops the copy by its MessageId).
+	FollowUpsPending      prometheus.Gauge
+	FollowUpOldestSeconds prometheus.Gauge
+	FollowUpSends         *prometheus.CounterVec // result
+	FollowUpResends       prometheus.Counter
 }
 
 // NewMetrics creates the collectors and registers them with reg (nil: not
@@ -130,6 +139,22 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sbclaim_route_breaker_trips_total",
 			Help: "Times a route's breaker opened, by route and reason (failures: failing deliveries in a row; probe: a probe failed; config: a configuration answer such as 401).",
 		}, []string{"route", "reason"}),
+		FollowUpsPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sbclaim_followups_pending",
+			Help: "Follow-up messages recorded and not yet sent (the outbox), at the relay's last sweep.",
+		}),
+		FollowUpOldestSeconds: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sbclaim_followup_oldest_pending_seconds",
+			Help: "Age of the oldest follow-up message not yet sent, at the relay's last sweep (0: none).",
+		}),
+		FollowUpSends: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sbclaim_followup_sends_total",
+			Help: "Follow-up messages sent by the relay, by result (sent; failed: Service Bus refused it, retried with backoff; unmarked: sent, but its mark failed or its lease was lost: sent again with the same MessageId).",
+		}, []string{"result"}),
+		FollowUpResends: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sbclaim_followup_resends_total",
+			Help: "Follow-up messages sent again after an earlier lease of them (a crash, a failed send or mark): the same MessageId, which duplicate detection drops.",
+		}),
 	}
 	if reg != nil {
 		// Shared with other processors (and the reconciler's take-overs)
@@ -156,6 +181,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.StrandedMessages = metricreg.Register(reg, m.StrandedMessages)
 		m.RouteBreakerOpen = metricreg.Register(reg, m.RouteBreakerOpen)
 		m.RouteBreakerTrips = metricreg.Register(reg, m.RouteBreakerTrips)
+		m.FollowUpsPending = metricreg.Register(reg, m.FollowUpsPending)
+		m.FollowUpOldestSeconds = metricreg.Register(reg, m.FollowUpOldestSeconds)
+		m.FollowUpSends = metricreg.Register(reg, m.FollowUpSends)
+		m.FollowUpResends = metricreg.Register(reg, m.FollowUpResends)
 	}
 	return m
 }

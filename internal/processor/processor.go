@@ -142,6 +142,9 @@ type Options struct {
 	// Hooks are seams for fault injection (the chaos harness). nil hooks
 	// are skipped.
 	Hooks Hooks
+
+	// Outbox sends the follow-up messages handlers publish (outbox.go).
+	Outbox OutboxOptions
 }
 
 // Hooks are called at the protocol's crash points. A hook that returns
@@ -202,6 +205,7 @@ type Processor struct {
 	inflight sync.WaitGroup // per-message workers
 
 	deferrer claim.Deferrer               // the store's delayed retries; nil: off
+	relay    *relay                       // the outbox's relay; nil: off (outbox.go)
 	live     atomic.Pointer[liveReceiver] // the open receiver, for the deferral poller
 }
 
@@ -283,6 +287,10 @@ func New(opts Options) (*Processor, error) {
 	if opts.NoDeferral {
 		deferrer = nil
 	}
+	outbox, err := opts.outbox()
+	if err != nil {
+		return nil, err
+	}
 	if !opts.NoGroupCommit {
 		opts.GroupCommit.Timeout = cmp.Or(opts.GroupCommit.Timeout, opts.StoreTimeout)
 		st, err := groupcommit.Wrap(opts.Store, opts.GroupCommit)
@@ -300,14 +308,18 @@ func New(opts Options) (*Processor, error) {
 	if opts.Metrics == nil {
 		opts.Metrics = NewMetrics(nil)
 	}
-	return &Processor{
+	p := &Processor{
 		opts:     opts,
 		log:      tracing.Logger(opts.Logger).With("consumer", opts.Consumer),
 		metrics:  opts.Metrics,
 		tr:       newProcTracing(opts),
 		deferrer: deferrer,
 		routes:   newRouteBreakers(opts.Router),
-	}, nil
+	}
+	if outbox != nil {
+		p.relay = newRelay(p, outbox, opts.Outbox)
+	}
+	return p, nil
 }
 
 // Defaults of the store and shutdown timeouts: 15s + 5s (settle) + 5s
@@ -400,11 +412,13 @@ func (p *Processor) Run(ctx context.Context) error {
 	go func() { defer close(probeDone); p.probeBroker(ctx, probeNow) }()
 	pollDone := make(chan struct{})
 	go func() { defer close(pollDone); p.pollDeferred(ctx, work) }()
+	stopRelay := p.startRelay(work)
 	defer func() {
 		p.receiverOpen.Store(false)
 		<-probeDone
 		<-pollDone // it starts workers: no more once it returned
 		p.inflight.Wait()
+		stopRelay()
 		if cur != nil {
 			cur.retire(p.opts.SettleTimeout)
 		}

@@ -204,7 +204,7 @@ func (r *Reconciler) recoverOne(ctx context.Context, c *claim.Claim) (recoveryOu
 	res := held.Run(ctx, held.Params{
 		Store: r.store, Claim: taken, Effect: h.Effect, Message: msg, Key: taken.Key(), Retry: retry,
 		HeartbeatInterval: r.cfg.HeartbeatInterval, StoreTimeout: r.cfg.QueryTimeout, Logger: log,
-		NextAttemptIn: backoff,
+		NextAttemptIn: backoff, Outbox: hasOutbox(r.store),
 	})
 	if r.metrics != nil {
 		r.metrics.RecoveryAttempts.WithLabelValues(res.Outcome.String()).Inc()
@@ -223,7 +223,10 @@ func (r *Reconciler) recoverOne(ctx context.Context, c *claim.Claim) (recoveryOu
 	switch res.Outcome {
 	case sideeffects.OutcomeOK:
 		if write("mark processed", func(ctx context.Context) error {
-			return r.store.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: c.ID, Owner: taken.Owner, Answer: res.Answer})
+			// The follow-ups the effect published, with its outcome: the
+			// processors' sweep sends them.
+			return r.store.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: c.ID, Owner: taken.Owner, Answer: res.Answer,
+				FollowUps: claim.NumberFollowUps(taken.Consumer, taken.MessageID, res.FollowUps)})
 		}) != nil {
 			return postponed, nil
 		}
@@ -324,4 +327,11 @@ func (r *Reconciler) backoff(n int) time.Duration {
 		d *= 2
 	}
 	return min(d, r.cfg.RecoveryBackoffMax)
+}
+
+// hasOutbox reports whether st keeps follow-ups: an effect the reconciler
+// runs may then publish them, and the processors' sweep sends them.
+func hasOutbox(st claim.Store) bool {
+	_, ok := st.(claim.Outbox)
+	return ok
 }

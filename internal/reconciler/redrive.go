@@ -267,6 +267,7 @@ func runTaken(ctx context.Context, store claim.Store, rp *runParams) (*claim.Cla
 	res := held.Run(ctx, held.Params{
 		Store: store, Claim: taken, Effect: h.Effect, Message: msg, Key: key, Retry: retry,
 		HeartbeatInterval: cmp.Or(rp.heartbeat, 30*time.Second), StoreTimeout: timeout, Logger: log,
+		Outbox: hasOutbox(store),
 	})
 	if res.Lost != nil {
 		return taken, fmt.Errorf("redrive claim %d: the claim was taken from this redrive while its effect ran (effect outcome %s): %w",
@@ -312,7 +313,7 @@ func runTaken(ctx context.Context, store claim.Store, rp *runParams) (*claim.Cla
 		var err error
 		resolved, err = store.Resolve(ctx, &claim.ResolveParams{
 			ID: c.ID, Owner: taken.Owner, Resolution: claim.ResolutionRedriven, By: rp.by, Note: rp.note,
-			Answer: res.Answer,
+			Answer: res.Answer, FollowUps: claim.NumberFollowUps(taken.Consumer, taken.MessageID, res.FollowUps),
 		})
 		return err
 	})

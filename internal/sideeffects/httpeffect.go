@@ -51,7 +51,7 @@ func (r *HTTPRouter) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 				return Handler{}, err
 			}
 		}
-		if rt.mapped {
+		if rt.mapped || rt.followMsg {
 			if err := rt.checkMapping(msg.Body); err != nil {
 				return Handler{}, err
 			}
@@ -104,6 +104,13 @@ func (r *httpRoute) checkMapping(body []byte) error {
 			return &InputError{Reason: ReasonMappingFailed, Description: where + ": " + err.Error()}
 		}
 	}
+	// The follow-ups' message side, before any claim: once the effect has
+	// happened, a message they cannot be built from would be too late.
+	for _, fu := range r.followUps {
+		if _, err := fu.build(doc, nil); err != nil {
+			return &InputError{Reason: ReasonMappingFailed, Description: fmt.Sprintf("route %q follow-up to %q: %v", r.name, fu.to, err)}
+		}
+	}
 	return nil
 }
 
@@ -124,6 +131,8 @@ type httpRoute struct {
 	fingerprint string        // Fingerprint of the steps' names, methods and URLs (and mappings)
 	mapped      bool          // a step builds its request from the message (request)
 	steps       []*httpStep
+	followUps   []*followUpRT // published once the effect succeeded (followups.go)
+	followMsg   bool          // a follow-up reads the message
 	client      *http.Client
 	logger      *slog.Logger
 	redact      *redact.Scrubber
@@ -183,6 +192,13 @@ type header struct {
 // finished — partially — and the error names the steps that were
 // performed for the operator reading the dead letter.
 func (r *httpRoute) Perform(ctx context.Context, msg *azservicebus.ReceivedMessage, key string) error {
+	var answers *AnswerRecorder
+	if len(r.followUps) > 0 {
+		if claim.FollowUpSinkOf(ctx) == nil {
+			return r.errNoOutbox() // before any request: nothing performed
+		}
+		ctx, answers = RecordAnswers(ctx)
+	}
 	for i, st := range r.steps {
 		stepKey := StepKey(ctx, key, st.name)
 		err := r.send(ctx, msg, st, stepKey)
@@ -209,6 +225,9 @@ func (r *httpRoute) Perform(ctx context.Context, msg *azservicebus.ReceivedMessa
 			return &Error{Outcome: OutcomeUnknown, Answer: AnswerOf(err),
 				Err: fmt.Errorf("%s: partial effect, earlier steps were performed (%s): %w", label, strings.Join(done, ", "), err)}
 		}
+	}
+	if answers != nil {
+		return r.publish(ctx, msg.Body, answers.Last())
 	}
 	return nil
 }

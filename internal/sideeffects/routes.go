@@ -95,6 +95,9 @@ type routeSpec struct {
 	// that matches the answer decides instead.
 	ConfigErrors *[]int     `yaml:"configErrors"`
 	Steps        []stepSpec `yaml:"steps"`
+	// FollowUps are messages the route publishes once its effect
+	// succeeded (followups.go).
+	FollowUps []followUpSpec `yaml:"followUps"`
 }
 
 // backoffSpec is a route's delayed-retry schedule as written (Backoff).
@@ -721,6 +724,21 @@ func buildRouter(file *routesFile, getenv func(string) string, client *http.Clie
 				parts = append(parts, "request", st.contentType, st.request.canonical)
 			}
 			r.mapped = r.mapped || st.request != nil
+		}
+		if len(rs.FollowUps) > 0 {
+			// What an answer source may name: the last step's record.
+			var recorded []recordField
+			if n := len(r.steps); n > 0 {
+				recorded = r.steps[n-1].record.fields
+			}
+			var canon string
+			r.followUps, canon = buildFollowUps(rs.FollowUps, recorded, func(field, problem string) { fail(rs.Name, field, "%s", problem) })
+			for _, fu := range r.followUps {
+				r.followMsg = r.followMsg || fu.usesMessage
+			}
+			// A route without follow-ups keeps the fingerprint it had
+			// before they existed.
+			parts = append(parts, "followUps", canon)
 		}
 		r.fingerprint = Fingerprint(parts...)
 		router.routes = append(router.routes, r)

@@ -57,6 +57,17 @@ IF OBJECT_ID(N'dbo.ClaimHistory', N'U') IS NOT NULL
     GRANT SELECT, INSERT, DELETE ON OBJECT::dbo.ClaimHistory TO sbclaim_reconciler;
 GO
 
+-- The outbox (migration 00009): the processor writes a claim's follow-ups
+-- with its outcome, leases, sends and marks them; the reconciler writes
+-- them when its recovery records an outcome, lists them (`show`) and
+-- purges them with their claim.
+IF OBJECT_ID(N'dbo.ClaimFollowUps', N'U') IS NOT NULL
+    GRANT SELECT, INSERT, UPDATE ON OBJECT::dbo.ClaimFollowUps TO sbclaim_processor;
+GO
+IF OBJECT_ID(N'dbo.ClaimFollowUps', N'U') IS NOT NULL
+    GRANT SELECT, INSERT, DELETE ON OBJECT::dbo.ClaimFollowUps TO sbclaim_reconciler;
+GO
+
 -- Optional: let the binaries read the migration version (a readiness check
 -- that the schema is current) without being able to change it.
 -- GRANT SELECT ON OBJECT::dbo.goose_db_version TO sbclaim_processor;

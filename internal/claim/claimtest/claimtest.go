@@ -63,6 +63,12 @@ type Features struct {
 	// Arguments: seconds (int64), claim id (int64).
 	BackdateSQL string
 
+	// BackdateFollowUpsSQL moves every time column of one claim's
+	// follow-ups (created, lease until, next attempt, sent; NULLs stay
+	// NULL) back by a number of seconds. Arguments: seconds (int64), claim
+	// id (int64).
+	BackdateFollowUpsSQL string
+
 	// Locks and races (the concurrency tests, and the deadlock test of
 	// errors.go). Empty or nil on a database that serialises writers
 	// (SQLite): the assertions that need two writers at once skip, saying
@@ -159,6 +165,7 @@ func Exercise(t *testing.T, h Harness) {
 	tests = append(tests, s.historyTests()...)
 	tests = append(tests, s.deferralTests()...)
 	tests = append(tests, s.retryTests()...)
+	tests = append(tests, s.outboxTests()...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

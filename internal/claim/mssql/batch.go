@@ -329,8 +329,13 @@ func (s *Store) ClaimTx(ctx context.Context, params *claim.ClaimTxParams, fn fun
 	case got[key] == nil || got[key].Owner != r.owner:
 		return claim.ClaimResult{}, fmt.Errorf("%s: insert returned no row", op)
 	}
-	if err := fn(claim.WithTxClaim(ctx, got[key]), tx); err != nil {
+	fctx, sink := claim.CollectFollowUps(ctx)
+	if err := fn(claim.WithTxClaim(fctx, got[key]), tx); err != nil {
 		return claim.ClaimResult{}, err
+	}
+	c := got[key]
+	if err := insertFollowUps(ctx, tx, c.ID, claim.NumberFollowUps(c.Consumer, c.MessageID, sink.List())); err != nil {
+		return claim.ClaimResult{}, fmt.Errorf("%s: %w", op, err)
 	}
 	if err := tx.Commit(); err != nil {
 		return claim.ClaimResult{}, fmt.Errorf("%s: commit: %w", op, interpretError(err))

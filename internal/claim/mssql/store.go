@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -558,11 +559,28 @@ func (s *Store) MarkProcessed(ctx context.Context, params *claim.MarkProcessedPa
 	if err != nil {
 		return fmt.Errorf("mark processed claim %d: %w", params.ID, err)
 	}
-	return s.execGuarded(ctx, "mark processed", params.ID, declareNow+`UPDATE dbo.Claims
-SET State = 'processed', ProcessedUtc = @now, Payload = NULL, `+setAnswer("@p3")+`
-`+simpleHistory(claim.ChangeProcessed, "DELETED.State", "INSERTED.ClaimedBy", "N''")+`OUTPUT INSERTED.Id
-WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`,
-		param{params.ID, declID}, param{guid(params.Owner), declGUID}, param{answer, declAnswer})
+	q := declareNow + `UPDATE dbo.Claims
+SET State = 'processed', ProcessedUtc = @now, Payload = NULL, ` + setAnswer("@p3") + `
+` + simpleHistory(claim.ChangeProcessed, "DELETED.State", "INSERTED.ClaimedBy", "N''") + `OUTPUT INSERTED.Id
+WHERE Id = @p1 AND Owner = @p2 AND State = 'claimed';`
+	a := args{param{params.ID, declID}, param{guid(params.Owner), declGUID}, param{answer, declAnswer}}
+	if len(params.FollowUps) == 0 {
+		return s.execGuarded(ctx, "mark processed", params.ID, q, a...)
+	}
+	// Its follow-ups in the same transaction, only when the guard held.
+	if err := claim.ValidateNumbered(params.ID, params.FollowUps); err != nil {
+		return err
+	}
+	return s.inTx(ctx, fmt.Sprintf("mark processed claim %d", params.ID), func(tx *sql.Tx) error {
+		n := 0
+		if err := query(ctx, tx, q, a, func(*sql.Rows) error { n++; return nil }); err != nil {
+			return fmt.Errorf("mark processed claim %d: %w", params.ID, interpretError(err))
+		}
+		if n == 0 {
+			return fmt.Errorf("mark processed claim %d: %w", params.ID, claim.ErrStateChanged)
+		}
+		return insertFollowUps(ctx, tx, params.ID, params.FollowUps)
+	})
 }
 
 // Fail moves a claimed claim held by Owner to failed and drops its
@@ -730,16 +748,43 @@ func (s *Store) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) 
 		}, ", ") + ")"
 	}
 	done := map[int64]bool{}
-	err := query(ctx, s.db, fmt.Sprintf(writeOutcomesSQL, strings.Join(rows, ",\n\t")), a, func(r *sql.Rows) error {
-		var id int64
-		if err := r.Scan(&id); err != nil {
+	run := func(q querier) error {
+		err := query(ctx, q, fmt.Sprintf(writeOutcomesSQL, strings.Join(rows, ",\n\t")), a, func(r *sql.Rows) error {
+			var id int64
+			if err := r.Scan(&id); err != nil {
+				return err
+			}
+			done[id] = true
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("write %d outcomes: %w", len(writes), interpretError(err))
+		}
+		return nil
+	}
+	if !slices.ContainsFunc(writes, func(w claim.OutcomeWrite) bool { return w.MarkProcessed != nil && len(w.MarkProcessed.FollowUps) > 0 }) {
+		if err := run(s.db); err != nil {
+			return nil, err
+		}
+		return sqlstore.BatchResults(writes, done), nil
+	}
+	// A write carries follow-ups: the batch, then the follow-ups of the
+	// claims it marked processed, in one transaction.
+	err := s.inTx(ctx, fmt.Sprintf("write %d outcomes", len(writes)), func(tx *sql.Tx) error {
+		if err := run(tx); err != nil {
 			return err
 		}
-		done[id] = true
+		for _, w := range writes {
+			if w.MarkProcessed != nil && done[w.MarkProcessed.ID] {
+				if err := insertFollowUps(ctx, tx, w.MarkProcessed.ID, w.MarkProcessed.FollowUps); err != nil {
+					return fmt.Errorf("write %d outcomes: %w", len(writes), err)
+				}
+			}
+		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("write %d outcomes: %w", len(writes), interpretError(err))
+		return nil, err
 	}
 	return sqlstore.BatchResults(writes, done), nil
 }
@@ -905,12 +950,25 @@ func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*clai
 	if params.Owner != uuid.Nil {
 		guard = "State = 'claimed' AND Owner = " + a.add(guid(params.Owner), declGUID)
 	}
-	out, err := queryClaims(ctx, s.db, declareNow+`UPDATE dbo.Claims
-SET State = 'resolved', ResolvedUtc = @now, ResolvedBy = @p1, Resolution = @p2, ResolutionNote = @p3`+redrive+`, `+setAnswer("@p5")+`
-`+simpleHistory(claim.ChangeResolved, "DELETED.State", "INSERTED.ResolvedBy",
-		"INSERTED.Resolution + CASE WHEN INSERTED.ResolutionNote <> N'' THEN N': ' + INSERTED.ResolutionNote ELSE N'' END")+
-		`OUTPUT `+insertedColumns+`
-WHERE Id = @p4 AND `+guard+`;`, a)
+	q := declareNow + `UPDATE dbo.Claims
+SET State = 'resolved', ResolvedUtc = @now, ResolvedBy = @p1, Resolution = @p2, ResolutionNote = @p3` + redrive + `, ` + setAnswer("@p5") + `
+` + simpleHistory(claim.ChangeResolved, "DELETED.State", "INSERTED.ResolvedBy",
+		"INSERTED.Resolution + CASE WHEN INSERTED.ResolutionNote <> N'' THEN N': ' + INSERTED.ResolutionNote ELSE N'' END") +
+		`OUTPUT ` + insertedColumns + `
+WHERE Id = @p4 AND ` + guard + `;`
+	var out []*claim.Claim
+	if len(params.FollowUps) == 0 {
+		out, err = queryClaims(ctx, s.db, q, a)
+	} else {
+		// The redrive's follow-ups in the same transaction.
+		err = s.inTx(ctx, fmt.Sprintf("resolve claim %d", params.ID), func(tx *sql.Tx) error {
+			var err error
+			if out, err = queryClaims(ctx, tx, q, a); err != nil || len(out) == 0 {
+				return err
+			}
+			return insertFollowUps(ctx, tx, params.ID, params.FollowUps)
+		})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("resolve claim %d: %w", params.ID, err)
 	}
@@ -937,30 +995,33 @@ func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (
 	var a args
 	top := a.add(int64(limit), declID)
 	cutoff := agoSQL(&a, olderThan)
-	// A claim's history goes with it, in the same transaction.
+	// A claim's history and follow-ups go with it, in the same
+	// transaction; a claim with a follow-up still pending stays.
+	const noPendingFollowUp = `NOT EXISTS (SELECT 1 FROM dbo.ClaimFollowUps AS f WHERE f.ClaimId = Claims.Id AND f.State = 'pending')`
 	q := `SET XACT_ABORT ON;
 DECLARE @processed bigint = 0, @failed bigint = 0, @resolved bigint = 0;
 DECLARE @purged TABLE (Id bigint NOT NULL PRIMARY KEY);
 BEGIN TRANSACTION;
 DELETE TOP (` + top + `) FROM dbo.Claims
 OUTPUT DELETED.Id INTO @purged
-WHERE State = 'processed' AND DeferredSeq IS NULL AND ProcessedUtc < ` + cutoff + `;
+WHERE State = 'processed' AND DeferredSeq IS NULL AND ProcessedUtc < ` + cutoff + ` AND ` + noPendingFollowUp + `;
 SET @processed = @@ROWCOUNT;
 IF @processed < ` + top + `
 BEGIN
     DELETE TOP (` + top + ` - @processed) FROM dbo.Claims
     OUTPUT DELETED.Id INTO @purged
-    WHERE State = 'failed' AND DeferredSeq IS NULL AND FailedUtc < ` + cutoff + `;
+    WHERE State = 'failed' AND DeferredSeq IS NULL AND FailedUtc < ` + cutoff + ` AND ` + noPendingFollowUp + `;
     SET @failed = @@ROWCOUNT;
 END;
 IF @processed + @failed < ` + top + `
 BEGIN
     DELETE TOP (` + top + ` - @processed - @failed) FROM dbo.Claims
     OUTPUT DELETED.Id INTO @purged
-    WHERE State = 'resolved' AND DeferredSeq IS NULL AND ResolvedUtc < ` + cutoff + `;
+    WHERE State = 'resolved' AND DeferredSeq IS NULL AND ResolvedUtc < ` + cutoff + ` AND ` + noPendingFollowUp + `;
     SET @resolved = @@ROWCOUNT;
 END;
 DELETE h FROM dbo.ClaimHistory AS h INNER JOIN @purged AS p ON p.Id = h.ClaimId;
+DELETE f FROM dbo.ClaimFollowUps AS f INNER JOIN @purged AS p ON p.Id = f.ClaimId;
 COMMIT TRANSACTION;
 SELECT @processed + @failed + @resolved;`
 	var n int64

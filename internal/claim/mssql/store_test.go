@@ -67,6 +67,12 @@ VALUES (@p1, @p2, CAST(@p3 AS uniqueidentifier), 'claimed', @p4);`,
     AnswerUtc      = DATEADD(second, -CAST(@p1 AS int), AnswerUtc),
     KeyRevisedUtc  = DATEADD(second, -CAST(@p1 AS int), KeyRevisedUtc)
 WHERE Id = @p2;`,
+	BackdateFollowUpsSQL: `UPDATE dbo.ClaimFollowUps SET
+    CreatedUtc     = DATEADD(second, -CAST(@p1 AS int), CreatedUtc),
+    LeaseUntilUtc  = DATEADD(second, -CAST(@p1 AS int), LeaseUntilUtc),
+    NextAttemptUtc = DATEADD(second, -CAST(@p1 AS int), NextAttemptUtc),
+    SentUtc        = DATEADD(second, -CAST(@p1 AS int), SentUtc)
+WHERE ClaimId = @p2;`,
 	SessionIDSQL:  `SELECT CAST(@@SPID AS bigint);`,
 	WaitingForSQL: `SELECT COUNT_BIG(*) FROM sys.dm_exec_requests WHERE blocking_session_id = @p1;`,
 	LockClaimSQL:  `SELECT Id FROM dbo.Claims WITH (UPDLOCK, ROWLOCK) WHERE Id = @p1;`,

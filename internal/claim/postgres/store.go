@@ -10,6 +10,7 @@ import (
 	"hash/fnv"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -365,8 +366,13 @@ func (s *Store) ClaimTx(ctx context.Context, params *claim.ClaimTxParams, fn fun
 	if res[0].Outcome != claim.OutcomeWon {
 		return res[0], nil // the deferred rollback ends the transaction
 	}
-	if err := fn(claim.WithTxClaim(ctx, res[0].Claim), tx); err != nil {
+	fctx, sink := claim.CollectFollowUps(ctx)
+	if err := fn(claim.WithTxClaim(fctx, res[0].Claim), tx); err != nil {
 		return claim.ClaimResult{}, err
+	}
+	c := res[0].Claim
+	if err := insertFollowUps(ctx, tx, c.ID, claim.NumberFollowUps(c.Consumer, c.MessageID, sink.List())); err != nil {
+		return claim.ClaimResult{}, fmt.Errorf("claim tx %s/%s: %w", params.Claim.MessageID, params.Claim.Consumer, err)
 	}
 	if err := tx.Commit(); err != nil {
 		return claim.ClaimResult{}, fmt.Errorf("claim tx %s/%s: commit: %w", params.Claim.MessageID, params.Claim.Consumer, translate(err))
@@ -559,10 +565,37 @@ func (s *Store) MarkProcessed(ctx context.Context, params *claim.MarkProcessedPa
 	if err != nil {
 		return fmt.Errorf("mark processed claim %d: %w", params.ID, err)
 	}
-	return s.execGuarded(ctx, "mark processed", params.ID,
-		guardedSQL(`UPDATE claims SET `+setProcessed("$3::jsonb")+` WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
-			string(claim.ChangeProcessed), "'claimed'", "u.claimed_by", "''"),
-		params.ID, params.Owner.String(), answer)
+	query := guardedSQL(`UPDATE claims SET `+setProcessed("$3::jsonb")+` WHERE id = $1 AND owner = $2 AND state = 'claimed'`,
+		string(claim.ChangeProcessed), "'claimed'", "u.claimed_by", "''")
+	if len(params.FollowUps) == 0 {
+		return s.execGuarded(ctx, "mark processed", params.ID, query, params.ID, params.Owner.String(), answer)
+	}
+	// Its follow-ups in the same transaction, only when the guard held.
+	if err := claim.ValidateNumbered(params.ID, params.FollowUps); err != nil {
+		return err
+	}
+	return s.inTx(ctx, "mark processed", func(tx *sql.Tx) error {
+		if err := sqlstore.ExecGuarded(ctx, tx, translate, "mark processed", params.ID, query, params.ID, params.Owner.String(), answer); err != nil {
+			return err
+		}
+		return insertFollowUps(ctx, tx, params.ID, params.FollowUps)
+	})
+}
+
+// inTx runs fn in a transaction and commits it when fn succeeds.
+func (s *Store) inTx(ctx context.Context, op string, fn func(tx *sql.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("%s: begin: %w", op, translate(err))
+	}
+	defer tx.Rollback()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("%s: commit: %w", op, translate(err))
+	}
+	return nil
 }
 
 // Release moves a claimed claim held by Owner to released; a positive
@@ -650,13 +683,41 @@ func (s *Store) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) 
 			answers[i] = &enc.String
 		}
 	}
-	rows, err := s.db.QueryContext(ctx, writeOutcomesSQL, kinds, ids, owners, errs, nexts, answers)
-	if err != nil {
-		return nil, fmt.Errorf("write %d outcomes: %w", len(writes), translate(err))
+	// One statement, or — when a write carries follow-ups — one
+	// transaction: the statement, then the follow-ups of the claims it
+	// marked processed.
+	var done map[int64]bool
+	run := func(q sqlstore.Querier) error {
+		rows, err := q.QueryContext(ctx, writeOutcomesSQL, kinds, ids, owners, errs, nexts, answers)
+		if err != nil {
+			return fmt.Errorf("write %d outcomes: %w", len(writes), translate(err))
+		}
+		if done, err = sqlstore.ScanIDs(rows); err != nil {
+			return fmt.Errorf("write %d outcomes: %w", len(writes), translate(err))
+		}
+		return nil
 	}
-	done, err := sqlstore.ScanIDs(rows)
+	if !slices.ContainsFunc(writes, func(w claim.OutcomeWrite) bool { return w.MarkProcessed != nil && len(w.MarkProcessed.FollowUps) > 0 }) {
+		if err := run(s.db); err != nil {
+			return nil, err
+		}
+		return sqlstore.BatchResults(writes, done), nil
+	}
+	err := s.inTx(ctx, fmt.Sprintf("write %d outcomes", len(writes)), func(tx *sql.Tx) error {
+		if err := run(tx); err != nil {
+			return err
+		}
+		for _, w := range writes {
+			if w.MarkProcessed != nil && done[w.MarkProcessed.ID] {
+				if err := insertFollowUps(ctx, tx, w.MarkProcessed.ID, w.MarkProcessed.FollowUps); err != nil {
+					return fmt.Errorf("write %d outcomes: %w", len(writes), err)
+				}
+			}
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("write %d outcomes: %w", len(writes), translate(err))
+		return nil, err
 	}
 	return sqlstore.BatchResults(writes, done), nil
 }
@@ -812,7 +873,20 @@ func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*clai
 	if err != nil {
 		return nil, fmt.Errorf("resolve claim %d: %w", params.ID, err)
 	}
-	row := s.db.QueryRowContext(ctx, `WITH u AS (UPDATE claims SET state = 'resolved', resolved_utc = now(),
+	var c *claim.Claim
+	err = s.inTx(ctx, fmt.Sprintf("resolve claim %d", params.ID), func(tx *sql.Tx) error {
+		c, err = s.resolve(ctx, tx, params, owner, answer)
+		if err != nil || len(params.FollowUps) == 0 {
+			return err
+		}
+		return insertFollowUps(ctx, tx, params.ID, params.FollowUps)
+	})
+	return c, err
+}
+
+// resolve is Resolve's guarded UPDATE, in tx.
+func (s *Store) resolve(ctx context.Context, tx *sql.Tx, params *claim.ResolveParams, owner *uuid.UUID, answer sql.NullString) (*claim.Claim, error) {
+	row := tx.QueryRowContext(ctx, `WITH u AS (UPDATE claims SET state = 'resolved', resolved_utc = now(),
 		resolved_by = $1, resolution = $2, resolution_note = $3,
 		processed_utc = CASE WHEN $2 = 'redriven' THEN now() ELSE processed_utc END,
 		payload = CASE WHEN $2 = 'redriven' THEN NULL ELSE payload END, `+setAnswer(6)+`
@@ -850,15 +924,18 @@ func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (
 	const (
 		finishedAt = `(CASE state WHEN 'processed' THEN processed_utc WHEN 'failed' THEN failed_utc ELSE resolved_utc END)`
 		finished   = `state IN ('processed', 'failed', 'resolved') AND deferred_seq IS NULL
-		AND ` + finishedAt + ` < now() - make_interval(secs => $1)`
+		AND ` + finishedAt + ` < now() - make_interval(secs => $1)
+		AND NOT EXISTS (SELECT 1 FROM claim_followups f WHERE f.claim_id = claims.id AND f.state = 'pending')`
 	)
-	// A claim's history goes with it, in the same statement.
+	// A claim's history and follow-ups go with it, in the same statement.
 	var n int64
 	err = s.db.QueryRowContext(ctx, `WITH d AS (DELETE FROM claims WHERE id IN (
 			SELECT id FROM claims WHERE `+finished+` ORDER BY `+finishedAt+` LIMIT $2)
 		AND `+finished+` RETURNING id
 	), h AS (
 		DELETE FROM claim_history WHERE claim_id IN (SELECT id FROM d)
+	), f AS (
+		DELETE FROM claim_followups WHERE claim_id IN (SELECT id FROM d)
 	)
 	SELECT count(*) FROM d`, secs(olderThan), limit).Scan(&n)
 	if err != nil {

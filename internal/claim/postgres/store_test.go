@@ -50,6 +50,12 @@ func TestConformance(t *testing.T) {
 				answer_utc       = answer_utc       - make_interval(secs => $1),
 				key_revised_utc  = key_revised_utc  - make_interval(secs => $1)
 				WHERE id = $2`,
+			BackdateFollowUpsSQL: `UPDATE claim_followups SET
+				created_utc      = created_utc      - make_interval(secs => $1),
+				lease_until_utc  = lease_until_utc  - make_interval(secs => $1),
+				next_attempt_utc = next_attempt_utc - make_interval(secs => $1),
+				sent_utc         = sent_utc         - make_interval(secs => $1)
+				WHERE claim_id = $2`,
 			SessionIDSQL:  `SELECT pg_backend_pid()`,
 			WaitingForSQL: `SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))`,
 			LockClaimSQL:  `SELECT id FROM claims WHERE id = $1 FOR UPDATE`,

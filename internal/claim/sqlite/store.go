@@ -403,11 +403,22 @@ func (s *Store) changeOne(ctx context.Context, op string, id int64, what claim.C
 // changeClaims runs a guarded UPDATE ... RETURNING columns and the history
 // rows of the claims it changed in one transaction, and returns them.
 func (s *Store) changeClaims(ctx context.Context, op string, what claim.Change, from, by, reason, query string, args ...any) ([]*claim.Claim, error) {
+	return s.changeClaimsThen(ctx, op, what, from, by, reason, nil, query, args...)
+}
+
+// changeClaimsThen is changeClaims that also runs then in the same
+// transaction when the UPDATE changed a claim.
+func (s *Store) changeClaimsThen(ctx context.Context, op string, what claim.Change, from, by, reason string, then func(tx *sql.Tx) error, query string, args ...any) ([]*claim.Claim, error) {
 	var out []*claim.Claim
 	err := s.change(ctx, op, func(tx *sql.Tx) ([]int64, error) {
 		var ids []int64
 		if err := queryClaims(ctx, tx, query, args, func(c *claim.Claim) { out, ids = append(out, c), append(ids, c.ID) }); err != nil {
 			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		if len(ids) > 0 && then != nil {
+			if err := then(tx); err != nil {
+				return nil, fmt.Errorf("%s: %w", op, err)
+			}
 		}
 		return ids, nil
 	}, what, from, by, reason)
@@ -453,8 +464,13 @@ func (s *Store) ClaimTx(ctx context.Context, params *claim.ClaimTxParams, fn fun
 	if res[0].Outcome != claim.OutcomeWon {
 		return res[0], nil // the deferred rollback ends the transaction
 	}
-	if err := fn(claim.WithTxClaim(ctx, res[0].Claim), tx); err != nil {
+	fctx, sink := claim.CollectFollowUps(ctx)
+	if err := fn(claim.WithTxClaim(fctx, res[0].Claim), tx); err != nil {
 		return claim.ClaimResult{}, err
+	}
+	c := res[0].Claim
+	if err := insertFollowUps(ctx, tx, c.ID, claim.NumberFollowUps(c.Consumer, c.MessageID, sink.List())); err != nil {
+		return claim.ClaimResult{}, fmt.Errorf("claim tx %s/%s: %w", params.Claim.MessageID, params.Claim.Consumer, err)
 	}
 	if err := tx.Commit(); err != nil {
 		return claim.ClaimResult{}, fmt.Errorf("claim tx %s/%s: commit: %w", params.Claim.MessageID, params.Claim.Consumer, translate(err))
@@ -604,7 +620,28 @@ func (s *Store) Heartbeat(ctx context.Context, params *claim.HeartbeatParams) er
 
 // MarkProcessed moves a claimed claim held by Owner to processed.
 func (s *Store) MarkProcessed(ctx context.Context, params *claim.MarkProcessedParams) error {
-	return s.execWrite(ctx, claim.OutcomeWrite{MarkProcessed: params})
+	w := claim.OutcomeWrite{MarkProcessed: params}
+	if len(params.FollowUps) == 0 {
+		return s.execWrite(ctx, w)
+	}
+	// Its follow-ups in the same transaction, only when the guard held.
+	if err := claim.ValidateNumbered(params.ID, params.FollowUps); err != nil {
+		return err
+	}
+	query, args, err := outcomeSQL(w)
+	if err != nil {
+		return err
+	}
+	what, reason, _ := outcomeHistory(w.Kind())
+	return s.change(ctx, "mark processed", func(tx *sql.Tx) ([]int64, error) {
+		if err := sqlstore.ExecGuarded(ctx, tx, translate, "mark processed", params.ID, query, args...); err != nil {
+			return nil, err
+		}
+		if err := insertFollowUps(ctx, tx, params.ID, params.FollowUps); err != nil {
+			return nil, fmt.Errorf("mark processed claim %d: %w", params.ID, err)
+		}
+		return []int64{params.ID}, nil
+	}, what, "'claimed'", "", reason)
 }
 
 // execWrite runs one outcome write on its own (an implicit transaction).
@@ -688,6 +725,11 @@ func (s *Store) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) 
 		}
 		if what, reason, ok := outcomeHistory(w.Kind()); ok && errs[i] == nil {
 			if err := writeHistory(ctx, tx, id, what, "'claimed'", "", reason); err != nil {
+				return nil, fmt.Errorf("write %d outcomes: %w", len(writes), err)
+			}
+		}
+		if w.MarkProcessed != nil && errs[i] == nil {
+			if err := insertFollowUps(ctx, tx, id, w.MarkProcessed.FollowUps); err != nil {
 				return nil, fmt.Errorf("write %d outcomes: %w", len(writes), err)
 			}
 		}
@@ -893,8 +935,9 @@ func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*clai
 	if params.Owner != uuid.Nil {
 		from = "'claimed'"
 	}
-	out, err := s.changeClaims(ctx, fmt.Sprintf("resolve claim %d", params.ID), claim.ChangeResolved, from, params.By,
+	out, err := s.changeClaimsThen(ctx, fmt.Sprintf("resolve claim %d", params.ID), claim.ChangeResolved, from, params.By,
 		"resolution || CASE WHEN resolution_note <> '' THEN ': ' || resolution_note ELSE '' END",
+		func(tx *sql.Tx) error { return insertFollowUps(ctx, tx, params.ID, params.FollowUps) },
 		`UPDATE claims SET state = 'resolved', resolved_utc = `+nowSQL+`,
 		resolved_by = ?1, resolution = ?2, resolution_note = ?3,
 		processed_utc = CASE WHEN ?2 = 'redriven' THEN `+nowSQL+` ELSE processed_utc END,
@@ -924,7 +967,8 @@ func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (
 	// expressions match the partial index ix_claims_finished.
 	const (
 		finishedAt = `(CASE state WHEN 'processed' THEN processed_utc WHEN 'failed' THEN failed_utc ELSE resolved_utc END)`
-		finished   = `state IN ('processed', 'failed', 'resolved') AND deferred_seq IS NULL AND ` + finishedAt + ` < ` + agoSQL
+		finished   = `state IN ('processed', 'failed', 'resolved') AND deferred_seq IS NULL AND ` + finishedAt + ` < ` + agoSQL + `
+		AND NOT EXISTS (SELECT 1 FROM claim_followups f WHERE f.claim_id = claims.id AND f.state = 'pending')`
 	)
 	// A claim's history goes with it, in the same transaction.
 	tx, err := s.db.BeginTx(ctx, nil)
@@ -945,6 +989,9 @@ func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (
 	}
 	if _, err := tx.ExecContext(ctx, `DELETE FROM claim_history WHERE claim_id IN (SELECT id FROM purged)`); err != nil {
 		return 0, fmt.Errorf("purge claims: history: %w", translate(err))
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM claim_followups WHERE claim_id IN (SELECT id FROM purged)`); err != nil {
+		return 0, fmt.Errorf("purge claims: follow-ups: %w", translate(err))
 	}
 	res, err := tx.ExecContext(ctx, `DELETE FROM claims WHERE id IN (SELECT id FROM purged)`)
 	if err != nil {

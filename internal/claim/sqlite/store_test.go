@@ -53,6 +53,12 @@ func harness() claimtest.Harness {
 				answer_utc       = strftime('%Y-%m-%dT%H:%M:%f', answer_utc,       '-' || ?1 || ' seconds'),
 				key_revised_utc  = strftime('%Y-%m-%dT%H:%M:%f', key_revised_utc,  '-' || ?1 || ' seconds')
 				WHERE id = ?2`,
+			BackdateFollowUpsSQL: `UPDATE claim_followups SET
+				created_utc      = strftime('%Y-%m-%dT%H:%M:%f', created_utc,      '-' || ?1 || ' seconds'),
+				lease_until_utc  = strftime('%Y-%m-%dT%H:%M:%f', lease_until_utc,  '-' || ?1 || ' seconds'),
+				next_attempt_utc = strftime('%Y-%m-%dT%H:%M:%f', next_attempt_utc, '-' || ?1 || ' seconds'),
+				sent_utc         = strftime('%Y-%m-%dT%H:%M:%f', sent_utc,         '-' || ?1 || ' seconds')
+				WHERE claim_id = ?2`,
 			NoGrantsReason: "SQLite has no grants: a database file the process may not write opens read-only and is refused as read_only (ReadOnlyDatabaseRefusesEveryWrite)",
 			ReadOnly:       readOnlyStore,
 		},

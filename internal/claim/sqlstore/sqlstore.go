@@ -233,7 +233,10 @@ func ValidateResolve(p *claim.ResolveParams) error {
 	if p.Owner != uuid.Nil && p.Resolution != claim.ResolutionRedriven {
 		return fmt.Errorf("resolve claim %d: Owner is only for a redrive's own resolution (redriven), not %q", p.ID, p.Resolution)
 	}
-	return nil
+	if len(p.FollowUps) > 0 && p.Owner == uuid.Nil {
+		return fmt.Errorf("resolve claim %d: FollowUps are only for a redrive's own resolution (with its Owner)", p.ID)
+	}
+	return claim.ValidateNumbered(p.ID, p.FollowUps)
 }
 
 // ValidateTakeOver checks TakeOver's params.

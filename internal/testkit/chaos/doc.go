@@ -96,6 +96,16 @@
 // two runs with one seed inject the same planned faults but need not take
 // the same paths.
 //
+// RunPipeline (`chaos -pipeline`) runs two consumers joined by the outbox:
+// A charges each payment and publishes a payment.charged follow-up, B
+// issues a receipt for it; replicas of both are killed after the claim,
+// after the effect and after the outcome, A's relay between a follow-up's
+// send and its mark, sends fail and effects lose their answers. Its
+// verdict lines check A's effects (each once), the follow-ups (each
+// payment's sent at least once, every send with the one MessageId derived
+// from A's claim, none left unsent) and B's effects (each once per
+// payment); see pipeline.go.
+//
 // RunScenario reproduces one dedup strategy under a race (one message
 // delivered to two instances at once): naive check-then-insert (2
 // effects: the bug), insert-first on a unique index (1), and the product's

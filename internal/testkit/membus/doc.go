@@ -51,10 +51,17 @@
 // DeadLetters, Completed, Drained and WaitIdle let tests wait for and check
 // the outcome without sleeping.
 //
+// A Namespace (sender.go) routes a producer's sends by entity name to
+// queues and topics, keeps what was sent to each, and models duplicate
+// detection by MessageId for the entities that have it (the outbox relay's
+// resends).
+//
 // What it does not model: sessions (SessionID is carried, not enforced),
-// scheduled messages (rejected at send), receive-and-delete mode,
-// transactions, duplicate detection (duplicates always get through, which
-// is the case the consumer must handle), message TTL and expiry, prefetch
+// scheduled messages (rejected at a queue's own SendMessage; a Namespace
+// sender enqueues them at once), receive-and-delete mode, transactions,
+// duplicate detection on a queue's own SendMessage (duplicates always get
+// through, which is the case the consumer must handle), message TTL and
+// expiry, prefetch
 // and the SDK's release of messages that arrive between ReceiveMessages
 // calls, auto-forwarding, and reading the dead-letter sub-queue through a
 // receiver (use DeadLetters). Lock expiry is evaluated lazily on each call,
