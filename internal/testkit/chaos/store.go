@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/sbclaim/sbclaim/internal/claim"
 )
 
@@ -19,6 +21,7 @@ type gateStore struct {
 	// batches and batched count the group-committed batches that reached
 	// inner and their writes (may be nil).
 	batches, batched *atomic.Int64
+	beat             func(id int64, owner uuid.UUID) // heartbeats that landed (may be nil)
 }
 
 var (
@@ -73,7 +76,15 @@ func (s *gateStore) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWri
 		s.batches.Add(1)
 		s.batched.Add(int64(len(writes)))
 	}
-	return writeOutcomes(ctx, s.inner, writes)
+	errs, err := writeOutcomes(ctx, s.inner, writes)
+	if s.beat != nil && err == nil {
+		for i, w := range writes {
+			if w.Kind() == claim.WriteHeartbeat && i < len(errs) && errs[i] == nil {
+				s.beat(w.Target())
+			}
+		}
+	}
+	return errs, err
 }
 
 func (s *gateStore) pass(ctx context.Context, op string, id int64) error {
@@ -141,7 +152,11 @@ func (s *gateStore) Heartbeat(ctx context.Context, p *claim.HeartbeatParams) err
 	if err := s.pass(ctx, "Heartbeat", p.ID); err != nil {
 		return err
 	}
-	return s.inner.Heartbeat(ctx, p)
+	err := s.inner.Heartbeat(ctx, p)
+	if err == nil && s.beat != nil {
+		s.beat(p.ID, p.Owner)
+	}
+	return err
 }
 
 func (s *gateStore) MarkProcessed(ctx context.Context, p *claim.MarkProcessedParams) error {
@@ -258,4 +273,12 @@ func (s *gateStore) Close() error { return nil }
 // (internal/testkit/sim) injects its store faults with it.
 func GateStore(inner claim.Store, gate func(ctx context.Context, op string, id int64) error) claim.Store {
 	return &gateStore{inner: inner, gate: gate}
+}
+
+// GateStoreBeats is GateStore that also reports every heartbeat that
+// landed (claim id, owner token), alone or in a batch of writes: the
+// simulation checks each take-over against the last sign of life of the
+// owner it took the claim from.
+func GateStoreBeats(inner claim.Store, gate func(ctx context.Context, op string, id int64) error, beat func(id int64, owner uuid.UUID)) claim.Store {
+	return &gateStore{inner: inner, gate: gate, beat: beat}
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sbclaim/sbclaim"
@@ -131,6 +132,8 @@ type world struct {
 	storeErrP float64
 	// historyBroken: history rows already reported by checkHistory.
 	historyBroken map[string]bool
+	// beats: the last heartbeat that landed, per claim id and owner token.
+	beats map[string]time.Time
 
 	storeCalls map[string]int  // store calls per (op, claim, caller)
 	redrives   map[string]int  // operator redrives per message
@@ -423,7 +426,7 @@ func (w *world) startReplica() {
 	r.killCtx, r.kill = context.WithCancel(context.Background())
 	ctx, cancel := context.WithCancel(w.runCtx)
 	r.cancel = cancel
-	st := chaos.GateStore(w.db, w.gate(r))
+	st := chaos.GateStoreBeats(w.db, w.gate(r), w.beat)
 	p, err := sbclaim.NewProcessor(sbclaim.ProcessorConfig{
 		Consumer: consumerName, Entity: queueName,
 		Store:  bridge.NewStore(st).(*sbclaim.Store),
@@ -659,6 +662,7 @@ func run(seed uint64, verbose io.Writer) *result {
 		sends:         map[string]int{},
 		rejected:      map[string]bool{},
 		historyBroken: map[string]bool{},
+		beats:         map[string]time.Time{},
 		start:         time.Now(),
 	}
 	lvl := slog.LevelError + 100
@@ -998,22 +1002,52 @@ type claimRow struct {
 // take-over from an owner that was no longer the owner, an outcome
 // written by a replaced holder) breaks the chain. Each broken chain is
 // reported once.
+func (w *world) beat(id int64, owner uuid.UUID) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.beats[fmt.Sprintf("%d/%s", id, owner)] = time.Now()
+}
+
+// silentWindow is how long a holder must have shown no life before a
+// take-over by path may take its claim (the guard's SilentFor).
+var silentWindow = map[string]time.Duration{"redelivery": takeoverAfter, "reconciler": staleAfter}
+
 func (w *world) checkHistory(ctx context.Context) {
-	rows, err := w.db.DB().QueryContext(ctx, `SELECT claim_id, id, what, from_state, to_state, coalesce(previous_owner, ''), owner, by_whom
+	rows, err := w.db.DB().QueryContext(ctx, `SELECT claim_id, id, what, from_state, to_state, coalesce(previous_owner, ''), owner, by_whom, at_utc, path
 		FROM claim_history ORDER BY claim_id, id`)
 	if err != nil {
 		return // a store outage of the world: the next check reads it
 	}
 	defer rows.Close()
 	type row struct {
-		claim, id                         int64
-		what, from, to, prev, owner, whom string
+		claim, id                                   int64
+		what, from, to, prev, owner, whom, at, path string
 	}
 	var last row
+	// life: the owner's last sign of life as the take-over guards read it
+	// (heartbeat_utc): the row that gave it the claim, or a heartbeat
+	// that landed. (Its other writes, an attempt say, do not count: the
+	// guards do not read them.)
+	var life time.Time
 	for rows.Next() {
 		var r row
-		if err := rows.Scan(&r.claim, &r.id, &r.what, &r.from, &r.to, &r.prev, &r.owner, &r.whom); err != nil {
+		if err := rows.Scan(&r.claim, &r.id, &r.what, &r.from, &r.to, &r.prev, &r.owner, &r.whom, &r.at, &r.path); err != nil {
 			return
+		}
+		at, _ := time.Parse("2006-01-02T15:04:05.999999999", strings.TrimSuffix(r.at, "Z"))
+		if r.claim == last.claim && r.what == "taken over" && last.to == "claimed" && r.prev == last.owner {
+			w.mu.Lock()
+			if b, ok := w.beats[fmt.Sprintf("%d/%s", r.claim, r.prev)]; ok && b.After(life) && !b.After(at) {
+				life = b
+			}
+			w.mu.Unlock()
+			if win, ok := silentWindow[r.path]; ok && at.Sub(life) < win-time.Second {
+				w.violateOnce(fmt.Sprintf("%d/%d", r.claim, r.id), "live-taken-over", "claim %d, history row %d: %s took it over (%s) from an owner that showed life %s before (the window is %s)",
+					r.claim, r.id, r.whom, r.path, at.Sub(life), win)
+			}
+		}
+		if r.claim != last.claim || r.owner != last.owner {
+			life = at // the row that gave the claim its owner
 		}
 		if r.claim == last.claim {
 			why := ""
@@ -1033,17 +1067,22 @@ func (w *world) checkHistory(ctx context.Context) {
 				why = fmt.Sprintf("%s from state %s, but the state was %s", r.what, r.from, last.to)
 			}
 			if why != "" {
-				key := fmt.Sprintf("%d/%d", r.claim, r.id)
-				w.mu.Lock()
-				seen := w.historyBroken[key]
-				w.historyBroken[key] = true
-				w.mu.Unlock()
-				if !seen {
-					w.violate("history", "claim %d, history row %d: %s", r.claim, r.id, why)
-				}
+				w.violateOnce(fmt.Sprintf("%d/%d", r.claim, r.id), "history", "claim %d, history row %d: %s", r.claim, r.id, why)
 			}
 		}
 		last = r
+	}
+}
+
+// violateOnce reports a violation once per key (checkHistory reads the
+// same rows at every tick).
+func (w *world) violateOnce(key, kind, format string, args ...any) {
+	w.mu.Lock()
+	seen := w.historyBroken[kind+"/"+key]
+	w.historyBroken[kind+"/"+key] = true
+	w.mu.Unlock()
+	if !seen {
+		w.violate(kind, format, args...)
 	}
 }
 
