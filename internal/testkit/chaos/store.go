@@ -21,7 +21,7 @@ type gateStore struct {
 	// batches and batched count the group-committed batches that reached
 	// inner and their writes (may be nil).
 	batches, batched *atomic.Int64
-	beat             func(id int64, owner uuid.UUID) // heartbeats that landed (may be nil)
+	landed           func(op string, id int64, owner uuid.UUID) // owner writes that landed (may be nil)
 }
 
 var (
@@ -77,10 +77,11 @@ func (s *gateStore) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWri
 		s.batched.Add(int64(len(writes)))
 	}
 	errs, err := writeOutcomes(ctx, s.inner, writes)
-	if s.beat != nil && err == nil {
+	if s.landed != nil && err == nil {
 		for i, w := range writes {
-			if w.Kind() == claim.WriteHeartbeat && i < len(errs) && errs[i] == nil {
-				s.beat(w.Target())
+			if i < len(errs) && errs[i] == nil {
+				id, owner := w.Target()
+				s.landed(opName(w.Kind()), id, owner)
 			}
 		}
 	}
@@ -152,25 +153,21 @@ func (s *gateStore) Heartbeat(ctx context.Context, p *claim.HeartbeatParams) err
 	if err := s.pass(ctx, "Heartbeat", p.ID); err != nil {
 		return err
 	}
-	err := s.inner.Heartbeat(ctx, p)
-	if err == nil && s.beat != nil {
-		s.beat(p.ID, p.Owner)
-	}
-	return err
+	return s.land("Heartbeat", p.ID, p.Owner, s.inner.Heartbeat(ctx, p))
 }
 
 func (s *gateStore) MarkProcessed(ctx context.Context, p *claim.MarkProcessedParams) error {
 	if err := s.pass(ctx, "MarkProcessed", p.ID); err != nil {
 		return err
 	}
-	return s.inner.MarkProcessed(ctx, p)
+	return s.land("MarkProcessed", p.ID, p.Owner, s.inner.MarkProcessed(ctx, p))
 }
 
 func (s *gateStore) Fail(ctx context.Context, p *claim.FailParams) error {
 	if err := s.pass(ctx, "Fail", p.ID); err != nil {
 		return err
 	}
-	return s.inner.Fail(ctx, p)
+	return s.land("Fail", p.ID, p.Owner, s.inner.Fail(ctx, p))
 }
 
 func (s *gateStore) TakeDeadLetter(ctx context.Context, p *claim.TakeDeadLetterParams) error {
@@ -184,14 +181,14 @@ func (s *gateStore) Release(ctx context.Context, p *claim.ReleaseParams) error {
 	if err := s.pass(ctx, "Release", p.ID); err != nil {
 		return err
 	}
-	return s.inner.Release(ctx, p)
+	return s.land("Release", p.ID, p.Owner, s.inner.Release(ctx, p))
 }
 
 func (s *gateStore) RecordAttempt(ctx context.Context, p *claim.RecordAttemptParams) error {
 	if err := s.pass(ctx, "RecordAttempt", p.ID); err != nil {
 		return err
 	}
-	return s.inner.RecordAttempt(ctx, p)
+	return s.land("RecordAttempt", p.ID, p.Owner, s.inner.RecordAttempt(ctx, p))
 }
 
 func (s *gateStore) FlagStale(ctx context.Context, p *claim.FlagStaleParams) ([]*claim.Claim, error) {
@@ -275,10 +272,20 @@ func GateStore(inner claim.Store, gate func(ctx context.Context, op string, id i
 	return &gateStore{inner: inner, gate: gate}
 }
 
-// GateStoreBeats is GateStore that also reports every heartbeat that
-// landed (claim id, owner token), alone or in a batch of writes: the
+// GateStoreLanded is GateStore that also reports every owner write that
+// landed (Heartbeat, RecordAttempt, Release, MarkProcessed, Fail; alone
+// or in a batch of writes) with its claim id and owner token: the
 // simulation checks each take-over against the last sign of life of the
-// owner it took the claim from.
-func GateStoreBeats(inner claim.Store, gate func(ctx context.Context, op string, id int64) error, beat func(id int64, owner uuid.UUID)) claim.Store {
-	return &gateStore{inner: inner, gate: gate, beat: beat}
+// owner it took the claim from, and each outcome against the owner the
+// claim had then.
+func GateStoreLanded(inner claim.Store, gate func(ctx context.Context, op string, id int64) error, landed func(op string, id int64, owner uuid.UUID)) claim.Store {
+	return &gateStore{inner: inner, gate: gate, landed: landed}
+}
+
+// land reports a write that landed (err nil) and returns err.
+func (s *gateStore) land(op string, id int64, owner uuid.UUID, err error) error {
+	if err == nil && s.landed != nil {
+		s.landed(op, id, owner)
+	}
+	return err
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -132,8 +133,10 @@ type world struct {
 	storeErrP float64
 	// historyBroken: history rows already reported by checkHistory.
 	historyBroken map[string]bool
-	// beats: the last heartbeat that landed, per claim id and owner token.
-	beats map[string]time.Time
+	// beats: the last heartbeat that landed, per claim id and owner token;
+	// outcomes: every other owner write that landed.
+	beats    map[string]time.Time
+	outcomes []landedWrite
 
 	storeCalls map[string]int  // store calls per (op, claim, caller)
 	redrives   map[string]int  // operator redrives per message
@@ -426,7 +429,7 @@ func (w *world) startReplica() {
 	r.killCtx, r.kill = context.WithCancel(context.Background())
 	ctx, cancel := context.WithCancel(w.runCtx)
 	r.cancel = cancel
-	st := chaos.GateStoreBeats(w.db, w.gate(r), w.beat)
+	st := chaos.GateStoreLanded(w.db, w.gate(r), w.landed)
 	p, err := sbclaim.NewProcessor(sbclaim.ProcessorConfig{
 		Consumer: consumerName, Entity: queueName,
 		Store:  bridge.NewStore(st).(*sbclaim.Store),
@@ -1008,10 +1011,57 @@ type claimRow struct {
 // take-over from an owner that was no longer the owner, an outcome
 // written by a replaced holder) breaks the chain. Each broken chain is
 // reported once.
-func (w *world) beat(id int64, owner uuid.UUID) {
+// landedWrite is an owner's write that the store accepted.
+type landedWrite struct {
+	op    string
+	id    int64
+	owner string
+	at    time.Time
+}
+
+// landed notes a replica's owner write that the store accepted.
+func (w *world) landed(op string, id int64, owner uuid.UUID) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.beats[fmt.Sprintf("%d/%s", id, owner)] = time.Now()
+	if op == "Heartbeat" {
+		w.beats[fmt.Sprintf("%d/%s", id, owner)] = time.Now()
+		return
+	}
+	w.outcomes = append(w.outcomes, landedWrite{op: op, id: id, owner: owner.String(), at: time.Now()})
+}
+
+// ownership is a history row that gave a claim its owner.
+type ownership struct {
+	at          time.Time
+	owner, prev string
+}
+
+// checkOutcomes checks every owner write that landed against the owner
+// the claim had then, by its history: a write by an owner the claim no
+// longer had got past its guard.
+func (w *world) checkOutcomes(owners map[int64][]ownership) {
+	w.mu.Lock()
+	ws := slices.Clone(w.outcomes)
+	w.mu.Unlock()
+	for _, lw := range ws {
+		hist := owners[lw.id]
+		if len(hist) == 0 {
+			continue // purged, or not read yet
+		}
+		ok, current := false, ""
+		for _, o := range hist {
+			switch {
+			case o.at.Before(lw.at):
+				current = o.owner
+			case o.at.Equal(lw.at) && (o.prev == lw.owner || o.owner == lw.owner):
+				ok = true // taken over at the same instant, after the write
+			}
+		}
+		if !ok && current != lw.owner {
+			w.violateOnce(fmt.Sprintf("%d/%s/%s/%d", lw.id, lw.op, lw.owner, lw.at.UnixNano()), "stale-owner-write",
+				"claim %d: %s by owner %.8s landed at %s, when the claim's owner was %.8s", lw.id, lw.op, lw.owner, lw.at.Sub(w.start), current)
+		}
+	}
 }
 
 // silentWindow is how long a holder must have shown no life before a
@@ -1030,6 +1080,7 @@ func (w *world) checkHistory(ctx context.Context) {
 		what, from, to, prev, owner, whom, at, path string
 	}
 	var last row
+	owners := map[int64][]ownership{}
 	// life: the owner's last sign of life as the take-over guards read it
 	// (heartbeat_utc): the row that gave it the claim, or a heartbeat
 	// that landed. (Its other writes, an attempt say, do not count: the
@@ -1054,6 +1105,7 @@ func (w *world) checkHistory(ctx context.Context) {
 		}
 		if r.claim != last.claim || r.owner != last.owner {
 			life = at // the row that gave the claim its owner
+			owners[r.claim] = append(owners[r.claim], ownership{at: at, owner: r.owner, prev: r.prev})
 		}
 		if r.claim == last.claim {
 			why := ""
@@ -1078,6 +1130,7 @@ func (w *world) checkHistory(ctx context.Context) {
 		}
 		last = r
 	}
+	w.checkOutcomes(owners)
 }
 
 // violateOnce reports a violation once per key (checkHistory reads the
