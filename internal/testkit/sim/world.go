@@ -131,6 +131,7 @@ type world struct {
 	// downstream outage
 	downUntil time.Time
 	storeErrP float64
+	stallP    float64 // a replica stalls before a guarded write
 	// historyBroken: history rows already reported by checkHistory.
 	historyBroken map[string]bool
 	// beats: the last heartbeat that landed, per claim id and owner token;
@@ -253,6 +254,7 @@ func (w *world) plan() {
 		w.byID[m.id] = m
 	}
 	w.storeErrP = w.rng.Float64() * faultRate * 0.1
+	w.stallP = w.rng.Float64() * faultRate * 0.05
 	payloadMix := w.rng.IntN(3) // 0: all on, 1: all off, 2: mixed per replica
 	w.noPayload = func(id int) bool {
 		switch payloadMix {
@@ -263,6 +265,19 @@ func (w *world) plan() {
 		}
 		return w.chance(0.5, "payload", id)
 	}
+}
+
+// stalls are the guarded writes a replica may stall before (the gate's
+// stall fault).
+var stalls = map[string]bool{"TakeOver": true, "TakeDeferred": true, "Flag": true, "MarkProcessed": true,
+	"Release": true, "RecordAttempt": true, "Fail": true, "Defer": true, "WriteOutcomes": true}
+
+// rng2 is a number in [0, n) drawn from the seed and x (not from the
+// world's generator, whose draws must not depend on goroutine order).
+func (w *world) rng2(x int64, n int) int {
+	h := fnv.New64a()
+	fmt.Fprint(h, w.seed, "rng2", x, time.Now().UnixNano())
+	return int(h.Sum64() % uint64(n))
 }
 
 // gate is every store call of a replica (or of the reconciler and the
@@ -278,6 +293,18 @@ func (w *world) gate(rep *replica) func(ctx context.Context, op string, id int64
 			rep.waitThaw(ctx)
 			if rep.dead.Load() {
 				return fmt.Errorf("sim: %s is dead", rep.host)
+			}
+			if stalls[op] && w.stallP > 0 && !w.quiet() && w.chance(w.stallP, "stall", op, id, who, time.Now().UnixNano()) {
+				// The replica stalls (a GC pause, a frozen VM) after it
+				// decided and before its guarded write reaches the store:
+				// the write then carries what it read before the stall.
+				d := time.Duration(21+w.rng2(id, 70)) * time.Second
+				w.note("%s stalls %s before its %s of claim %d", rep.host, d, op, id)
+				rep.frozenTill.Store(time.Now().Add(d).UnixNano())
+				rep.waitThaw(ctx)
+				if rep.dead.Load() {
+					return fmt.Errorf("sim: %s is dead", rep.host)
+				}
 			}
 		}
 		if rep != nil && time.Now().UnixNano() < rep.cutTill.Load() {
