@@ -1241,12 +1241,14 @@ func (w *world) verify(ctx context.Context) {
 		if m.route == "manual" && repeats[m.id] > w.redrives[m.id] {
 			w.violate("manual-double", "%s (manual route): its effect ran %d times, %d of them within the retention (%s) of the one before (operator redrives: %d)", m.id, performed[m.id], repeats[m.id], retention, w.redrives[m.id])
 		}
-		if reason, ok := dead[m.id]; ok && reason == membus.ReasonMaxDeliveryCountExceeded && len(keys[m.id]) == 0 && (len(cs) == 0 || cs[len(cs)-1].state != "flagged") {
+		if reason, ok := dead[m.id]; ok && reason == membus.ReasonMaxDeliveryCountExceeded && len(keys[m.id]) == 0 && (len(cs) == 0 || cs[len(cs)-1].state != "flagged" && cs[len(cs)-1].state != "failed") {
 			// (a message whose effect ran may end there when the broker
 			// refused its completion time after time: not lost, and a
 			// re-submission is absorbed by its claim; nor is a flagged
 			// claim's message: the dead-letter queue keeps it for the
-			// operator)
+			// operator; nor a failed claim's, whose dead-letter call
+			// failed on its last delivery: it belongs there, and the
+			// claim keeps the final answer's reason)
 			w.violate("broker-dead-letter", "%s: the broker dead-lettered it (%s): only a final answer may dead-letter a message", m.id, reason)
 		}
 		var c *claimRow
