@@ -25,7 +25,8 @@
 //     "copy-a" and "copy-b": the entities of the broker contract suite
 //     (internal/testkit/membus/brokertest) when it runs against the emulator. The
 //     short lock lets its lock-expiry cases wait for a real expiry; no
-//     compose service consumes them.
+//     compose service consumes them. Queue "brokertest-sessions" (the same
+//     settings, RequiresSession true) is the suite's session-enabled queue.
 //
 // Logging is "Console", so `docker compose logs servicebus` shows the
 // emulator's own log ("File" writes it inside the container only).
