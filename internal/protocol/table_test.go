@@ -57,6 +57,9 @@ func decision(d protocol.Decision) string {
 	if d.Write != protocol.NoWrite && d.OnWriteError != protocol.SettleNone {
 		settle += " (write fails: " + d.OnWriteError.String() + ")"
 	}
+	if d.HoldSession {
+		settle += ", then hold the session"
+	}
 	return fmt.Sprintf("%s | %s | %s", d.Write, settle, dash(string(d.Result)))
 }
 
@@ -117,6 +120,40 @@ func render() (string, int) {
 	}
 	n += table(&b, "After an effect (AfterEffect)", "The holder kept its claim through the attempt.",
 		"outcome | needs an operator | route | fetched | delivery | payload | can defer | past horizon | write | settle | result", rows)
+
+	// After an effect in a session.
+	rows = rows[:0]
+	for _, o := range outcomes {
+		ops := []bool{false}
+		if o == protocol.Unknown {
+			ops = []bool{false, true}
+		}
+		for _, forOp := range ops {
+			for _, manual := range []bool{false, true} {
+				for _, stored := range []bool{false, true} {
+					for _, past := range []bool{false, true} {
+						for _, hold := range []bool{false, true} {
+							c := protocol.Claim{PayloadStored: stored, Postponements: 2, Postponed: true, SincePostponed: time.Hour}
+							if past {
+								c.SincePostponed = 48 * time.Hour
+							}
+							d := protocol.AfterEffect(protocol.EffectStep{Claim: c,
+								Delivery: protocol.Delivery{Count: 1, Max: maxDeliveries, Session: true},
+								Route:    protocol.Route{Name: "r", Manual: manual, Horizon: 24 * time.Hour, HoldOnFailure: hold},
+								Effect:   protocol.Effect{Outcome: o, ForOperator: forOp, Delay: time.Minute}})
+							rows = append(rows, fmt.Sprintf("%s | %s | %s | %s | %s | %s | %s",
+								o, yn(forOp), map[bool]string{false: "auto", true: "manual"}[manual], yn(stored), yn(past), yn(hold), decision(d)))
+						}
+					}
+				}
+			}
+		}
+	}
+	n += table(&b, "After an effect in a session (AfterEffect, Delivery.Session)",
+		"A session's message is never deferred or abandoned for a retry: \"hold\" keeps the claim and the message, and the same delivery "+
+			"retries after the route's backoff while its session waits. \"hold the session\": the route holds its session on failure "+
+			"(HoldSessionOnFailure) until an operator resolves or redrives the claim.",
+		"outcome | needs an operator | route | payload | past horizon | hold on failure | write | settle | result", rows)
 
 	// Before running a fetched message.
 	rows = rows[:0]
