@@ -60,6 +60,9 @@ type delivery struct {
 	// deferral is the due time to record once the message is deferred
 	// (set by postpone).
 	deferral *claim.SetDueParams
+	// sess: the message came through a session receiver (session.go);
+	// nil otherwise.
+	sess *sessionDelivery
 }
 
 // settlement is what happens to a delivery's message at the end (the

@@ -38,6 +38,9 @@ type Metrics struct {
 	// reason (failures, probe, config).
 	RouteBreakerOpen  *prometheus.GaugeVec   // route
 	RouteBreakerTrips *prometheus.CounterVec // route, reason
+	// Session mode: sessions held for an operator now (a failure on a
+	// route with HoldSessionOnFailure).
+	SessionsHeld prometheus.Gauge
 }
 
 // NewMetrics creates the collectors and registers them with reg (nil: not
@@ -130,6 +133,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sbclaim_route_breaker_trips_total",
 			Help: "Times a route's breaker opened, by route and reason (failures: failing deliveries in a row; probe: a probe failed; config: a configuration answer such as 401).",
 		}, []string{"route", "reason"}),
+		SessionsHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sbclaim_sessions_held",
+			Help: "Sessions this processor holds for an operator: a claim of theirs failed or was flagged on a route with HoldSessionOnFailure.",
+		}),
 	}
 	if reg != nil {
 		// Shared with other processors (and the reconciler's take-overs)
@@ -156,6 +163,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.StrandedMessages = metricreg.Register(reg, m.StrandedMessages)
 		m.RouteBreakerOpen = metricreg.Register(reg, m.RouteBreakerOpen)
 		m.RouteBreakerTrips = metricreg.Register(reg, m.RouteBreakerTrips)
+		m.SessionsHeld = metricreg.Register(reg, m.SessionsHeld)
 	}
 	return m
 }
