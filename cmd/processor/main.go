@@ -120,17 +120,14 @@ func serve(ctx context.Context, cfg *Config, logger *slog.Logger, getenv func(st
 	if renewal == 0 {
 		renewal = -1 // SBCLAIM_MAX_LOCK_RENEWAL=0 turns renewal off
 	}
+	newReceiver, sessions := receivers(cfg, client)
 	p, err := sbclaim.NewProcessor(sbclaim.ProcessorConfig{
-		Consumer: cfg.Consumer,
-		Entity:   cfg.Entity(),
-		Store:    st,
-		Router:   router,
-		NewReceiver: func(ctx context.Context) (sbclaim.Receiver, error) {
-			if cfg.Queue != "" {
-				return client.NewReceiverForQueue(cfg.Queue, nil)
-			}
-			return client.NewReceiverForSubscription(cfg.Topic, cfg.Subscription, nil)
-		},
+		Consumer:           cfg.Consumer,
+		Entity:             cfg.Entity(),
+		Store:              st,
+		Router:             router,
+		NewReceiver:        newReceiver,
+		Sessions:           sessions,
 		DedupKey:           cfg.Key,
 		MaxConcurrentCalls: cfg.MaxConcurrentCalls,
 		MaxLockRenewal:     renewal,
@@ -242,4 +239,27 @@ func newLogger(format string, level slog.Level, w io.Writer) *slog.Logger {
 		return slog.New(slog.NewTextHandler(w, opts))
 	}
 	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// receivers returns how the processor receives: a receiver on the entity,
+// or, with SBCLAIM_SESSIONS, the next session of it.
+func receivers(cfg *Config, client *azservicebus.Client) (func(context.Context) (sbclaim.Receiver, error), *sbclaim.Sessions) {
+	if cfg.Sessions > 0 {
+		return nil, &sbclaim.Sessions{
+			AcceptNext: func(ctx context.Context) (sbclaim.SessionReceiver, error) {
+				if cfg.Queue != "" {
+					return client.AcceptNextSessionForQueue(ctx, cfg.Queue, nil)
+				}
+				return client.AcceptNextSessionForSubscription(ctx, cfg.Topic, cfg.Subscription, nil)
+			},
+			MaxConcurrent: cfg.Sessions,
+			IdleTimeout:   cfg.SessionIdleTimeout,
+		}
+	}
+	return func(ctx context.Context) (sbclaim.Receiver, error) {
+		if cfg.Queue != "" {
+			return client.NewReceiverForQueue(cfg.Queue, nil)
+		}
+		return client.NewReceiverForSubscription(cfg.Topic, cfg.Subscription, nil)
+	}, nil
 }

@@ -92,6 +92,9 @@ func (o *Options) checkSessions() error {
 	if o.NewReceiver != nil {
 		return errors.New("processor: set NewReceiver or AcceptSession, not both: an entity either requires sessions or does not")
 	}
+	if o.MaxLockRenewal < 0 {
+		return fmt.Errorf("processor: session mode needs lock renewal (MaxLockRenewal %s): a session is held across its messages by renewing its lock", o.MaxLockRenewal)
+	}
 	if o.MaxConcurrentSessions == 0 {
 		o.MaxConcurrentSessions = DefaultMaxConcurrentSessions
 	}

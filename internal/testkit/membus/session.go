@@ -435,3 +435,6 @@ func (q *Queue) ExpireSessionLock(id string) int {
 	q.expireLocked(now)
 	return 1
 }
+
+// RequiresSession reports whether the queue is session-enabled.
+func (q *Queue) RequiresSession() bool { return q.sessions != nil }
