@@ -13,6 +13,7 @@
 //	go run ./cmd/chaos -recovery manual   # manual routes: crash-left claims go to operators
 //	go run ./cmd/chaos -answers mixed     # a payment API's declines, key conflicts and stored failures
 //	go run ./cmd/chaos -handler go        # the replicas run a Go sbclaim.HandlerFunc instead of the HTTP route
+//	go run ./cmd/chaos -sessions          # a session-enabled queue: effects in order per session ("out of order 0")
 //	go run ./cmd/chaos -faults all,downstream-outage   # the downstream refuses every request for 3 s
 //	go run ./cmd/chaos -faults all,downstream-outage -no-deferral   # the old behaviour: FAIL (broker dead letters)
 //	go run ./cmd/chaos -scenario naive|unique-index|two-phase
@@ -65,6 +66,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		recovery  = fs.String("recovery", "auto", "the routes' recovery: auto (the downstream honours Idempotency-Key: crash-left claims are repeated with the same key) or manual (they are flagged for operators)")
 		noDefer   = fs.Bool("no-deferral", false, "turn the processors' delayed retries off (the old behaviour: a retryable outcome abandons the message and the broker redelivers it at once); with -faults ...,downstream-outage the run should FAIL")
 		window    = fs.Duration("downstream-window", 3*time.Second, "length of the downstream-outage and misconfigured windows")
+		sessions  = fs.Bool("sessions", false, "session-enabled queue: every message carries a session id (about 8 messages per session), the replicas run in session mode, and the report counts messages that ran out of order in their session (must be 0)")
 		tracing   = fs.Bool("tracing", false, "run with OpenTelemetry tracing on (always-on sampler, spans kept in memory and checked); with -bench: also measure the processor's throughput with tracing on against off in each cell")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -165,6 +167,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 		DownstreamWindow: *window,
 		NoDeferral:       *noDefer,
+		Sessions:         *sessions,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "chaos: %v (after %s)\n", err, time.Since(start).Round(time.Millisecond))

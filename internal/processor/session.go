@@ -289,6 +289,13 @@ func (p *Processor) workSession(ctx, work context.Context, sr SessionReceiver) (
 		return false
 	}
 	for sctx.Err() == nil {
+		// While the store refuses work, or every route's breaker is open,
+		// a message received would only be given back (a delivery spent):
+		// release the session and wait in sessionWorker instead. Other
+		// workers may have accepted it meanwhile; they look here first too.
+		if p.breaker.isOpen() || p.routes.pause() > 0 {
+			return false
+		}
 		rctx, rcancel := context.WithTimeout(sctx, p.opts.SessionIdleTimeout)
 		msgs, err := sr.ReceiveMessages(rctx, 1, nil)
 		rcancel()
