@@ -64,8 +64,8 @@ func TestSessionOrderCheckFindsAnOvertake(t *testing.T) {
 	t0 := time.Now()
 	b.attempt["a"], b.final["a"] = t0, t0.Add(10*time.Millisecond)
 	b.attempt["b"], b.final["b"] = t0.Add(20*time.Millisecond), t0.Add(30*time.Millisecond) // waited for a
-	b.attempt["c"] = t0.Add(25 * time.Millisecond)                                           // overtook b
-	b.attempt["d"] = t0.Add(40 * time.Millisecond)                                           // c never final
+	b.attempt["c"] = t0.Add(25 * time.Millisecond)                                          // overtook b
+	b.attempt["d"] = t0.Add(40 * time.Millisecond)                                          // c never final
 	b.attempt["x"] = t0
 	bad, n := b.outOfOrder()
 	if n != 2 || len(bad) != 2 || !strings.Contains(bad[0]+bad[1], "c's first effect request arrived while b") ||
