@@ -271,6 +271,9 @@ func (p *Processor) claimParams(d *delivery) claim.ClaimParams {
 		PayloadHash:   d.hash,
 		DeliveryCount: int(d.msg.DeliveryCount),
 	}
+	if d.sess != nil {
+		cp.SessionID = d.sess.id
+	}
 	if d.msg.Subject != nil {
 		cp.Subject = claim.Storable(*d.msg.Subject)
 	}
