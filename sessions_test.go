@@ -3,7 +3,9 @@ package sbclaim_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -92,4 +94,73 @@ func TestSessionsSnippetConfigures(t *testing.T) {
 	if cfg.Sessions == nil || cfg.Sessions.AcceptNext == nil || cfg.Sessions.MaxConcurrent != 8 || cfg.Sessions.IdleTimeout != time.Minute {
 		t.Fatalf("the docs' session config: %+v", cfg.Sessions)
 	}
+}
+
+// Route.HoldSessionOnFailure through the public API: a declined entry
+// holds its session (the next entry does not run), and the claims of the
+// session are listed by ClaimFilter.SessionID.
+func TestSessionHeldOnFailureThroughTheAPI(t *testing.T) {
+	st := sbclaimtest.NewStore(t)
+	var mu sync.Mutex
+	var seen []string
+	router, err := sbclaim.NewRouter(sbclaim.Route{Name: "ledger", HoldSessionOnFailure: true, Handler: func(ctx context.Context, d *sbclaim.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, d.Message().MessageID)
+		if d.Message().MessageID == "acct-1" {
+			return sbclaim.Rejected(errors.New("insufficient funds"))
+		}
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := sbclaimtest.NewQueue(&sbclaimtest.QueueOptions{Sessions: true})
+	logs := &lockedBuffer{}
+	sbclaimtest.Start(t, sbclaim.ProcessorConfig{Consumer: "ledger", Store: st, Router: router,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))}, q)
+	session := "account-42"
+	for _, id := range []string{"acct-1", "acct-2"} {
+		m := message(id, "ledger.entry", `{}`)
+		m.SessionID = &session
+		send(t, q, m)
+	}
+	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(logs.String(), "session held until an operator acts on the claim") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the session was not held:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cs, err := st.Claims(ctx, sbclaim.ClaimFilter{SessionID: session})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cs) != 1 || cs[0].State != sbclaim.StateFailed || cs[0].SessionID != session || len(q.DeadLetters()) != 1 {
+		t.Fatalf("the session's claims %+v, dead letters %d: want acct-1's, failed, dead-lettered once", cs, len(q.DeadLetters()))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(seen, []string{"acct-1"}) {
+		t.Errorf("handler saw %v: acct-2 must wait while its session is held", seen)
+	}
+}
+
+// lockedBuffer is a log sink safe for the processor's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

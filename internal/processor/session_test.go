@@ -100,8 +100,8 @@ func TestSessionRetryHoldsTheOrder(t *testing.T) {
 			if got := b.eff.Performed(id); got != 1 {
 				t.Errorf("%s performed %d times, want once", id, got)
 			}
-			if c := b.claimOf(id); c.State != claim.StateProcessed {
-				t.Errorf("%s: claim %s, want processed", id, c.State)
+			if c := b.claimOf(id); c.State != claim.StateProcessed || c.SessionID != string(id[0]-'a'+'A') {
+				t.Errorf("%s: claim %s in session %q, want processed, in session %c", id, c.State, c.SessionID, id[0]-'a'+'A')
 			}
 		}
 		s := b.q.Stats()
