@@ -16,6 +16,10 @@
 //     emulator's minimum LockDuration for a subscription is PT1M, so they
 //     use that; MaxDeliveryCount 5 as for the queue. Rules is empty, which
 //     gives each subscription the default match-all rule.
+//   - queue "ledger": the same settings as "payments" and RequiresSession
+//     true; processor-ledger consumes it in session mode (SBCLAIM_SESSIONS),
+//     with routes.ledger.compose.yaml (holdSessionOnFailure), and demosender
+//     sends ledger entries to it, an account per session.
 //   - queue "integration": the same settings as "payments", consumed by no
 //     compose service; internal/processor's gated TestServiceBus uses it
 //     (docker compose up -d sqlserver servicebus, then the test
