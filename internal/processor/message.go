@@ -450,6 +450,14 @@ func messageless(c *claim.Claim) bool {
 // it waits for a live holder: its lock-renewal window, or (renewal off)
 // until shortly before its lock expires.
 func (p *Processor) watchUntil(d *delivery) time.Time {
+	if d.sess != nil {
+		// In a session the message is held as long as the session, whose
+		// lock is renewed: the watch ends with the holder's outcome, its
+		// silence or the session's context, never by completing the
+		// message while the holder's effect may still run (the session's
+		// next message would overtake it).
+		return time.Now().Add(sessionWatch)
+	}
 	if p.opts.MaxLockRenewal > 0 {
 		return d.received.Add(p.opts.MaxLockRenewal)
 	}

@@ -69,6 +69,10 @@ var _ SessionReceiver = (*azservicebus.SessionReceiver)(nil)
 // CodeTimeout, which the processor takes as the broker answering.
 type AcceptSessionFunc func(ctx context.Context) (SessionReceiver, error)
 
+// sessionWatch bounds a session delivery's watch of a live holder's
+// claim (watchUntil): in effect, no bound.
+const sessionWatch = 365 * 24 * time.Hour
+
 // Session mode defaults.
 const (
 	DefaultMaxConcurrentSessions = 8

@@ -13,13 +13,19 @@ import "fmt"
 //	ok                          ─► mark processed ─► complete
 //	retryable, unknown (auto)   ─► hold ─► retry after the backoff
 //	  past the route's horizon  ─► flag
+//	  unknown, Max held retries spent ─► flag (a person decides, as the
+//	                               reconciler's recovery would after the
+//	                               message's deliveries were spent)
 //	rejected, permanent, conflict ─► fail ─► dead-letter once
 //	unknown, needs an operator  ─► flag
 //	unknown, manual             ─► flag (nobody may repeat it, and the
 //	                               session must not go on past it unseen)
 //
 // A fail or a flag lets the session go on, unless the route holds it
-// (Route.HoldOnFailure: HoldSession).
+// (Route.HoldOnFailure: HoldSession). A retryable outcome (the request
+// was not performed) holds until the route's horizon; an unknown one at
+// most Delivery.Max times (Claim.Postponements counts the holds), the
+// repeats a message's deliveries would give it without sessions.
 func afterSessionEffect(s EffectStep) Decision {
 	e := s.Effect
 	hold := s.Route.HoldOnFailure
@@ -43,6 +49,11 @@ func afterSessionEffect(s EffectStep) Decision {
 	case s.Route.Manual:
 		d := flagHeld(s.Claim, fmt.Sprintf("route %q (recovery manual): effect outcome unknown in a session: %s", s.Route.Name, e.Error), ReasonClaimFlagged)
 		d.HoldSession = hold
+		return d
+	}
+	if n := s.Claim.Postponements; n >= s.Delivery.Max {
+		d := flagHeld(s.Claim, fmt.Sprintf("route %q: effect outcome still unknown after %d retries holding its session: %s", s.Route.Name, n, e.Error), ReasonClaimFlagged)
+		d.HoldSession, d.Why = hold, "effect outcome still unknown after the retries a message's deliveries would allow"
 		return d
 	}
 	return sessionRetry(s, "outcome unknown (repeated later with the same key): "+e.Error)

@@ -51,3 +51,25 @@ func TestSessionHoldOnFailure(t *testing.T) {
 		t.Error("a retry holds the session for an operator; it only waits its backoff")
 	}
 }
+
+// TestSessionUnknownRetriesAreBounded: an unknown outcome is held and
+// repeated at most Delivery.Max times, then flagged (a downstream that
+// replays a stored failure would otherwise hold its session until the
+// route's horizon); a retryable one (not performed) holds on.
+func TestSessionUnknownRetriesAreBounded(t *testing.T) {
+	step := func(o protocol.Outcome, holds int) protocol.Decision {
+		return protocol.AfterEffect(protocol.EffectStep{
+			Claim:    protocol.Claim{Postponements: holds, Postponed: holds > 0, SincePostponed: time.Minute},
+			Delivery: protocol.Delivery{Count: 1, Max: 5, Session: true},
+			Route:    protocol.Route{Name: "r", Horizon: time.Hour}, Effect: protocol.Effect{Outcome: o, Delay: time.Second}})
+	}
+	if d := step(protocol.Unknown, 4); d.Write != protocol.Hold {
+		t.Errorf("unknown after 4 holds of 5: %s, want hold", d.Write)
+	}
+	if d := step(protocol.Unknown, 5); d.Write != protocol.Flag || d.Settle == protocol.Retry {
+		t.Errorf("unknown after 5 holds of 5: %s / %s, want flag", d.Write, d.Settle)
+	}
+	if d := step(protocol.Retryable, 50); d.Write != protocol.Hold {
+		t.Errorf("retryable after 50 holds, inside the horizon: %s, want hold", d.Write)
+	}
+}

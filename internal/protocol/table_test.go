@@ -132,17 +132,22 @@ func render() (string, int) {
 			for _, manual := range []bool{false, true} {
 				for _, stored := range []bool{false, true} {
 					for _, past := range []bool{false, true} {
-						for _, hold := range []bool{false, true} {
-							c := protocol.Claim{PayloadStored: stored, Postponements: 2, Postponed: true, SincePostponed: time.Hour}
-							if past {
-								c.SincePostponed = 48 * time.Hour
+						for _, spent := range []bool{false, true} {
+							for _, hold := range []bool{false, true} {
+								c := protocol.Claim{PayloadStored: stored, Postponements: 2, Postponed: true, SincePostponed: time.Hour}
+								if past {
+									c.SincePostponed = 48 * time.Hour
+								}
+								if spent {
+									c.Postponements = maxDeliveries
+								}
+								d := protocol.AfterEffect(protocol.EffectStep{Claim: c,
+									Delivery: protocol.Delivery{Count: 1, Max: maxDeliveries, Session: true},
+									Route:    protocol.Route{Name: "r", Manual: manual, Horizon: 24 * time.Hour, HoldOnFailure: hold},
+									Effect:   protocol.Effect{Outcome: o, ForOperator: forOp, Delay: time.Minute}})
+								rows = append(rows, fmt.Sprintf("%s | %s | %s | %s | %s | %s | %s | %s",
+									o, yn(forOp), map[bool]string{false: "auto", true: "manual"}[manual], yn(stored), yn(past), yn(spent), yn(hold), decision(d)))
 							}
-							d := protocol.AfterEffect(protocol.EffectStep{Claim: c,
-								Delivery: protocol.Delivery{Count: 1, Max: maxDeliveries, Session: true},
-								Route:    protocol.Route{Name: "r", Manual: manual, Horizon: 24 * time.Hour, HoldOnFailure: hold},
-								Effect:   protocol.Effect{Outcome: o, ForOperator: forOp, Delay: time.Minute}})
-							rows = append(rows, fmt.Sprintf("%s | %s | %s | %s | %s | %s | %s",
-								o, yn(forOp), map[bool]string{false: "auto", true: "manual"}[manual], yn(stored), yn(past), yn(hold), decision(d)))
 						}
 					}
 				}
@@ -151,9 +156,10 @@ func render() (string, int) {
 	}
 	n += table(&b, "After an effect in a session (AfterEffect, Delivery.Session)",
 		"A session's message is never deferred or abandoned for a retry: \"hold\" keeps the claim and the message, and the same delivery "+
-			"retries after the route's backoff while its session waits. \"hold the session\": the route holds its session on failure "+
+			"retries after the route's backoff while its session waits. \"held retries spent\": the claim was held for a retry "+
+			"MaxDeliveryCount times (an unknown outcome is then flagged). \"hold the session\": the route holds its session on failure "+
 			"(HoldSessionOnFailure) until an operator resolves or redrives the claim.",
-		"outcome | needs an operator | route | payload | past horizon | hold on failure | write | settle | result", rows)
+		"outcome | needs an operator | route | payload | past horizon | held retries spent | hold on failure | write | settle | result", rows)
 
 	// Before running a fetched message.
 	rows = rows[:0]
