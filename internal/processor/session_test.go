@@ -293,3 +293,36 @@ func TestSessionOptionsAreChecked(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionLockLostEndsAHeldRetry: a session whose lock is lost while
+// its message waits for a retry ends the wait at once (it would otherwise
+// last the route's ten-minute backoff): the claim, not performed, is
+// released, and the session's next holder takes it over and runs it.
+func TestSessionLockLostEndsAHeldRetry(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b, opts := sessionSetup(t, be)
+		b.router.backoff = sideeffects.Backoff{First: 10 * time.Minute, Factor: 1, Max: 10 * time.Minute, Horizon: time.Hour}
+		b.eff.behave = func(_, key string, call int) error {
+			if key == "a-1" && call == 1 {
+				return sideeffects.Retryable(errors.New("HTTP 503"))
+			}
+			return nil
+		}
+		b.start(opts)
+		b.sendInSession("A", "a-1", "pay")
+		b.sendInSession("A", "a-2", "pay")
+		b.eventually("a-1 held for a retry", func() bool {
+			return testutil.ToFloat64(opts.Metrics.Postponed.WithLabelValues("effect")) == 1
+		})
+		if n := b.q.ExpireSessionLock("A"); n != 1 {
+			t.Fatalf("expired %d session locks, want 1", n)
+		}
+		b.waitIdle() // within a minute: far less than the backoff
+		if b.eff.Performed("a-1") != 1 || b.eff.Performed("a-2") != 1 || b.eff.Calls("a-2") != 1 {
+			t.Errorf("a-1 performed %d, a-2 performed %d (calls %d): want each once", b.eff.Performed("a-1"), b.eff.Performed("a-2"), b.eff.Calls("a-2"))
+		}
+		if c := b.claimOf("a-1"); c.State != claim.StateProcessed || c.TakeOvers != 1 {
+			t.Errorf("a-1: claim %s after %d take-overs, want processed after one (released by the holder that lost its session)", c.State, c.TakeOvers)
+		}
+	})
+}
