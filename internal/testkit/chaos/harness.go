@@ -1364,6 +1364,11 @@ func (h *harness) verify(ctx context.Context, rep *Report) {
 	h.checkWindows(rep)
 	rep.BrokerDeadLettered = st.DeadLetterReasons[membus.ReasonMaxDeliveryCountExceeded]
 	rep.Postponed = rep.Outcomes[processor.ResultPostponed]
+	if h.cfg.Sessions {
+		// A held retry ends its delivery later, as processed or otherwise:
+		// count the holds (sbclaim_postponed_total) instead.
+		rep.Postponed = gatheredCounter(h.metrics, "sbclaim_postponed_total", rep)
+	}
 	h.checkHistory(ctx, rep, byKey)
 
 	for _, f := range h.cfg.Faults {

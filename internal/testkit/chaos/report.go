@@ -385,6 +385,24 @@ func cmpOr(s, def string) string {
 	return s
 }
 
+// gatheredCounter sums the counter name over every replica's metrics.
+func gatheredCounter(g prometheus.Gatherer, name string, rep *Report) int {
+	families, err := g.Gather()
+	if err != nil {
+		rep.violate("gather the replicas' metrics: %v", err)
+		return 0
+	}
+	n := 0
+	for _, mf := range families {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				n += int(m.GetCounter().GetValue())
+			}
+		}
+	}
+	return n
+}
+
 // gatheredOutcomes sums sbclaim_messages_total by outcome over every
 // replica's metrics, registered on g by sbclaim.NewProcessor (each
 // replica's under its own host label). A gather that fails is a
