@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -325,4 +326,27 @@ func TestSessionLockLostEndsAHeldRetry(t *testing.T) {
 			t.Errorf("a-1: claim %s after %d take-overs, want processed after one (released by the holder that lost its session)", c.State, c.TakeOvers)
 		}
 	})
+}
+
+// TestSessionOnTheProcessSpanAndLogs: a session's message is traced and
+// logged with its session id.
+func TestSessionOnTheProcessSpanAndLogs(t *testing.T) {
+	b, opts := sessionSetup(t, "sqlite")
+	tp, sr := recorder(t)
+	opts.TracerProvider = tp
+	b.start(opts)
+	b.sendInSession("acct-9", "a-1", "pay")
+	b.waitIdle()
+	b.eventually("the process span", func() bool { return len(spans(sr.Ended()).named("process orders")) == 1 })
+	sp := spans(sr.Ended()).named("process orders")[0]
+	found := false
+	for _, kv := range sp.Attributes() {
+		found = found || (kv.Key == "sbclaim.session_id" && kv.Value.AsString() == "acct-9")
+	}
+	if !found {
+		t.Errorf("process span attributes %v: no sbclaim.session_id=acct-9", sp.Attributes())
+	}
+	if !strings.Contains(b.logs.String(), `"message finished","consumer":"billing","message_id":"a-1","delivery_count":1,"session_id":"acct-9"`) {
+		t.Errorf("the final log line has no session_id:\n%s", b.logs.tail(5))
+	}
 }
