@@ -320,7 +320,7 @@ func (p *Processor) workSession(ctx, work context.Context, sr SessionReceiver) (
 			return false
 		}
 		p.brokerAnswered(time.Now())
-		v, d := p.sessionMessage(sctx, work, lr, msgs[0], sid)
+		v, hold := p.sessionMessage(sctx, work, lr, msgs[0], sid)
 		switch {
 		case v.result == ResultCrashed:
 			// A test hook "killed" the replica here: drop the session
@@ -331,11 +331,8 @@ func (p *Processor) workSession(ctx, work context.Context, sr SessionReceiver) (
 		case v.settle == settleAbandon:
 			return true
 		}
-		if d.sess.holdSession && d.sess.claim != nil {
-			hold := sessionHold{HeldBy: d.sess.claim.ID, Reason: v.reason, Since: time.Now().UTC()}
-			if !p.holdSession(sctx, work, sr, hold, log) {
-				return false
-			}
+		if hold != nil && !p.holdSession(sctx, work, sr, *hold, log) {
+			return false
 		}
 	}
 	if cause := context.Cause(sctx); errors.Is(cause, errSessionLockLost) {
@@ -347,8 +344,11 @@ func (p *Processor) workSession(ctx, work context.Context, sr SessionReceiver) (
 // sessionMessage takes one message of a session through the protocol and
 // settles it. A retry (protocol.Retry) waits the route's backoff holding
 // the claim and the session, and runs the effect again, until another
-// decision ends the delivery.
-func (p *Processor) sessionMessage(ctx, work context.Context, lr *liveReceiver, m *azservicebus.ReceivedMessage, sid string) (verdict, *delivery) {
+// decision ends the delivery. When the delivery ends on a claim that
+// holds its session (holdFor), the hold is recorded in the session state
+// before the message is settled, and returned: a replica that dies after
+// the dead letter leaves the hold to the session's next holder.
+func (p *Processor) sessionMessage(ctx, work context.Context, lr *liveReceiver, m *azservicebus.ReceivedMessage, sid string) (verdict, *sessionHold) {
 	lr.pending.Add(1)
 	p.inflight.Add(1)
 	d := &delivery{msg: m, lr: lr, received: time.Now(), owner: uuid.New(), sess: &sessionDelivery{id: sid},
@@ -372,8 +372,42 @@ func (p *Processor) sessionMessage(ctx, work context.Context, lr *liveReceiver, 
 	for v.settle == protocol.Retry {
 		v = p.retryHeld(ctx, work, d)
 	}
+	hold := p.holdFor(work, d, v)
+	if hold != nil {
+		p.recordHold(ctx, lr.r.(sessionLink), *hold, d.log)
+	}
 	p.settle(d, v)
-	return v, d
+	return v, hold
+}
+
+// holdFor is the hold a delivery that ended with verdict v puts on its
+// session, nil for none: on a route that holds its session on failure,
+// when the claim is failed or flagged — by this delivery's decision, or
+// found so (a copy of a failed claim's message; a redelivery after a
+// replica died between failing the claim and recording the hold).
+func (p *Processor) holdFor(work context.Context, d *delivery, v verdict) *sessionHold {
+	if v.result == ResultCrashed || !d.handler.HoldSessionOnFailure || d.claimID == 0 {
+		return nil
+	}
+	if s := d.sess; s.holdSession && s.claim != nil {
+		return &sessionHold{HeldBy: s.claim.ID, Reason: cmpOrString(v.reason, v.description), Since: time.Now().UTC()}
+	}
+	c, err := p.get(work, d.claimID)
+	if err != nil {
+		d.log.Warn("reading the claim to see whether it holds its session failed; the session goes on", "error", err)
+		return nil
+	}
+	if c.State != claim.StateFailed && c.State != claim.StateFlagged {
+		return nil
+	}
+	return &sessionHold{HeldBy: c.ID, Reason: cmpOrString(c.FailReason, c.FlagReason), Since: time.Now().UTC()}
+}
+
+func cmpOrString(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
 }
 
 // retryHeld waits a held delivery's backoff, heartbeating its claim, then
@@ -481,19 +515,23 @@ func (p *Processor) renewSession(ctx context.Context, sr SessionReceiver, log *s
 	}
 }
 
-// holdSession records the hold in the session state and waits until an
-// operator acts on the claim (waitHeld). It reports whether the session
-// goes on.
-func (p *Processor) holdSession(ctx, work context.Context, sr SessionReceiver, hold sessionHold, log *slog.Logger) bool {
+// recordHold writes hold to the session state, for whoever holds the
+// session next.
+func (p *Processor) recordHold(ctx context.Context, sr SessionReceiver, hold sessionHold, log *slog.Logger) {
 	state, _ := json.Marshal(hold)
 	sctx, cancel := context.WithTimeout(ctx, p.opts.SettleTimeout)
 	err := sr.SetSessionState(sctx, state, nil)
 	cancel()
 	if err != nil {
-		// Not recorded: the next holder would go on. Keep the session and
-		// wait here; a restart loses the hold (the claim still shows it).
+		// Not recorded: this holder keeps the session and waits; a
+		// restart loses the hold (the claim still shows its failure).
 		log.Warn("recording the session's hold failed", "error", err)
 	}
+}
+
+// holdSession waits, the hold recorded (recordHold), until an operator
+// acts on the claim (waitHeld). It reports whether the session goes on.
+func (p *Processor) holdSession(ctx, work context.Context, sr SessionReceiver, hold sessionHold, log *slog.Logger) bool {
 	p.metrics.SessionsHeld.Inc()
 	defer p.metrics.SessionsHeld.Dec()
 	log.Warn("session held until an operator acts on the claim", "held_by_claim", hold.HeldBy, "reason", hold.Reason)

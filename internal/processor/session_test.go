@@ -350,3 +350,37 @@ func TestSessionOnTheProcessSpanAndLogs(t *testing.T) {
 		t.Errorf("the final log line has no session_id:\n%s", b.logs.tail(5))
 	}
 }
+
+// TestSessionHoldSurvivesACrash: the replica that failed the claim dies
+// before dead-lettering the message or recording the hold; the session's
+// next holder dead-letters it (the failed claim's copy) and holds the
+// session all the same.
+func TestSessionHoldSurvivesACrash(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b, opts := sessionSetup(t, be)
+		b.router.holdSession = true
+		b.answering(func(ctx context.Context, key string, _ int) error {
+			if key == "a-1" {
+				return decline(ctx)
+			}
+			return nil
+		})
+		var crashes atomic.Int32
+		opts.Hooks.AfterFail = func(_ context.Context, m *azservicebus.ReceivedMessage) error {
+			if crashes.Add(1) == 1 {
+				return processor.ErrCrash
+			}
+			return nil
+		}
+		b.start(opts)
+		b.sendInSession("A", "a-1", "pay")
+		b.sendInSession("A", "a-2", "pay")
+		b.eventually("session A held", func() bool { return testutil.ToFloat64(opts.Metrics.SessionsHeld) == 1 })
+		if crashes.Load() != 1 || len(b.deadLettersOf("a-1")) != 1 || b.eff.Calls("a-1") != 1 || b.eff.Calls("a-2") != 0 {
+			t.Fatalf("crashes %d, a-1 dead letters %d, calls a-1 %d a-2 %d: want 1, 1, 1, 0", crashes.Load(), len(b.deadLettersOf("a-1")), b.eff.Calls("a-1"), b.eff.Calls("a-2"))
+		}
+		if state := sessionState(t, b.q, "A"); !strings.Contains(string(state), fmt.Sprintf(`"heldByClaim":%d`, b.claimOf("a-1").ID)) {
+			t.Errorf("session A's state %q does not name a-1's claim", state)
+		}
+	})
+}
