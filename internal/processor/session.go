@@ -217,7 +217,12 @@ func (p *Processor) sessionWorker(ctx, work context.Context) {
 			p.waitForRoutes(ctx, wait)
 			continue
 		}
-		sr, err := p.opts.AcceptSession(ctx)
+		// The SDK gives the service the deadline as its accept timeout: an
+		// idle entity answers CodeTimeout within BrokerProbeInterval, which
+		// keeps Ready honest without a probe of its own.
+		actx, cancel := context.WithTimeout(ctx, p.opts.BrokerProbeInterval)
+		sr, err := p.opts.AcceptSession(actx)
+		cancel()
 		switch {
 		case ctx.Err() != nil:
 			if err == nil {
@@ -227,6 +232,9 @@ func (p *Processor) sessionWorker(ctx, work context.Context) {
 		case sbCode(err) == azservicebus.CodeTimeout:
 			p.brokerAnswered(time.Now()) // no session has messages: the broker answered
 			b.Reset()
+			continue
+		case errors.Is(err, context.DeadlineExceeded):
+			p.brokerFailed(errors.New("accepting a session: Service Bus did not answer within BrokerProbeInterval"))
 			continue
 		case err != nil:
 			p.brokerFailed(err)

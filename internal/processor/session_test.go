@@ -384,3 +384,24 @@ func TestSessionHoldSurvivesACrash(t *testing.T) {
 		}
 	})
 }
+
+// TestSessionModeReadiness: on an idle session-enabled entity the
+// processor is ready once an accept came back empty (within
+// BrokerProbeInterval, the deadline the service gets), and not ready
+// while Service Bus cannot be reached.
+func TestSessionModeReadiness(t *testing.T) {
+	b := setup(t, "sqlite", membus.QueueOptions{RequiresSession: true, AcceptTimeout: time.Hour})
+	opts := b.options()
+	opts.NewReceiver = nil
+	opts.AcceptSession = func(ctx context.Context) (processor.SessionReceiver, error) { return b.q.AcceptNextSession(ctx) }
+	opts.BrokerProbeInterval = 200 * time.Millisecond
+	p, _ := b.start(opts)
+	b.eventually("ready on an idle entity", p.Ready)
+	b.q.SetUnreachable(true)
+	b.eventually("not ready while Service Bus is unreachable", func() bool { return !p.Ready() })
+	if why := p.NotReadyReason(); !strings.Contains(why, "Service Bus") {
+		t.Errorf("not ready because %q", why)
+	}
+	b.q.SetUnreachable(false)
+	b.eventually("ready again", p.Ready)
+}

@@ -26,8 +26,10 @@ const DefaultAcceptTimeout = time.Minute
 //     only a session receiver receives: AcceptNextSession locks the
 //     session of the oldest available message whose session nobody holds,
 //     or waits for one (up to the queue's AcceptTimeout, then CodeTimeout,
-//     as the SDK's AcceptNextSessionForQueue does; ctx.Err() when ctx ends
-//     first).
+//     as the SDK's AcceptNextSessionForQueue does; a ctx deadline shortens
+//     the wait, as the SDK passes it to the service as the accept timeout,
+//     which answers CodeTimeout just before it; ctx.Err() when ctx ends
+//     otherwise).
 //   - One receiver holds a session at a time, and it receives that
 //     session's messages only, in sequence-number order (FIFO per
 //     session). An abandoned message goes back to its place: it is the
@@ -77,7 +79,13 @@ func (q *Queue) AcceptNextSession(ctx context.Context) (*SessionReceiver, error)
 	if q.sessions == nil {
 		return nil, fmt.Errorf("membus: queue %s is not session-enabled (QueueOptions.RequiresSession)", q.name)
 	}
-	timeout := time.NewTimer(q.acceptTimeout)
+	limit := q.acceptTimeout
+	if deadline, ok := ctx.Deadline(); ok {
+		// The SDK sends the deadline as the service's timeout, less a
+		// little jitter: the service answers first.
+		limit = min(limit, max(time.Until(deadline)-time.Until(deadline)/100, 0))
+	}
+	timeout := time.NewTimer(limit)
 	defer timeout.Stop()
 	for {
 		if err := ctx.Err(); err != nil {
@@ -105,7 +113,7 @@ func (q *Queue) AcceptNextSession(ctx context.Context) (*SessionReceiver, error)
 		q.mu.Unlock()
 		if err := wait(ctx, changed, next, nil, timeout.C); err != nil {
 			if errors.Is(err, errGatherDone) {
-				return nil, sbError(azservicebus.CodeTimeout, "queue %s: accept next session: no session available within %s", q.name, q.acceptTimeout)
+				return nil, sbError(azservicebus.CodeTimeout, "queue %s: accept next session: no session available within %s", q.name, limit)
 			}
 			return nil, err
 		}
