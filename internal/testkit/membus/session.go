@@ -175,7 +175,7 @@ func (r *SessionReceiver) LockedUntil() time.Time {
 	return r.s.lockedUntil
 }
 
-// held checks, under q.mu, that r still holds its session.
+// heldLocked checks, under q.mu, that r still holds its session.
 func (r *SessionReceiver) heldLocked(op string) error {
 	if r.s.holder != r {
 		r.q.stats.LockLosses++
