@@ -337,7 +337,7 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 		released := c.State == claim.StateReleased
 		routeChanged := c.RouteDiffers(d.handler.Name, d.handler.Fingerprint)
 		step := protocol.DuplicateStep{State: protocol.State(c.State), Elsewhere: protocol.Elsewhere(claimMessage(c), d.msg.SequenceNumber),
-			RouteChanged: routeChanged, Manual: d.handler.Manual(), Quiet: released}
+			RouteChanged: routeChanged, Manual: d.handler.Manual(), Quiet: released, Session: d.sess != nil}
 		// Whether the holder is silent: a released claim has none; for a
 		// take-over the guarded UPDATE itself judges it; otherwise ask the
 		// database clock. A route whose downstream forgets keys asks it
@@ -378,6 +378,11 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 			// and the downstream does not honour the key, so nobody may
 			// repeat it. The reconciler flags the claim for an operator.
 			return completed(ResultDuplicate, "why", "holder silent on a manual route: left for the reconciler to flag")
+		case protocol.DupFlagSilentManual:
+			// As DupLeave, in a session: flag it now (session.go).
+			if v, ok := p.flagSilentManual(work, d, c); ok {
+				return v
+			}
 		case protocol.DupFlagKeyExpired:
 			// Its key is older than the downstream keeps keys: a repeat
 			// would not be deduplicated. A person decides. A refused flag

@@ -616,3 +616,27 @@ func (t *deliveryTrace) setSession(id string) {
 	}
 	t.span.SetAttributes(attribute.String("sbclaim.session_id", id))
 }
+
+// flagSilentManual flags, for operators, a claim of a manual route whose
+// holder went silent, found by a delivery in a session: its outcome is
+// unknown and nobody may repeat it, and the session's next message must
+// not run before someone decides (without sessions the reconciler flags
+// it later, and the copy completes). The flag is guarded on the holder's
+// silence; ok is false when it was refused (the holder showed life, or
+// the claim changed): the delivery looks again.
+func (p *Processor) flagSilentManual(work context.Context, d *delivery, c *claim.Claim) (v verdict, ok bool) {
+	reason := fmt.Sprintf("route %q (recovery manual): holder %s silent for %s in session %s: its effect's outcome is unknown and may not be repeated",
+		d.handler.Name, c.ClaimedBy, p.opts.TakeoverAfter, d.sess.id)
+	sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
+	defer cancel()
+	_, err := p.opts.Store.Flag(sctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: c.State, SilentFor: p.opts.TakeoverAfter, Reason: reason, By: p.opts.Host})
+	switch {
+	case err == nil:
+		d.log.Warn("claim flagged for operators: its holder went silent on a manual route, in a session", "holder", c.ClaimedBy)
+		return p.verdictOf(d, protocol.FlagDecision(claimFacts(c), reason), nil), true
+	case errors.Is(err, claim.ErrStateChanged):
+		return verdict{}, false
+	}
+	p.storeErr(err)
+	return abandoned(ResultAbandoned, "why", "flagging a silent holder's claim failed", "error", err), true
+}

@@ -405,3 +405,32 @@ func TestSessionModeReadiness(t *testing.T) {
 	b.q.SetUnreachable(false)
 	b.eventually("ready again", p.Ready)
 }
+
+// TestSessionManualSilentHolderIsFlaggedAtOnce: on a manual route a crash
+// leaves a claim nobody may repeat. In a session the next holder flags it
+// at once (without sessions the copy completes and the reconciler flags
+// it later, while the session would have gone on past an open outcome);
+// the effect ran once, and the session goes on after the flag.
+func TestSessionManualSilentHolderIsFlaggedAtOnce(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be string) {
+		b, opts := sessionSetup(t, be)
+		var crashes atomic.Int32
+		opts.Hooks.AfterClaim = func(_ context.Context, m *azservicebus.ReceivedMessage) error {
+			if m.MessageID == "a-1" && crashes.Add(1) == 1 {
+				return processor.ErrCrash
+			}
+			return nil
+		}
+		b.start(opts)
+		b.sendInSession("A", "a-1", "manual")
+		b.sendInSession("A", "a-2", "pay")
+		b.waitIdle()
+		c := b.claimOf("a-1")
+		if c.State != claim.StateFlagged || !strings.Contains(c.FlagReason, "in session A") {
+			t.Errorf("a-1: claim %s (%q), want flagged by the session's next holder", c.State, c.FlagReason)
+		}
+		if b.eff.Calls("a-1") != 0 || b.eff.Performed("a-2") != 1 {
+			t.Errorf("a-1 called %d times (the crash came before its effect), a-2 performed %d: want 0 and 1", b.eff.Calls("a-1"), b.eff.Performed("a-2"))
+		}
+	})
+}

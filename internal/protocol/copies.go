@@ -172,9 +172,15 @@ const (
 	DupFlagKeyExpired                          // flag: the key is older than the downstream keeps keys
 	DupTakeOver                                // take it over (guarded: refuses a live holder) and run it
 	DupWait                                    // wait for the live holder's outcome, then look again
+	// DupFlagSilentManual: in a session, a manual route's silent holder is
+	// flagged at once (guarded: refuses a live holder) instead of left to
+	// the reconciler: the session's next message must not run while the
+	// claim's outcome is open.
+	DupFlagSilentManual
 )
 
-var dupNames = [...]string{"complete", "failed copy", "flag route changed", "leave to the reconciler", "flag key expired", "take over", "wait"}
+var dupNames = [...]string{"complete", "failed copy", "flag route changed", "leave to the reconciler", "flag key expired", "take over", "wait",
+	"flag silent holder (session)"}
 
 func (a DuplicateAction) String() string { return dupNames[a] }
 
@@ -192,6 +198,9 @@ type DuplicateStep struct {
 	// route's key lifetime. Both read only when NeedsClock.
 	Quiet      bool
 	KeyExpired bool
+	// Session: the delivery came through a session receiver: the
+	// session's next message waits for this one's outcome.
+	Session bool
 }
 
 // NeedsClock reports whether a DuplicateStep needs the database clock
@@ -225,6 +234,8 @@ func Duplicate(s DuplicateStep) DuplicateAction {
 	switch {
 	case s.RouteChanged && s.Quiet:
 		return DupFlagRouteChanged
+	case s.Manual && s.Quiet && !released && s.Session:
+		return DupFlagSilentManual
 	case s.Manual && s.Quiet && !released:
 		return DupLeave
 	case !s.RouteChanged && s.KeyExpired && s.Quiet:

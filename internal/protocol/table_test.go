@@ -315,6 +315,28 @@ func render() (string, int) {
 	n += table(&b, "A duplicate delivery's next move (Duplicate)", "Another attempt holds or finished the claim. \"Quiet\": released, or its holder silent for the take-over window by the database clock.",
 		"claim | its message carries the work elsewhere | route changed | route | quiet | key expired | action", rows)
 
+	// A duplicate in a session (its unfinished claims only: a finished
+	// one is decided as above; nothing is deferred in a session).
+	rows = rows[:0]
+	for _, st := range []protocol.State{protocol.Claimed, protocol.Released} {
+		for _, changed := range []bool{false, true} {
+			for _, manual := range []bool{false, true} {
+				for _, quiet := range []bool{false, true} {
+					for _, expired := range []bool{false, true} {
+						if st == protocol.Released && !quiet {
+							continue
+						}
+						s := protocol.DuplicateStep{State: st, RouteChanged: changed, Manual: manual, Quiet: quiet, KeyExpired: expired, Session: true}
+						rows = append(rows, fmt.Sprintf("%s | %s | %s | %s | %s | %s",
+							st, yn(changed), map[bool]string{false: "auto", true: "manual"}[manual], yn(quiet), yn(expired), protocol.Duplicate(s)))
+					}
+				}
+			}
+		}
+	}
+	n += table(&b, "A duplicate delivery in a session (Duplicate, Session)", "As above, for a delivery through a session receiver: a manual route's silent holder is flagged at once, not left to the reconciler, so that the session's next message does not run while the claim's outcome is open.",
+		"claim | route changed | route | quiet | key expired | action", rows)
+
 	// The end of a duplicate's watch.
 	rows = rows[:0]
 	for _, ml := range []bool{false, true} {
