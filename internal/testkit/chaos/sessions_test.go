@@ -6,10 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sbclaim/sbclaim/internal/sideeffects"
 	"github.com/sbclaim/sbclaim/internal/testkit"
 )
 
-func runSessionChaos(t *testing.T, dbURL string, seed uint64) {
+func runSessionChaos(t *testing.T, dbURL string, seed uint64, recovery sideeffects.Recovery) {
 	t.Helper()
 	rep, err := Run(context.Background(), Config{
 		Messages:    200,
@@ -18,6 +19,7 @@ func runSessionChaos(t *testing.T, dbURL string, seed uint64) {
 		Seed:        seed,
 		DatabaseURL: dbURL,
 		Sessions:    true,
+		Recovery:    recovery,
 		Logger:      testLogger(t),
 	})
 	if err != nil {
@@ -44,12 +46,20 @@ func runSessionChaos(t *testing.T, dbURL string, seed uint64) {
 
 func TestChaosSessionsSQLite(t *testing.T) {
 	t.Parallel()
-	runSessionChaos(t, "", 21)
+	runSessionChaos(t, "", 21, sideeffects.RecoveryAuto)
+}
+
+// TestChaosSessionsManualRoutes: crash-left claims of manual routes are
+// flagged by the session's next holder (their outcome is open), so the
+// session goes on only past a final outcome.
+func TestChaosSessionsManualRoutes(t *testing.T) {
+	t.Parallel()
+	runSessionChaos(t, "", 23, sideeffects.RecoveryManual)
 }
 
 func TestChaosSessionsPostgres(t *testing.T) {
 	t.Parallel()
-	runSessionChaos(t, testkit.PostgresURL(t), 22)
+	runSessionChaos(t, testkit.PostgresURL(t), 22, sideeffects.RecoveryAuto)
 }
 
 // TestSessionOrderCheckFindsAnOvertake: the order check itself — a
