@@ -110,6 +110,9 @@ type Claim struct {
 	Properties  map[string]string
 	PayloadHash []byte
 	Payload     []byte
+	// SessionID is the message's session on a session-enabled entity
+	// ("" otherwise).
+	SessionID string
 	// DeliveryCount is the delivery that won (or last took over) the
 	// claim.
 	DeliveryCount int
@@ -199,7 +202,7 @@ func publicClaim(c *claim.Claim) *Claim {
 		LastError: c.LastError, FlagReason: c.FlagReason, FailReason: c.FailReason, ClaimedAt: c.ClaimedAt,
 		ProcessedAt: c.ProcessedAt, LateSuccess: c.LateSuccessAt != nil, AnswerAt: c.AnswerAt,
 		Fingerprint: c.Fingerprint, Owner: c.Owner.String(),
-		Entity: c.Entity, Subject: c.Subject, ContentType: c.ContentType, Properties: c.Properties,
+		Entity: c.Entity, SessionID: c.SessionID, Subject: c.Subject, ContentType: c.ContentType, Properties: c.Properties,
 		PayloadHash: c.PayloadHash, Payload: c.Payload, DeliveryCount: c.DeliveryCount,
 		HeartbeatAt: c.HeartbeatAt, ReleasedAt: c.ReleasedAt, FlaggedAt: c.FlaggedAt, FailedAt: c.FailedAt,
 		Recoveries: c.Recoveries, NextAttemptAt: c.NextAttemptAt,
@@ -243,6 +246,8 @@ type ClaimFilter struct {
 	OlderThan time.Duration
 	// Route keeps claims taken for exactly this route.
 	Route string
+	// SessionID keeps the claims of this session's messages.
+	SessionID string
 	// ReasonPrefix keeps claims whose FlagReason starts with it, compared
 	// exactly (case-sensitive; % and _ are plain characters).
 	ReasonPrefix string
@@ -258,7 +263,7 @@ type ClaimFilter struct {
 // the next page with f.AfterID set to the last claim's ID, or range over
 // AllClaims, which does that.
 func (s *Store) Claims(ctx context.Context, f ClaimFilter) ([]*Claim, error) {
-	p := &claim.ListParams{Consumer: f.Consumer, OlderThan: f.OlderThan, Route: f.Route, ReasonPrefix: f.ReasonPrefix,
+	p := &claim.ListParams{Consumer: f.Consumer, OlderThan: f.OlderThan, Route: f.Route, SessionID: f.SessionID, ReasonPrefix: f.ReasonPrefix,
 		AfterID: f.AfterID, Limit: f.Limit}
 	for _, st := range f.States {
 		p.States = append(p.States, claim.State(st))

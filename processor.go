@@ -99,8 +99,8 @@ const (
 )
 
 // ProcessorConfig configures a Processor. Consumer, Store, Router and
-// NewReceiver are required; every other field has a default that suits
-// Azure Container Apps.
+// NewReceiver (or, for a session-enabled entity, Sessions) are required;
+// every other field has a default that suits Azure Container Apps.
 type ProcessorConfig struct {
 	// Consumer names this consumer in claims: claims are unique per
 	// (dedup key, consumer), so several consumers of one topic each
@@ -111,6 +111,9 @@ type ProcessorConfig struct {
 	Store       *Store
 	Router      *Router
 	NewReceiver func(ctx context.Context) (Receiver, error)
+	// Sessions, for a session-enabled queue or subscription, replaces
+	// NewReceiver: sessions are accepted and worked in order.
+	Sessions *Sessions
 	// DedupKey extracts the dedup key (default: the MessageId).
 	DedupKey DedupKeyFunc
 
@@ -206,8 +209,13 @@ func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
 	if cfg.Router == nil || len(cfg.Router.entries) == 0 {
 		return nil, errors.New("sbclaim: a Router with at least one route is required")
 	}
-	if cfg.NewReceiver == nil {
-		return nil, errors.New("sbclaim: NewReceiver is required")
+	switch {
+	case cfg.NewReceiver == nil && cfg.Sessions == nil:
+		return nil, errors.New("sbclaim: NewReceiver (or, for a session-enabled entity, Sessions) is required")
+	case cfg.NewReceiver != nil && cfg.Sessions != nil:
+		return nil, errors.New("sbclaim: set NewReceiver or Sessions, not both: an entity either requires sessions or does not")
+	case cfg.Sessions != nil && cfg.Sessions.AcceptNext == nil:
+		return nil, errors.New("sbclaim: Sessions.AcceptNext is required")
 	}
 	opts := processor.Options{
 		Consumer: cfg.Consumer,
@@ -249,6 +257,10 @@ func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
 		TracerProvider: cfg.TracerProvider,
 		MeterProvider:  cfg.MeterProvider,
 		Outbox:         cfg.Outbox.internal(),
+	}
+	if cfg.Sessions != nil {
+		opts.NewReceiver = nil
+		cfg.Sessions.sessionOptions(&opts)
 	}
 	p, err := processor.New(opts)
 	if err != nil {

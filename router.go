@@ -70,6 +70,12 @@ type Route struct {
 	// under a new idempotency key: for a downstream that stored a failure
 	// under the key and replays it to every retry.
 	AllowNewKey bool
+	// HoldSessionOnFailure, on a session-enabled entity, holds a message's
+	// session after a final answer (or a flag) until an operator resolves
+	// or redrives the claim: the session's next message must not run
+	// after a failure. Off (default): the message is dead-lettered once
+	// and the session goes on. See docs/sessions.md.
+	HoldSessionOnFailure bool
 	// KeyLifetime is how long the downstream keeps an idempotency key
 	// (Stripe: 24 hours); zero: for ever. A claim whose key is older than
 	// that, by the database clock, is not repeated with the same key — by
@@ -192,7 +198,7 @@ type goRoute struct {
 func (r *Router) newGoRoute(rt Route) goRoute {
 	in := sideeffects.Route{Name: rt.Name, Match: sideeffects.Match{Subject: sideeffects.AnySubject},
 		JSONBody: rt.JSONBody, Recovery: sideeffects.Recovery(cmp.Or(rt.Recovery, RecoveryAuto)), Version: rt.Version, AllowNewKey: rt.AllowNewKey,
-		KeyLifetime: rt.KeyLifetime, Backoff: rt.Backoff.internal(), Breaker: rt.Breaker.internal()}
+		HoldSessionOnFailure: rt.HoldSessionOnFailure, KeyLifetime: rt.KeyLifetime, Backoff: rt.Backoff.internal(), Breaker: rt.Breaker.internal()}
 	if h := rt.Handler; h != nil {
 		in.Effect = HandlerFunc(func(ctx context.Context, d *Delivery) error {
 			return r.wrap(rt.Middleware, h)(ctx, d)

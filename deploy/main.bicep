@@ -152,6 +152,14 @@ param scaleMessageCount int = 5
 @minValue(1)
 param maxConcurrentCalls int = 16
 
+@description('For a session-enabled entity (created with requiresSession): sessions a replica works at once, each one message at a time, in order (SBCLAIM_SESSIONS; see docs/sessions.md). 0 (default): the entity has no sessions. KEDA knows nothing of sessions: bound processorMaxReplicas by the sessions expected to be busy at once divided by this, and raise scaleMessageCount to about this times the messages a busy session has queued.')
+@minValue(0)
+@maxValue(256)
+param sessions int = 0
+
+@description('With sessions: release a session that had no message for this long (SBCLAIM_SESSION_IDLE_TIMEOUT).')
+param sessionIdleTimeout string = '1m'
+
 @description('Claim heartbeat interval of the processors (SBCLAIM_HEARTBEAT_INTERVAL); the reconciler\'s staleAfter must be at least 3 times this.')
 param heartbeatInterval string = '30s'
 
@@ -512,6 +520,8 @@ resource processor 'Microsoft.App/containerApps@2025-07-01' = if (deployApps) {
               { name: 'SBCLAIM_CONSUMER', value: consumerName }
               { name: 'SBCLAIM_ROUTES', value: '/etc/sbclaim/routes.yaml' }
               { name: 'SBCLAIM_MAX_CONCURRENT_CALLS', value: string(maxConcurrentCalls) }
+              { name: 'SBCLAIM_SESSIONS', value: string(sessions) }
+              { name: 'SBCLAIM_SESSION_IDLE_TIMEOUT', value: sessionIdleTimeout }
               { name: 'SBCLAIM_MAX_LOCK_RENEWAL', value: '5m' }
               { name: 'SBCLAIM_HEARTBEAT_INTERVAL', value: heartbeatInterval }
               { name: 'SBCLAIM_TAKEOVER_AFTER', value: takeoverAfter }

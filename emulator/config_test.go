@@ -208,13 +208,16 @@ type entityLimits struct {
 	// deliveries is each entity's MaxDeliveryCount, by the name a
 	// processor's claims record: the queue, or topic/subscription.
 	deliveries map[string]int
+	// sessions are the session-enabled queues (RequiresSession).
+	sessions map[string]bool
 }
 
 // checkConfig applies the emulator's limits and returns what it declares.
 func checkConfig(c *config) (entityLimits, []error) {
 	var errs []error
 	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	lim := entityLimits{queues: map[string]bool{}, queueLocks: map[string]time.Duration{}, subscriptions: map[string]map[string]bool{}, deliveries: map[string]int{}}
+	lim := entityLimits{queues: map[string]bool{}, queueLocks: map[string]time.Duration{}, subscriptions: map[string]map[string]bool{}, deliveries: map[string]int{},
+		sessions: map[string]bool{}}
 
 	switch c.UserConfig.Logging.Type {
 	case "Console", "File,Console", "Console,File":
@@ -274,9 +277,10 @@ func checkConfig(c *config) (entityLimits, []error) {
 		lim.deliveries[q.Name] = p.MaxDeliveryCount
 		ttl("queue "+q.Name+" DefaultMessageTimeToLive", p.DefaultMessageTimeToLive)
 		dupWindow("queue "+q.Name+" DuplicateDetectionHistoryTimeWindow", p.DuplicateDetectionHistoryTimeWindow)
-		if p.RequiresSession {
-			fail("queue %s requires sessions: the processor receives without sessions", q.Name)
+		if p.RequiresSession && !sessionQueues[q.Name] {
+			fail("queue %s requires sessions: only the session entities (%v) may; the others are received without sessions", q.Name, slices.Sorted(maps.Keys(sessionQueues)))
 		}
+		lim.sessions[q.Name] = p.RequiresSession
 	}
 	for _, tp := range ns.Topics {
 		name("topic", tp.Name)
@@ -311,6 +315,40 @@ func checkConfig(c *config) (entityLimits, []error) {
 		fail("%d entities (queues + topics + subscriptions); the emulator allows %d", entities, maxEntities)
 	}
 	return lim, errs
+}
+
+// sessionQueues are the session-enabled queues: processor-ledger consumes
+// ledger in session mode (SBCLAIM_SESSIONS); the broker contract suite's
+// session cases use brokertest-sessions.
+var sessionQueues = map[string]bool{"ledger": true, "brokertest-sessions": true}
+
+// TestComposeSessionEntitiesRunInSessionMode: a processor on a
+// session-enabled queue sets SBCLAIM_SESSIONS (without it the processor
+// could not receive at all), and one on any other entity does not (session
+// receivers cannot receive from it).
+func TestComposeSessionEntitiesRunInSessionMode(t *testing.T) {
+	t.Parallel()
+	lim, _ := checkConfig(loadConfig(t))
+	compose := loadCompose(t)
+	seen := false
+	for _, name := range slices.Sorted(maps.Keys(compose.Services)) {
+		env := compose.Services[name].Environment
+		entity := processorEntity(env)
+		if entity == "" {
+			continue
+		}
+		n, _ := strconv.Atoi(env["SBCLAIM_SESSIONS"])
+		switch {
+		case lim.sessions[entity] && n < 1:
+			t.Errorf("service %s: queue %s requires sessions, SBCLAIM_SESSIONS=%q (want at least 1)", name, entity, env["SBCLAIM_SESSIONS"])
+		case !lim.sessions[entity] && n > 0:
+			t.Errorf("service %s: SBCLAIM_SESSIONS=%d, but %s is not session-enabled", name, n, entity)
+		}
+		seen = seen || lim.sessions[entity]
+	}
+	if !seen {
+		t.Error("no compose processor consumes a session-enabled queue (processor-ledger on ledger)")
+	}
 }
 
 func TestConfigWithinEmulatorLimits(t *testing.T) {

@@ -16,6 +16,10 @@
 //     emulator's minimum LockDuration for a subscription is PT1M, so they
 //     use that; MaxDeliveryCount 5 as for the queue. Rules is empty, which
 //     gives each subscription the default match-all rule.
+//   - queue "ledger": the same settings as "payments" and RequiresSession
+//     true; processor-ledger consumes it in session mode (SBCLAIM_SESSIONS),
+//     with routes.ledger.compose.yaml (holdSessionOnFailure), and demosender
+//     sends ledger entries to it, an account per session.
 //   - queue "integration": the same settings as "payments", consumed by no
 //     compose service; internal/processor's gated TestServiceBus uses it
 //     (docker compose up -d sqlserver servicebus, then the test
@@ -25,7 +29,8 @@
 //     "copy-a" and "copy-b": the entities of the broker contract suite
 //     (internal/testkit/membus/brokertest) when it runs against the emulator. The
 //     short lock lets its lock-expiry cases wait for a real expiry; no
-//     compose service consumes them.
+//     compose service consumes them. Queue "brokertest-sessions" (the same
+//     settings, RequiresSession true) is the suite's session-enabled queue.
 //
 // Logging is "Console", so `docker compose logs servicebus` shows the
 // emulator's own log ("File" writes it inside the container only).

@@ -67,6 +67,10 @@ type QueueOptions struct {
 	// MaxDeliveryCount is how many deliveries a message gets before the
 	// queue dead-letters it (default 10, as Service Bus).
 	MaxDeliveryCount int
+	// Sessions makes the queue session-enabled: every message needs a
+	// SessionID, and Start runs the processor in session mode
+	// (ProcessorConfig.Sessions).
+	Sessions bool
 }
 
 // Queue is an in-memory Service Bus queue.
@@ -83,8 +87,10 @@ func NewQueue(opts *QueueOptions) *Queue {
 			o.LockDuration = 2 * time.Second
 		}
 		o.MaxDeliveryCount = opts.MaxDeliveryCount
+		o.Sessions = opts.Sessions
 	}
-	return &Queue{q: membus.NewQueue("sbclaimtest", membus.QueueOptions{LockDuration: o.LockDuration, MaxDeliveryCount: o.MaxDeliveryCount})}
+	return &Queue{q: membus.NewQueue("sbclaimtest", membus.QueueOptions{LockDuration: o.LockDuration, MaxDeliveryCount: o.MaxDeliveryCount,
+		RequiresSession: o.Sessions, AcceptTimeout: 100 * time.Millisecond})}
 }
 
 // Send enqueues messages as a producer would; sending one MessageId twice
@@ -95,6 +101,18 @@ func (q *Queue) Send(ctx context.Context, msgs ...*azservicebus.Message) error {
 
 // NewReceiver opens a receiver on the queue: ProcessorConfig.NewReceiver.
 func (q *Queue) NewReceiver(context.Context) (sbclaim.Receiver, error) { return q.q.NewReceiver(), nil }
+
+// AcceptNextSession accepts the next session of a session-enabled queue
+// (QueueOptions.Sessions): ProcessorConfig.Sessions.AcceptNext. With no
+// session available it fails after 100ms with CodeTimeout, as the SDK
+// does after a minute.
+func (q *Queue) AcceptNextSession(ctx context.Context) (sbclaim.SessionReceiver, error) {
+	r, err := q.q.AcceptNextSession(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
 
 // WaitIdle waits until every message was completed or dead-lettered and
 // none is locked, or ctx ends.
@@ -147,7 +165,8 @@ type options struct {
 func CrashAfterEffect(n int) Option { return func(o *options) { o.crashes = n } }
 
 // Start runs a processor on queue until the test ends. cfg.NewReceiver is
-// set to the queue's, and everything left zero gets a short test value, so
+// set to the queue's (on a session-enabled queue, cfg.Sessions.AcceptNext,
+// with a 200ms IdleTimeout unless cfg.Sessions sets one), and everything left zero gets a short test value, so
 // no test waits on a production delay:
 //
 //   - heartbeat 100ms; take-over after 2s (long enough that a loaded
@@ -168,7 +187,16 @@ func Start(t testing.TB, cfg sbclaim.ProcessorConfig, queue *Queue, opts ...Opti
 		opt(&o)
 	}
 	cfg = testConfig(t, cfg)
-	cfg.NewReceiver = queue.NewReceiver
+	if queue.q.RequiresSession() {
+		s := sbclaim.Sessions{IdleTimeout: 200 * time.Millisecond}
+		if cfg.Sessions != nil {
+			s = *cfg.Sessions
+		}
+		s.AcceptNext = queue.AcceptNextSession
+		cfg.NewReceiver, cfg.Sessions = nil, &s
+	} else {
+		cfg.NewReceiver = queue.NewReceiver
+	}
 	t.Cleanup(run(t, cfg, o))
 }
 

@@ -13,6 +13,7 @@
 //	go run ./cmd/chaos -recovery manual   # manual routes: crash-left claims go to operators
 //	go run ./cmd/chaos -answers mixed     # a payment API's declines, key conflicts and stored failures
 //	go run ./cmd/chaos -handler go        # the replicas run a Go sbclaim.HandlerFunc instead of the HTTP route
+//	go run ./cmd/chaos -sessions          # a session-enabled queue: effects in order per session ("out of order 0")
 //	go run ./cmd/chaos -faults all,downstream-outage   # the downstream refuses every request for 3 s
 //	go run ./cmd/chaos -faults all,downstream-outage -no-deferral   # the old behaviour: FAIL (broker dead letters)
 //	go run ./cmd/chaos -pipeline -messages 200   # the outbox: A publishes, B consumes; replicas of both killed
@@ -68,6 +69,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		window    = fs.Duration("downstream-window", 3*time.Second, "length of the downstream-outage and misconfigured windows")
 		pipeline  = fs.Bool("pipeline", false, "run the outbox pipeline instead: consumer A charges each payment and publishes payment.charged (its follow-up), consumer B issues a receipt for it; replicas of both killed at every step, A's relay between a follow-up's send and its mark; -messages payments, -replicas per consumer, -db, -seed, -faults none|all")
 		pipeDedup = fs.Bool("pipeline-duplicate-detection", false, "with -pipeline: turn duplicate detection on at the target (a resend is then dropped by the broker; off, B's claim deduplicates it)")
+		sessions  = fs.Bool("sessions", false, "session-enabled queue: every message carries a session id (about 8 messages per session), the replicas run in session mode, and the report counts messages that ran out of order in their session (must be 0)")
 		tracing   = fs.Bool("tracing", false, "run with OpenTelemetry tracing on (always-on sampler, spans kept in memory and checked); with -bench: also measure the processor's throughput with tracing on against off in each cell")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -182,6 +184,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 		DownstreamWindow: *window,
 		NoDeferral:       *noDefer,
+		Sessions:         *sessions,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "chaos: %v (after %s)\n", err, time.Since(start).Round(time.Millisecond))

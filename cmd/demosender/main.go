@@ -62,6 +62,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	var (
 		n        = fs.Int("n", 50, "distinct payment keys to send to SBCLAIM_QUEUE")
 		orders   = fs.Int("orders", 10, "distinct order keys to send to SBCLAIM_TOPIC")
+		entries  = fs.Int("entries", 20, "ledger entries to send to SBCLAIM_SESSION_QUEUE (session-enabled), in accounts of about 4, each account a session")
 		dupShare = fs.Float64("dup-share", 0.3, "fraction of keys sent more than once (0..1)")
 		seed     = fs.Uint64("seed", 0, "seed for the interleaving (0: random)")
 		runID    = fs.String("run-id", "", "prefix of every MessageID (default: random, so each run uses fresh keys)")
@@ -83,8 +84,11 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 			Topic:    getenv("SBCLAIM_TOPIC"),
 			Payments: *n,
 			Orders:   *orders,
-			DupShare: *dupShare,
-			Seed:     *seed,
+
+			SessionQueue: getenv("SBCLAIM_SESSION_QUEUE"),
+			Entries:      *entries,
+			DupShare:     *dupShare,
+			Seed:         *seed,
 		},
 	}
 	if cfg.Plan.RunID == "" {
@@ -182,6 +186,9 @@ func sendPlan(ctx context.Context, logger *slog.Logger, client *azservicebus.Cli
 				"demo_kind":   string(s.Kind),
 				"demo_run_id": plan.Summary.RunID,
 			},
+		}
+		if s.SessionID != "" {
+			msg.SessionID = &s.SessionID
 		}
 		// A retried send whose acknowledgement was lost is itself a source of
 		// duplicates: exactly what the processors must absorb.

@@ -12,6 +12,7 @@ import (
 const (
 	paymentSubject = "payment"
 	orderSubject   = "order"
+	entrySubject   = "ledger.entry"
 	poisonSubject  = "refund"
 )
 
@@ -33,6 +34,7 @@ type Send struct {
 	Subject   string
 	Body      []byte
 	Kind      Kind
+	SessionID string // the account, on the session-enabled queue; "" elsewhere
 }
 
 // PlanParams configures a burst.
@@ -45,6 +47,11 @@ type PlanParams struct {
 	Queue string
 	// Topic receives the orders. Empty skips them.
 	Topic string
+	// SessionQueue, a session-enabled queue, receives the ledger entries:
+	// Entries of them in accounts of about entriesPerAccount, each account
+	// a session, its entries in order. Empty skips them.
+	SessionQueue string
+	Entries      int
 	// Payments is the number of distinct payment keys sent to Queue.
 	Payments int
 	// Orders is the number of distinct order keys sent to Topic.
@@ -62,8 +69,12 @@ func (p *PlanParams) Validate() error {
 	if p.RunID == "" {
 		errs = append(errs, errors.New("RunID is required"))
 	}
-	if p.Queue == "" && p.Topic == "" {
-		errs = append(errs, errors.New("at least one of Queue and Topic is required"))
+	if p.Queue == "" && p.Topic == "" && p.SessionQueue == "" {
+		errs = append(errs, errors.New("at least one of Queue, Topic and SessionQueue is required"))
+	}
+	if p.SessionQueue != "" && p.Entries < 1 {
+		//lint:ignore ST1005 the error names the field
+		errs = append(errs, fmt.Errorf("Entries must be at least 1 when SessionQueue is set, got %d", p.Entries))
 	}
 	if p.Queue != "" && p.Payments < 1 {
 		//lint:ignore ST1005 the error names the field, as every config error here does
@@ -99,6 +110,8 @@ type Summary struct {
 	RunID       string
 	Payments    *EntitySummary // nil when no queue
 	Orders      *EntitySummary // nil when no topic
+	Ledger      *EntitySummary // nil when no session queue
+	Accounts    int            // sessions of the ledger entries
 	ConflictKey string         // same key, different payload (on the queue)
 	PoisonID    string         // MessageID of the poison message (on the queue)
 	Total       int
@@ -110,6 +123,16 @@ type payment struct {
 	AmountCents int    `json:"amountCents"`
 	Currency    string `json:"currency"`
 }
+
+type entry struct {
+	EntryID     string `json:"entryId"`
+	Account     string `json:"account"`
+	Seq         int    `json:"seq"` // the entry's place in its account
+	AmountCents int    `json:"amountCents"`
+}
+
+// entriesPerAccount is about how many ledger entries an account gets.
+const entriesPerAccount = 4
 
 type order struct {
 	OrderID  string `json:"orderId"`
@@ -189,6 +212,28 @@ func NewPlan(p PlanParams) (Plan, error) {
 		sends, sum := withDuplicates(rng, p.Topic, originals, p.DupShare)
 		sum.Sent = len(sends)
 		plan.Summary.Orders = &sum
+		plan.Sends = append(plan.Sends, sends...)
+	}
+
+	if p.SessionQueue != "" {
+		accounts := max(1, p.Entries/entriesPerAccount)
+		originals := make([]Send, p.Entries)
+		for i := range originals {
+			id := fmt.Sprintf("%s-ent-%04d", p.RunID, i+1)
+			account := fmt.Sprintf("%s-acct-%02d", p.RunID, i%accounts+1)
+			originals[i] = Send{
+				Entity:    p.SessionQueue,
+				MessageID: id,
+				Subject:   entrySubject,
+				Body:      mustJSON(entry{EntryID: id, Account: account, Seq: i/accounts + 1, AmountCents: 50 * (i + 1)}),
+				Kind:      KindOriginal,
+				SessionID: account,
+			}
+		}
+		// A duplicate is a copy: same account, after its original.
+		sends, sum := withDuplicates(rng, p.SessionQueue, originals, p.DupShare)
+		sum.Sent = len(sends)
+		plan.Summary.Ledger, plan.Summary.Accounts = &sum, accounts
 		plan.Sends = append(plan.Sends, sends...)
 	}
 

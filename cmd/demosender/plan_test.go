@@ -276,3 +276,48 @@ func TestSummaryPrint(t *testing.T) {
 		}
 	}
 }
+
+// TestNewPlanLedgerEntriesInSessions: the ledger entries go to the
+// session queue, every one (copies included) with its account as
+// SessionID, and each account's entries are sent in their order (the
+// order the session must keep).
+func TestNewPlanLedgerEntriesInSessions(t *testing.T) {
+	t.Parallel()
+	p := defaultParams()
+	p.Queue, p.Topic, p.SessionQueue, p.Entries = "", "", "ledger", 24
+	plan, err := NewPlan(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plan.Summary.Ledger == nil || plan.Summary.Accounts != 6 || plan.Summary.Ledger.UniqueKeys != 24 {
+		t.Fatalf("summary %+v / %+v", plan.Summary, plan.Summary.Ledger)
+	}
+	last := map[string]int{} // account → highest seq sent (originals)
+	seen := map[string]bool{}
+	for _, s := range plan.Sends {
+		var e entry
+		if err := json.Unmarshal(s.Body, &e); err != nil {
+			t.Fatal(err)
+		}
+		if s.Entity != "ledger" || s.SessionID == "" || s.SessionID != e.Account || s.Subject != entrySubject {
+			t.Fatalf("send %+v (account %s)", s, e.Account)
+		}
+		if seen[s.MessageID] {
+			continue // a duplicate: after its original
+		}
+		seen[s.MessageID] = true
+		if e.Seq != last[e.Account]+1 {
+			t.Errorf("account %s: entry %s (seq %d) sent after seq %d", e.Account, s.MessageID, e.Seq, last[e.Account])
+		}
+		last[e.Account] = e.Seq
+	}
+	var out bytes.Buffer
+	plan.Summary.Print(&out)
+	if !strings.Contains(out.String(), "24 ledger entries") || !strings.Contains(out.String(), "in 6 accounts") {
+		t.Errorf("summary:\n%s", out.String())
+	}
+	p.Entries = 0
+	if _, err := NewPlan(p); err == nil || !strings.Contains(err.Error(), "Entries") {
+		t.Errorf("Entries 0 with a session queue: %v", err)
+	}
+}

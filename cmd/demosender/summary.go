@@ -28,6 +28,13 @@ func (s Summary) Print(w io.Writer) {
 		fmt.Fprintf(&b, "  %d keys sent more than once with an identical body (%d extra copies): %s\n",
 			len(o.Duplicated), o.Extra, shortList(o.Duplicated, 6))
 	}
+	if l := s.Ledger; l != nil {
+		fmt.Fprintf(&b, "\nqueue %q (session-enabled, subject %q):\n", l.Entity, entrySubject)
+		fmt.Fprintf(&b, "  %d ledger entries (%s-ent-0001 .. %s-ent-%04d) in %d accounts, each account a session; %d messages in all\n",
+			l.UniqueKeys, s.RunID, s.RunID, l.UniqueKeys, s.Accounts, l.Sent)
+		fmt.Fprintf(&b, "  %d entries sent more than once with an identical body (%d extra copies): %s\n",
+			len(l.Duplicated), l.Extra, shortList(l.Duplicated, 6))
+	}
 	b.WriteString("\nexpected once the processors are idle:\n")
 	if p := s.Payments; p != nil {
 		fmt.Fprintf(&b, "  GET /_counts: every %s-pay-* key exactly 1 effect (%d keys), duplicates included\n", s.RunID, p.UniqueKeys)
@@ -41,6 +48,9 @@ func (s Summary) Print(w io.Writer) {
 	if s.Payments != nil && s.Orders != nil {
 		fmt.Fprintf(&b, "  with docker-compose.yml, totalEffects grows by %d + 2 x %d = %d for this run\n",
 			s.Payments.UniqueKeys, s.Orders.UniqueKeys, s.Payments.UniqueKeys+2*s.Orders.UniqueKeys)
+	}
+	if l := s.Ledger; l != nil {
+		fmt.Fprintf(&b, "  GET /_counts: every %s-ent-* key exactly 1 effect (%d keys), each account's in the order sent (processor-ledger's log)\n", s.RunID, l.UniqueKeys)
 	}
 	b.WriteString("  any count above 1 per consumer is a duplicate effect: a bug worth a report\n")
 	_, _ = io.WriteString(w, b.String())

@@ -25,6 +25,10 @@ type Config struct {
 	Consumer         string
 
 	MaxConcurrentCalls int
+	// Sessions is how many sessions of a session-enabled entity are
+	// worked at once (0: the entity has no sessions).
+	Sessions           int
+	SessionIdleTimeout time.Duration
 	MaxLockRenewal     time.Duration
 	LockDuration       time.Duration // the entity's; checked when renewal is off
 	HeartbeatInterval  time.Duration
@@ -121,6 +125,8 @@ func configSettings(c *Config) []settings.Setting {
 		// Above 256, the store's connection pool (sqlstore.MaxOpenConns)
 		// would make claims and heartbeats queue for connections.
 		settings.Int("SBCLAIM_MAX_CONCURRENT_CALLS", "max-concurrent-calls", "16", "messages worked on at once", 1, 256, &c.MaxConcurrentCalls),
+		settings.Int("SBCLAIM_SESSIONS", "sessions", "0", "for a session-enabled queue or subscription (requiresSession): how many sessions are worked at once, each one message at a time, in order (docs/sessions.md); 0: the entity has no sessions", 0, 256, &c.Sessions),
+		settings.Duration("SBCLAIM_SESSION_IDLE_TIMEOUT", "session-idle-timeout", "1m", "with SBCLAIM_SESSIONS, release a session that had no message for this long so that another can be accepted", time.Second, &c.SessionIdleTimeout),
 		settings.Duration("SBCLAIM_MAX_LOCK_RENEWAL", "max-lock-renewal", "5m", "renew each message's lock for at most this long after receipt; 0 turns renewal off; must exceed SBCLAIM_TAKEOVER_AFTER + SBCLAIM_HEARTBEAT_INTERVAL (a redelivery watches a silent holder's claim only this long)", 0, &c.MaxLockRenewal),
 		settings.Duration("SBCLAIM_LOCK_DURATION", "lock-duration", "1m", "the entity's lock duration (Service Bus default 1m, at most 5m); with lock renewal off, minus SBCLAIM_SETTLE_TIMEOUT it must exceed SBCLAIM_TAKEOVER_AFTER + SBCLAIM_HEARTBEAT_INTERVAL", time.Second, &c.LockDuration),
 		settings.Duration("SBCLAIM_HEARTBEAT_INTERVAL", "heartbeat-interval", "30s", "claim heartbeat interval (the reconciler's SBCLAIM_STALE_AFTER must be comfortably longer)", time.Second, &c.HeartbeatInterval),
@@ -232,6 +238,9 @@ func (c *Config) validate(v *settings.Values) error {
 		bad("SBCLAIM_TOPIC", "required with SBCLAIM_SUBSCRIPTION")
 	case c.Queue == "" && c.Subscription == "":
 		bad("SBCLAIM_SUBSCRIPTION", "required with SBCLAIM_TOPIC")
+	}
+	if c.Sessions > 0 && c.MaxLockRenewal == 0 {
+		bad("SBCLAIM_SESSIONS", "needs lock renewal (SBCLAIM_MAX_LOCK_RENEWAL is 0): a session is held across its messages by renewing its lock")
 	}
 	if floor := 3 * c.HeartbeatInterval; c.TakeoverAfter < floor {
 		bad("SBCLAIM_TAKEOVER_AFTER", "must be at least 3 × SBCLAIM_HEARTBEAT_INTERVAL = 3 × %s = %s: a live holder that missed two heartbeats would be taken over", c.HeartbeatInterval, floor)

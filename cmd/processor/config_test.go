@@ -94,6 +94,13 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"concurrency not a number", func(e map[string]string) { e["SBCLAIM_MAX_CONCURRENT_CALLS"] = "many" }, "SBCLAIM_MAX_CONCURRENT_CALLS", "many"},
 		{"concurrency zero", func(e map[string]string) { e["SBCLAIM_MAX_CONCURRENT_CALLS"] = "0" }, "SBCLAIM_MAX_CONCURRENT_CALLS", "0"},
 		{"lock renewal", func(e map[string]string) { e["SBCLAIM_MAX_LOCK_RENEWAL"] = "5 minutes" }, "SBCLAIM_MAX_LOCK_RENEWAL", "5 minutes"},
+		{"sessions not a number", func(e map[string]string) { e["SBCLAIM_SESSIONS"] = "yes" }, "SBCLAIM_SESSIONS", "yes"},
+		{"sessions negative", func(e map[string]string) { e["SBCLAIM_SESSIONS"] = "-1" }, "SBCLAIM_SESSIONS", "-1"},
+		{"sessions beyond the limit", func(e map[string]string) { e["SBCLAIM_SESSIONS"] = "1000" }, "SBCLAIM_SESSIONS", "1000"},
+		{"sessions without lock renewal", func(e map[string]string) {
+			e["SBCLAIM_SESSIONS"], e["SBCLAIM_MAX_LOCK_RENEWAL"], e["SBCLAIM_LOCK_DURATION"] = "4", "0", "5m"
+		}, "SBCLAIM_SESSIONS", ""},
+		{"session idle timeout", func(e map[string]string) { e["SBCLAIM_SESSION_IDLE_TIMEOUT"] = "10ms" }, "SBCLAIM_SESSION_IDLE_TIMEOUT", "10ms"},
 		{"heartbeat too short", func(e map[string]string) { e["SBCLAIM_HEARTBEAT_INTERVAL"] = "10ms" }, "SBCLAIM_HEARTBEAT_INTERVAL", "10ms"},
 		{"takeover below three heartbeats", func(e map[string]string) { e["SBCLAIM_TAKEOVER_AFTER"] = "60s" }, "SBCLAIM_TAKEOVER_AFTER", "60s"},
 		{"takeover beyond the stale window", func(e map[string]string) { e["SBCLAIM_TAKEOVER_AFTER"] = "10m" }, "SBCLAIM_STALE_AFTER", "10m"},

@@ -120,17 +120,14 @@ func serve(ctx context.Context, cfg *Config, logger *slog.Logger, getenv func(st
 	if renewal == 0 {
 		renewal = -1 // SBCLAIM_MAX_LOCK_RENEWAL=0 turns renewal off
 	}
+	newReceiver, sessions := receivers(cfg, client)
 	p, err := sbclaim.NewProcessor(sbclaim.ProcessorConfig{
-		Consumer: cfg.Consumer,
-		Entity:   cfg.Entity(),
-		Store:    st,
-		Router:   router,
-		NewReceiver: func(ctx context.Context) (sbclaim.Receiver, error) {
-			if cfg.Queue != "" {
-				return client.NewReceiverForQueue(cfg.Queue, nil)
-			}
-			return client.NewReceiverForSubscription(cfg.Topic, cfg.Subscription, nil)
-		},
+		Consumer:           cfg.Consumer,
+		Entity:             cfg.Entity(),
+		Store:              st,
+		Router:             router,
+		NewReceiver:        newReceiver,
+		Sessions:           sessions,
 		DedupKey:           cfg.Key,
 		MaxConcurrentCalls: cfg.MaxConcurrentCalls,
 		MaxLockRenewal:     renewal,
@@ -256,4 +253,27 @@ func outboxConfig(routes *sbclaim.RoutesFile, client *azservicebus.Client, logge
 	logger.Info("outbox on: the routes publish follow-up messages (the identity needs Data Sender on each target; enable duplicate detection on them)",
 		"targets", targets)
 	return sbclaim.OutboxConfig{NewSender: func(to string) (sbclaim.Sender, error) { return client.NewSender(to, nil) }}
+}
+
+// receivers returns how the processor receives: a receiver on the entity,
+// or, with SBCLAIM_SESSIONS, the next session of it.
+func receivers(cfg *Config, client *azservicebus.Client) (func(context.Context) (sbclaim.Receiver, error), *sbclaim.Sessions) {
+	if cfg.Sessions > 0 {
+		return nil, &sbclaim.Sessions{
+			AcceptNext: func(ctx context.Context) (sbclaim.SessionReceiver, error) {
+				if cfg.Queue != "" {
+					return client.AcceptNextSessionForQueue(ctx, cfg.Queue, nil)
+				}
+				return client.AcceptNextSessionForSubscription(ctx, cfg.Topic, cfg.Subscription, nil)
+			},
+			MaxConcurrent: cfg.Sessions,
+			IdleTimeout:   cfg.SessionIdleTimeout,
+		}
+	}
+	return func(ctx context.Context) (sbclaim.Receiver, error) {
+		if cfg.Queue != "" {
+			return client.NewReceiverForQueue(cfg.Queue, nil)
+		}
+		return client.NewReceiverForSubscription(cfg.Topic, cfg.Subscription, nil)
+	}, nil
 }

@@ -144,7 +144,10 @@ type Claim struct {
 	Owner uuid.UUID
 	State State
 
-	Entity        string            // queue, or topic/subscription
+	Entity string // queue, or topic/subscription
+	// SessionID is the message's session on a session-enabled entity
+	// ("" otherwise): the console filters by it.
+	SessionID     string
 	Subject       string            // the message's Subject (routes match on it)
 	ContentType   string            // the message's ContentType
 	Properties    map[string]string // application properties, stringified (for redrive)

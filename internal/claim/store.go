@@ -193,9 +193,12 @@ type ClaimParams struct {
 	// recognises its own row.
 	Owner uuid.UUID
 	// Route and Fingerprint name the effect the claim is taken for.
-	Route         string
-	Fingerprint   string
-	Entity        string
+	Route       string
+	Fingerprint string
+	Entity      string
+	// SessionID is the message's session (at most MaxMessageIDLength
+	// characters; "" when the entity has none).
+	SessionID     string
 	Subject       string
 	ContentType   string
 	Properties    map[string]string
@@ -423,6 +426,10 @@ type ListParams struct {
 	Limit     int           // 0 means a default of 100
 	// Route, when set, keeps claims taken for exactly this route.
 	Route string
+	// SessionID, when set, keeps the claims of this session's messages;
+	// InSession keeps the claims of any session's messages.
+	SessionID string
+	InSession bool
 	// ReasonPrefix, when set, keeps claims whose FlagReason starts with it,
 	// compared exactly (case-sensitive; % and _ are plain characters).
 	ReasonPrefix string

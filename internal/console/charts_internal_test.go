@@ -132,7 +132,7 @@ func TestVisible(t *testing.T) {
 // A list's link holds its filter, and reading the link gives it back.
 func TestFilterLinksRoundTrip(t *testing.T) {
 	q := url.Values{"state": {"flagged", "claimed", "flagged"}, "consumer": {"billing"}, "route": {"payments"},
-		"reason": {"route "}, "older": {"1d2h"}, "after": {"42"}}
+		"session": {"account 7"}, "reason": {"route "}, "older": {"1d2h"}, "after": {"42"}}
 	f, errs := parseFilter(q)
 	if len(errs) > 0 {
 		t.Fatal(errs)
@@ -142,16 +142,16 @@ func TestFilterLinksRoundTrip(t *testing.T) {
 		t.Fatalf("filter %+v", f)
 	}
 	again, errs := parseFilter(f.query())
-	if len(errs) > 0 || !slices.Equal(again.States, f.States) || again.Consumer != f.Consumer || again.Route != f.Route ||
+	if len(errs) > 0 || !slices.Equal(again.States, f.States) || again.Consumer != f.Consumer || again.Route != f.Route || again.Session != "account 7" ||
 		again.Reason != f.Reason || again.OlderThan != f.OlderThan || again.After != 0 {
 		t.Errorf("round trip: %+v -> %+v (%v)", f, again, errs)
 	}
 	p := f.listParams(51)
-	if p.Route != "payments" || p.ReasonPrefix != "route " || p.AfterID != 42 || p.Limit != 51 || p.OlderThan != 26*time.Hour {
+	if p.Route != "payments" || p.SessionID != "account 7" || p.ReasonPrefix != "route " || p.AfterID != 42 || p.Limit != 51 || p.OlderThan != 26*time.Hour {
 		t.Errorf("list params %+v", p)
 	}
 	for _, bad := range []url.Values{{"state": {"bogus"}}, {"older": {"soon"}}, {"older": {"-1h"}}, {"after": {"x"}},
-		{"consumer": {strings.Repeat("c", 201)}}, {"reason": {strings.Repeat("r", 401)}}} {
+		{"consumer": {strings.Repeat("c", 201)}}, {"session": {strings.Repeat("s", 129)}}, {"reason": {strings.Repeat("r", 401)}}} {
 		if _, errs := parseFilter(bad); len(errs) == 0 {
 			t.Errorf("filter %v accepted", bad)
 		}

@@ -18,6 +18,7 @@ type filter struct {
 	States    []claim.State
 	Consumer  string
 	Route     string
+	Session   string // the message's session (session-enabled entities)
 	Reason    string // a prefix of the flag reason
 	OlderText string // as typed: 90m, 2h, 3d
 	OlderThan time.Duration
@@ -75,6 +76,7 @@ func parseFilter(q url.Values) (filter, []string) {
 	}
 	f.Consumer = text("consumer", 200)
 	f.Route = text("route", 64)
+	f.Session = text("session", claim.MaxMessageIDLength)
 	// The reason prefix keeps its spaces: "route " and "route" differ.
 	if v := q.Get("reason"); utf8.RuneCountInString(v) > 400 || !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
 		errs = append(errs, "reason is longer than 400 characters")
@@ -106,7 +108,7 @@ func (f filter) query() url.Values {
 	for _, s := range f.States {
 		q.Add("state", string(s))
 	}
-	for k, v := range map[string]string{"consumer": f.Consumer, "route": f.Route, "reason": f.Reason, "older": f.OlderText} {
+	for k, v := range map[string]string{"consumer": f.Consumer, "route": f.Route, "session": f.Session, "reason": f.Reason, "older": f.OlderText} {
 		if v != "" {
 			q.Set(k, v)
 		}
@@ -115,7 +117,7 @@ func (f filter) query() url.Values {
 }
 
 func (f filter) listParams(limit int) *claim.ListParams {
-	return &claim.ListParams{States: f.States, Consumer: f.Consumer, Route: f.Route, ReasonPrefix: f.Reason,
+	return &claim.ListParams{States: f.States, Consumer: f.Consumer, Route: f.Route, SessionID: f.Session, ReasonPrefix: f.Reason,
 		OlderThan: f.OlderThan, AfterID: f.After, Limit: limit}
 }
 
@@ -129,7 +131,7 @@ func (f filter) describe() []string {
 		}
 		out = append(out, "state: "+strings.Join(names, ", "))
 	}
-	for _, kv := range [][2]string{{"consumer", f.Consumer}, {"route", f.Route}, {"reason starts with", f.Reason}, {"claimed more than", f.OlderText}} {
+	for _, kv := range [][2]string{{"consumer", f.Consumer}, {"route", f.Route}, {"session", f.Session}, {"reason starts with", f.Reason}, {"claimed more than", f.OlderText}} {
 		if kv[1] != "" {
 			v := strconv.Quote(visible(kv[1]))
 			if kv[0] == "claimed more than" {

@@ -26,7 +26,21 @@ type overviewData struct {
 	SampleEvery                     string
 	Samples                         int
 	ListFlagged, ListOpen           string
+	// Sessions are the failed or flagged claims of sessions' messages
+	// (at most maxSessionRows): a route with holdSessionOnFailure holds
+	// each one's session until an operator acts on it.
+	Sessions     []sessionRow
+	MoreSessions bool
 }
+
+// sessionRow is a failed or flagged claim of a session's message.
+type sessionRow struct {
+	C    *claim.Claim
+	Link string // the session's claims
+}
+
+// maxSessionRows bounds the overview's list of held sessions.
+const maxSessionRows = 20
 
 type consumerRow struct {
 	claim.ConsumerCounts
@@ -57,9 +71,20 @@ func (s *Server) serveOverview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v.Now = o.Now
+	held, err := s.opts.Store.List(ctx, &claim.ListParams{States: []claim.State{claim.StateFailed, claim.StateFlagged}, InSession: true, Limit: maxSessionRows + 1})
+	if err != nil {
+		s.storeError(w, r, "the held sessions", err)
+		return
+	}
 	d := &overviewData{O: o, MoreConsumers: o.MoreConsumers, OtherReasons: o.OtherReasons,
 		ListFlagged: listURL(url.Values{"state": {"flagged"}}),
 		ListOpen:    listURL(url.Values{"state": {"claimed", "released", "flagged"}})}
+	if d.MoreSessions = len(held) > maxSessionRows; d.MoreSessions {
+		held = held[:maxSessionRows]
+	}
+	for _, c := range held {
+		d.Sessions = append(d.Sessions, sessionRow{C: c, Link: listURL(url.Values{"session": {c.SessionID}})})
+	}
 	d.OldestUnfinished, d.OldestFlagged = "none", "none"
 	if o.OldestUnfinished != nil {
 		d.OldestUnfinished = humanDuration(o.Now.Sub(*o.OldestUnfinished))

@@ -32,13 +32,14 @@ func (p *Processor) deliveryFacts(d *delivery) protocol.Delivery {
 	return protocol.Delivery{
 		Count: int(d.msg.DeliveryCount), Max: p.opts.MaxDeliveryCount,
 		Fetched: d.fetched, FromSilent: d.fromSilent,
-		CanDefer: p.deferrer != nil && !d.handler.Backoff.WithDefaults().Off && d.msg.SequenceNumber != nil,
+		CanDefer: p.deferrer != nil && !d.handler.Backoff.WithDefaults().Off && d.msg.SequenceNumber != nil && d.sess == nil,
+		Session:  d.sess != nil,
 	}
 }
 
 // routeFacts is what the protocol needs of route h.
 func routeFacts(h sideeffects.Handler) protocol.Route {
-	return protocol.Route{Name: h.Name, Manual: h.Manual(), Horizon: h.Backoff.WithDefaults().Horizon}
+	return protocol.Route{Name: h.Name, Manual: h.Manual(), Horizon: h.Backoff.WithDefaults().Horizon, HoldOnFailure: h.HoldSessionOnFailure}
 }
 
 // outcomeOf converts a classified effect outcome.
@@ -66,7 +67,7 @@ func effectFacts(d *delivery, c *claim.Claim, res held.Result) protocol.Effect {
 		retryAfter = se.RetryAfter
 	}
 	e := protocol.Effect{Outcome: outcomeOf(res.Outcome), Error: claim.ErrorText(res.Err),
-		Delay: d.handler.Backoff.WithDefaults().Delay(c.Postponements, retryAfter)}
+		Delay: d.handler.Backoff.WithDefaults().Delay(c.Postponements+d.sess.holdCount(), retryAfter)}
 	switch {
 	case e.Outcome == protocol.Unknown && sideeffects.ForOperator(res.Err):
 		e.ForOperator, e.OperatorReason = true, held.OperatorReason(res.Err)
@@ -79,7 +80,7 @@ func effectFacts(d *delivery, c *claim.Claim, res held.Result) protocol.Effect {
 // afterEffect asks the protocol what an attempt's result does, and does
 // it.
 func (p *Processor) afterEffect(work context.Context, d *delivery, c *claim.Claim, res held.Result) verdict {
-	dec := protocol.AfterEffect(protocol.EffectStep{Claim: claimFacts(c), Delivery: p.deliveryFacts(d), Route: routeFacts(d.handler), Effect: effectFacts(d, c, res)})
+	dec := protocol.AfterEffect(protocol.EffectStep{Claim: d.sess.claimFacts(c), Delivery: p.deliveryFacts(d), Route: routeFacts(d.handler), Effect: effectFacts(d, c, res)})
 	return p.perform(work, d, c, dec, &res)
 }
 
@@ -119,6 +120,12 @@ func (p *Processor) perform(work context.Context, d *delivery, c *claim.Claim, d
 	case protocol.Fail:
 		err = p.fail(work, c, &claim.FailParams{ID: c.ID, Owner: c.Owner, Reason: dec.Reason, Error: dec.Description,
 			Answer: answer, DeadLetterSeq: d.msg.SequenceNumber})
+	case protocol.Hold:
+		// The attempts are recorded (held.Run); this guarded heartbeat
+		// checks the claim is still this holder's before it waits.
+		err = held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
+			return p.opts.Store.Heartbeat(ctx, &claim.HeartbeatParams{ID: c.ID, Owner: c.Owner})
+		})
 	case protocol.Flag:
 		err = held.Write(work, p.opts.StoreTimeout, p.opts.RecordRetryWindow, func(ctx context.Context) error {
 			_, err := p.opts.Store.Flag(ctx, &claim.FlagParams{ID: c.ID, Owner: c.Owner, State: claim.StateClaimed, Reason: dec.Reason, By: p.opts.Host})
@@ -166,7 +173,10 @@ func (p *Processor) perform(work context.Context, d *delivery, c *claim.Claim, d
 		}
 	case protocol.Flag:
 		d.log.Warn("claim flagged for operators", "why", dec.Reason)
+	case protocol.Hold:
+		p.metrics.Postponed.WithLabelValues(d.handler.Name).Inc()
 	}
+	d.sess.decided(c, dec)
 	return p.verdictOf(d, dec, res)
 }
 
@@ -182,7 +192,7 @@ func (p *Processor) verdictOf(d *delivery, dec protocol.Decision, res *held.Resu
 	if dec.Write == protocol.Defer {
 		v.attrs = append(v.attrs, "due_in", dec.Wait.Round(time.Millisecond).String())
 	}
-	if dec.Write == protocol.HandOff {
+	if dec.Write == protocol.HandOff || dec.Write == protocol.Hold {
 		v.attrs = append(v.attrs, "next_attempt_in", dec.Wait.Round(time.Millisecond).String())
 	}
 	if res != nil {

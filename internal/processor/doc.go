@@ -27,5 +27,9 @@
 //
 // It depends on Receiver, which *azservicebus.Receiver satisfies as it is,
 // and works with *azservicebus.ReceivedMessage values end to end; tests use
-// the in-memory broker in package membus.
+// the in-memory broker in package membus. On a session-enabled entity it
+// runs in session mode instead (session.go: Options.AcceptSession and
+// SessionReceiver, which *azservicebus.SessionReceiver satisfies): one
+// message at a time per session, a retry held in place rather than
+// deferred, so that a session's effects keep their order.
 package processor

@@ -152,6 +152,9 @@ type router struct {
 	// breaker is the default route's breaker (set before the processor
 	// starts).
 	breaker sideeffects.Breaker
+	// holdSession is the default and manual routes' HoldSessionOnFailure
+	// (set before the processor starts).
+	holdSession bool
 }
 
 func (r *router) keyForm() claim.KeyForm {
@@ -180,9 +183,9 @@ func (r *router) Route(msg *azservicebus.ReceivedMessage) (sideeffects.Handler, 
 		}
 		return sideeffects.Handler{Name: "json", Effect: r.eff, Fingerprint: "fp-json", KeyForm: claim.KeyFormRaw}, nil
 	case "manual":
-		return sideeffects.Handler{Name: "manual", Effect: r.eff, Recovery: sideeffects.RecoveryManual, Fingerprint: "fp-manual", KeyForm: claim.KeyFormRaw, Backoff: r.backoff}, nil
+		return sideeffects.Handler{Name: "manual", Effect: r.eff, Recovery: sideeffects.RecoveryManual, Fingerprint: "fp-manual", KeyForm: claim.KeyFormRaw, Backoff: r.backoff, HoldSessionOnFailure: r.holdSession}, nil
 	default:
-		return sideeffects.Handler{Name: "effect", Effect: r.eff, Fingerprint: r.fingerprint(), KeyForm: r.keyForm(), Backoff: r.backoff, Breaker: r.breaker}, nil
+		return sideeffects.Handler{Name: "effect", Effect: r.eff, Fingerprint: r.fingerprint(), KeyForm: r.keyForm(), Backoff: r.backoff, Breaker: r.breaker, HoldSessionOnFailure: r.holdSession}, nil
 	}
 }
 

@@ -60,6 +60,9 @@ type delivery struct {
 	// deferral is the due time to record once the message is deferred
 	// (set by postpone).
 	deferral *claim.SetDueParams
+	// sess: the message came through a session receiver (session.go);
+	// nil otherwise.
+	sess *sessionDelivery
 }
 
 // settlement is what happens to a delivery's message at the end (the
@@ -292,6 +295,9 @@ func (p *Processor) claimParams(d *delivery) claim.ClaimParams {
 		PayloadHash:   d.hash,
 		DeliveryCount: int(d.msg.DeliveryCount),
 	}
+	if d.sess != nil {
+		cp.SessionID = d.sess.id
+	}
 	if d.msg.Subject != nil {
 		cp.Subject = claim.Storable(*d.msg.Subject)
 	}
@@ -355,7 +361,7 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 		released := c.State == claim.StateReleased
 		routeChanged := c.RouteDiffers(d.handler.Name, d.handler.Fingerprint)
 		step := protocol.DuplicateStep{State: protocol.State(c.State), Elsewhere: protocol.Elsewhere(claimMessage(c), d.msg.SequenceNumber),
-			PayloadStored: c.Payload != nil, RouteChanged: routeChanged, Manual: d.handler.Manual(), Quiet: released}
+			PayloadStored: c.Payload != nil, RouteChanged: routeChanged, Manual: d.handler.Manual(), Quiet: released, Session: d.sess != nil}
 		// Whether the holder is silent: a released claim has none; for a
 		// take-over the guarded UPDATE itself judges it; otherwise ask the
 		// database clock. A route whose downstream forgets keys asks it
@@ -419,6 +425,11 @@ func (p *Processor) duplicate(ctx, work context.Context, d *delivery, c *claim.C
 			// and the downstream does not honour the key, so nobody may
 			// repeat it. The reconciler flags the claim for an operator.
 			return completed(ResultDuplicate, "why", "holder silent on a manual route: left for the reconciler to flag")
+		case protocol.DupFlagSilentManual:
+			// As DupLeave, in a session: flag it now (session.go).
+			if v, ok := p.flagSilentManual(work, d, c); ok {
+				return v
+			}
 		case protocol.DupFlagKeyExpired:
 			// Its key is older than the downstream keeps keys: a repeat
 			// would not be deduplicated. A person decides. A refused flag
@@ -537,6 +548,14 @@ func messageless(c *claim.Claim) bool {
 // it waits for a live holder: its lock-renewal window, or (renewal off)
 // until shortly before its lock expires.
 func (p *Processor) watchUntil(d *delivery) time.Time {
+	if d.sess != nil {
+		// In a session the message is held as long as the session, whose
+		// lock is renewed: the watch ends with the holder's outcome, its
+		// silence or the session's context, never by completing the
+		// message while the holder's effect may still run (the session's
+		// next message would overtake it).
+		return time.Now().Add(sessionWatch)
+	}
 	if p.opts.MaxLockRenewal > 0 {
 		return d.received.Add(p.opts.MaxLockRenewal)
 	}

@@ -47,6 +47,9 @@ type Metrics struct {
 	FollowUpOldestSeconds prometheus.Gauge
 	FollowUpSends         *prometheus.CounterVec // result
 	FollowUpResends       prometheus.Counter
+	// Session mode: sessions held for an operator now (a failure on a
+	// route with HoldSessionOnFailure).
+	SessionsHeld prometheus.Gauge
 }
 
 // NewMetrics creates the collectors and registers them with reg (nil: not
@@ -155,6 +158,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sbclaim_followup_resends_total",
 			Help: "Follow-up messages sent again after an earlier lease of them (a crash, a failed send or mark): the same MessageId, which duplicate detection drops.",
 		}),
+		SessionsHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sbclaim_sessions_held",
+			Help: "Sessions this processor holds for an operator: a claim of theirs failed or was flagged on a route with HoldSessionOnFailure.",
+		}),
 	}
 	if reg != nil {
 		// Shared with other processors (and the reconciler's take-overs)
@@ -185,6 +192,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.FollowUpOldestSeconds = metricreg.Register(reg, m.FollowUpOldestSeconds)
 		m.FollowUpSends = metricreg.Register(reg, m.FollowUpSends)
 		m.FollowUpResends = metricreg.Register(reg, m.FollowUpResends)
+		m.SessionsHeld = metricreg.Register(reg, m.SessionsHeld)
 	}
 	return m
 }

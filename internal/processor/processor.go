@@ -23,14 +23,25 @@ import (
 	"github.com/sbclaim/sbclaim/internal/tracing"
 )
 
-// Options configure a Processor. Store, Router, NewReceiver and Consumer are
-// required; every other field has a default.
+// Options configure a Processor. Store, Router, Consumer and NewReceiver
+// (or, for a session-enabled entity, AcceptSession) are required; every
+// other field has a default.
 type Options struct {
 	Consumer    string // the consumer name in claims
 	Entity      string // queue, or topic/subscription (recorded on claims)
 	Store       claim.Store
 	Router      sideeffects.Router
 	NewReceiver NewReceiverFunc
+
+	// Session mode (session.go), for a session-enabled queue or
+	// subscription: AcceptSession accepts the next session (set it instead
+	// of NewReceiver); up to MaxConcurrentSessions sessions are worked at
+	// once (default 8), one message at a time each, and a session without
+	// a message for SessionIdleTimeout (default 1m) is released for
+	// another. Messages are never deferred in session mode.
+	AcceptSession         AcceptSessionFunc
+	MaxConcurrentSessions int
+	SessionIdleTimeout    time.Duration
 
 	// Key extracts the dedup key. Default: the MessageId.
 	Key KeyFunc
@@ -216,8 +227,8 @@ func New(opts Options) (*Processor, error) {
 		return nil, errors.New("processor: Store is required")
 	case opts.Router == nil:
 		return nil, errors.New("processor: Router is required")
-	case opts.NewReceiver == nil:
-		return nil, errors.New("processor: NewReceiver is required")
+	case opts.NewReceiver == nil && opts.AcceptSession == nil:
+		return nil, errors.New("processor: NewReceiver (or, for a session-enabled entity, AcceptSession) is required")
 	case opts.Consumer == "":
 		return nil, errors.New("processor: Consumer is required")
 	}
@@ -234,6 +245,9 @@ func New(opts Options) (*Processor, error) {
 	}
 	if opts.MaxConcurrentCalls < 0 || opts.MaxPayloadBytes < 0 {
 		return nil, fmt.Errorf("processor: MaxConcurrentCalls and MaxPayloadBytes cannot be negative (got %d, %d)", opts.MaxConcurrentCalls, opts.MaxPayloadBytes)
+	}
+	if err := opts.checkSessions(); err != nil {
+		return nil, err
 	}
 	if err := opts.Retry.Validate(); err != nil {
 		return nil, fmt.Errorf("processor: %w", err)
@@ -393,6 +407,9 @@ func (p *Processor) NotReadyReason() string {
 func (p *Processor) Run(ctx context.Context) error {
 	if h, ok := ctx.Value(hooksKey{}).(Hooks); ok && !p.opts.Hooks.set() {
 		p.opts.Hooks = h
+	}
+	if p.opts.AcceptSession != nil {
+		return p.runSessions(ctx)
 	}
 	// Work (effects, store writes, settlement) must outlive ctx: a SIGTERM
 	// stops receiving, not the effects already running. work is cancelled

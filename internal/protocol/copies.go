@@ -174,9 +174,15 @@ const (
 	DupWait                                    // wait for the live holder's outcome, then look again
 	DupPeek                                    // peek the broker for the claim's message (Carrier), then decide again
 	DupForget                                  // forget the claim's message, gone from the broker (ClearDeferred), then look again
+	// DupFlagSilentManual: in a session, a manual route's silent holder is
+	// flagged at once (guarded: refuses a live holder) instead of left to
+	// the reconciler: the session's next message must not run while the
+	// claim's outcome is open.
+	DupFlagSilentManual
 )
 
-var dupNames = [...]string{"complete", "failed copy", "flag route changed", "leave to the reconciler", "flag key expired", "take over", "wait", "peek", "forget its message"}
+var dupNames = [...]string{"complete", "failed copy", "flag route changed", "leave to the reconciler", "flag key expired", "take over", "wait",
+	"peek", "forget its message", "flag silent holder (session)"}
 
 // Carrier is what a peek at the broker (from the claim's sequence number)
 // said of the claim's message, when a copy would be completed on that
@@ -218,6 +224,9 @@ type DuplicateStep struct {
 	// route's key lifetime. Both read only when NeedsClock.
 	Quiet      bool
 	KeyExpired bool
+	// Session: the delivery came through a session receiver: the
+	// session's next message waits for this one's outcome.
+	Session bool
 }
 
 // NeedsClock reports whether a DuplicateStep needs the database clock
@@ -267,6 +276,8 @@ func Duplicate(s DuplicateStep) DuplicateAction {
 	switch {
 	case s.RouteChanged && s.Quiet:
 		return DupFlagRouteChanged
+	case s.Manual && s.Quiet && !released && s.Session:
+		return DupFlagSilentManual
 	case s.Manual && s.Quiet && !released:
 		return DupLeave
 	case !s.RouteChanged && s.KeyExpired && s.Quiet:

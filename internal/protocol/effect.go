@@ -41,7 +41,12 @@ type EffectStep struct {
 //	unknown, auto route         ─► postpone | hand off | keep ─► abandon
 //	unknown, manual, fetched    ─► flag (the poller would fetch it again)
 //	unknown, manual             ─► keep ─► abandon (the reconciler flags it)
+//
+// In a session (Delivery.Session) it decides as afterSessionEffect does.
 func AfterEffect(s EffectStep) Decision {
+	if s.Delivery.Session {
+		return afterSessionEffect(s)
+	}
 	e := s.Effect
 	switch e.Outcome {
 	case OK:

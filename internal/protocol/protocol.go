@@ -125,9 +125,10 @@ const (
 	Fail                 // failed with Reason: this delivery dead-letters the message
 	Flag                 // flagged with Reason: a person decides
 	TakeDeadLetter       // a failed claim without a dead letter names this delivery as the one
+	Hold                 // stays claimed, the attempt recorded: the same delivery retries after Wait, holding its session
 )
 
-var writeNames = [...]string{"-", "mark processed", "release", "defer", "hand off", "fail", "flag", "take dead letter"}
+var writeNames = [...]string{"-", "mark processed", "release", "defer", "hand off", "fail", "flag", "take dead letter", "hold"}
 
 func (w Write) String() string { return writeNames[w] }
 
@@ -141,9 +142,10 @@ const (
 	Abandon                    // redeliver
 	DeferMessage               // set aside until its claim is due
 	DeadLetter                 // never processable, or a final answer
+	Retry                      // keep the message (its session waits) and run it again after Wait
 )
 
-var settleNames = [...]string{"-", "complete", "abandon", "defer", "dead-letter"}
+var settleNames = [...]string{"-", "complete", "abandon", "defer", "dead-letter", "retry"}
 
 func (s Settle) String() string { return settleNames[s] }
 
@@ -173,6 +175,11 @@ type Decision struct {
 	// was refused (TakeDeadLetter: another delivery took it); otherwise
 	// a refusal means the claim was lost (Lost decides).
 	OnRefused Settle
+	// HoldSession: the message's session waits for an operator once the
+	// message is settled (a session route with HoldSessionOnFailure whose
+	// claim failed or was flagged): its next message must not run until
+	// the claim is resolved or redriven.
+	HoldSession bool
 	// Why says why, for the delivery's final log line.
 	Why string
 }
@@ -202,6 +209,11 @@ type Delivery struct {
 	// deferrals, the route allows them, the message has a sequence
 	// number).
 	CanDefer bool
+	// Session: the message came through a session receiver. It is never
+	// deferred or abandoned for a retry (the session's next message would
+	// overtake it): its holder keeps it and retries after the route's
+	// backoff (see SessionStep in session.go).
+	Session bool
 }
 
 // Last reports whether this is the message's last delivery: an abandon,
@@ -213,6 +225,9 @@ type Route struct {
 	Name    string
 	Manual  bool          // recovery manual: the downstream does not honour the key
 	Horizon time.Duration // flag a claim postponed this long; 0: never
+	// HoldOnFailure: in a session, a failed or flagged claim holds its
+	// session until an operator acts (HoldSessionOnFailure).
+	HoldOnFailure bool
 }
 
 // pastHorizon says why claim c, postponed for longer than its route's

@@ -57,6 +57,9 @@ func decision(d protocol.Decision) string {
 	if d.Write != protocol.NoWrite && d.OnWriteError != protocol.SettleNone {
 		settle += " (write fails: " + d.OnWriteError.String() + ")"
 	}
+	if d.HoldSession {
+		settle += ", then hold the session"
+	}
 	return fmt.Sprintf("%s | %s | %s", d.Write, settle, dash(string(d.Result)))
 }
 
@@ -117,6 +120,46 @@ func render() (string, int) {
 	}
 	n += table(&b, "After an effect (AfterEffect)", "The holder kept its claim through the attempt.",
 		"outcome | needs an operator | route | fetched | delivery | payload | can defer | past horizon | write | settle | result", rows)
+
+	// After an effect in a session.
+	rows = rows[:0]
+	for _, o := range outcomes {
+		ops := []bool{false}
+		if o == protocol.Unknown {
+			ops = []bool{false, true}
+		}
+		for _, forOp := range ops {
+			for _, manual := range []bool{false, true} {
+				for _, stored := range []bool{false, true} {
+					for _, past := range []bool{false, true} {
+						for _, spent := range []bool{false, true} {
+							for _, hold := range []bool{false, true} {
+								c := protocol.Claim{PayloadStored: stored, Postponements: 2, Postponed: true, SincePostponed: time.Hour}
+								if past {
+									c.SincePostponed = 48 * time.Hour
+								}
+								if spent {
+									c.Postponements = maxDeliveries
+								}
+								d := protocol.AfterEffect(protocol.EffectStep{Claim: c,
+									Delivery: protocol.Delivery{Count: 1, Max: maxDeliveries, Session: true},
+									Route:    protocol.Route{Name: "r", Manual: manual, Horizon: 24 * time.Hour, HoldOnFailure: hold},
+									Effect:   protocol.Effect{Outcome: o, ForOperator: forOp, Delay: time.Minute}})
+								rows = append(rows, fmt.Sprintf("%s | %s | %s | %s | %s | %s | %s | %s",
+									o, yn(forOp), map[bool]string{false: "auto", true: "manual"}[manual], yn(stored), yn(past), yn(spent), yn(hold), decision(d)))
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	n += table(&b, "After an effect in a session (AfterEffect, Delivery.Session)",
+		"A session's message is never deferred or abandoned for a retry: \"hold\" keeps the claim and the message, and the same delivery "+
+			"retries after the route's backoff while its session waits. \"held retries spent\": the claim was held for a retry "+
+			"MaxDeliveryCount times (an unknown outcome is then flagged). \"hold the session\": the route holds its session on failure "+
+			"(HoldSessionOnFailure) until an operator resolves or redrives the claim.",
+		"outcome | needs an operator | route | payload | past horizon | held retries spent | hold on failure | write | settle | result", rows)
 
 	// Before running a fetched message.
 	rows = rows[:0]
@@ -281,6 +324,28 @@ func render() (string, int) {
 	}
 	n += table(&b, "A duplicate delivery's next move (Duplicate)", "Another attempt holds or finished the claim. \"Quiet\": released, or its holder silent for the take-over window by the database clock. \"Its message\": what a peek at the broker from the claim's sequence number said.",
 		"claim | its message carries the work elsewhere | route changed | route | quiet | key expired | action", rows)
+
+	// A duplicate in a session (its unfinished claims only: a finished
+	// one is decided as above; nothing is deferred in a session).
+	rows = rows[:0]
+	for _, st := range []protocol.State{protocol.Claimed, protocol.Released} {
+		for _, changed := range []bool{false, true} {
+			for _, manual := range []bool{false, true} {
+				for _, quiet := range []bool{false, true} {
+					for _, expired := range []bool{false, true} {
+						if st == protocol.Released && !quiet {
+							continue
+						}
+						s := protocol.DuplicateStep{State: st, RouteChanged: changed, Manual: manual, Quiet: quiet, KeyExpired: expired, Session: true}
+						rows = append(rows, fmt.Sprintf("%s | %s | %s | %s | %s | %s",
+							st, yn(changed), map[bool]string{false: "auto", true: "manual"}[manual], yn(quiet), yn(expired), protocol.Duplicate(s)))
+					}
+				}
+			}
+		}
+	}
+	n += table(&b, "A duplicate delivery in a session (Duplicate, Session)", "As above, for a delivery through a session receiver: a manual route's silent holder is flagged at once, not left to the reconciler, so that the session's next message does not run while the claim's outcome is open.",
+		"claim | route changed | route | quiet | key expired | action", rows)
 
 	// The end of a duplicate's watch.
 	rows = rows[:0]

@@ -526,3 +526,29 @@ func TestFakeDownstreamAnswersLikeAPaymentAPI(t *testing.T) {
 		t.Errorf("new key: %v %+v", err, a)
 	}
 }
+
+func TestHoldSessionOnFailure(t *testing.T) {
+	t.Parallel()
+	r := mustRouter(t, `
+routes:
+  - {name: a, match: {subject: a}, url: "https://example.com/a", holdSessionOnFailure: true}
+  - {name: b, match: {subject: b}, url: "https://example.com/b"}
+`, nil, nil)
+	for subject, want := range map[string]bool{"a": true, "b": false} {
+		h, err := r.Route(newMsg("m", subject, `{}`))
+		if err != nil || h.HoldSessionOnFailure != want {
+			t.Errorf("route %s: HoldSessionOnFailure %v (%v), want %v", subject, h.HoldSessionOnFailure, err, want)
+		}
+	}
+	eff := EffectFunc(func(context.Context, *azservicebus.ReceivedMessage, string) error { return nil })
+	rs, _ := NewRouter(Route{Name: "g", Match: Match{Subject: AnySubject}, Effect: eff, HoldSessionOnFailure: true})
+	if h, _ := rs.Route(newMsg("m", "x", "")); !h.HoldSessionOnFailure {
+		t.Error("in-code Route.HoldSessionOnFailure not carried to the Handler")
+	}
+	if got := parseErr(t, `
+routes:
+  - {name: a, match: {subject: a}, url: "https://example.com/a", holdSessionOnFailure: "yes"}
+`, nil); !strings.Contains(got, `route "a": field "holdSessionOnFailure"`) {
+		t.Errorf("holdSessionOnFailure: %s", got)
+	}
+}

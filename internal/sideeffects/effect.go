@@ -98,6 +98,14 @@ type Handler struct {
 	// scoped). Not part of the fingerprint: changing it changes no claim
 	// in flight.
 	KeyForm claim.KeyForm
+	// HoldSessionOnFailure, on a session-enabled entity, holds a message's
+	// session when its claim fails (a final answer) or is flagged: the
+	// session's next message does not run until an operator resolves or
+	// redrives the claim (for flows where it must not run after a
+	// failure). Off: the message is dead-lettered once and its session
+	// goes on. Routes file: holdSessionOnFailure: true. Not part of the
+	// fingerprint; no effect without sessions.
+	HoldSessionOnFailure bool
 	// Backoff is the route's delayed-retry schedule (zero: DefaultBackoff).
 	Backoff Backoff
 	// Breaker is the route's breaker (zero: DefaultBreaker).

@@ -56,7 +56,7 @@ func (r *HTTPRouter) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 				return Handler{}, err
 			}
 		}
-		return Handler{Name: rt.name, Effect: rt, Recovery: rt.recovery, Fingerprint: rt.fingerprint, AllowNewKey: rt.allowNewKey,
+		return Handler{Name: rt.name, Effect: rt, Recovery: rt.recovery, Fingerprint: rt.fingerprint, AllowNewKey: rt.allowNewKey, HoldSessionOnFailure: rt.holdSession,
 			KeyLifetime: rt.keyLifetime, KeyForm: rt.keyForm, Backoff: rt.backoff, Breaker: rt.breaker}, nil
 	}
 	return Handler{}, noRoute(msg)
@@ -122,6 +122,7 @@ type httpRoute struct {
 	contentType string
 	recovery    Recovery
 	allowNewKey bool
+	holdSession bool // Handler.HoldSessionOnFailure
 	backoff     Backoff
 	breaker     Breaker
 	configErrs  map[int]bool  // statuses that say the route is misconfigured (Misconfigured)

@@ -87,6 +87,8 @@ type Route struct {
 	Version string
 	// AllowNewKey is Handler.AllowNewKey.
 	AllowNewKey bool
+	// HoldSessionOnFailure is Handler.HoldSessionOnFailure.
+	HoldSessionOnFailure bool
 	// KeyLifetime is Handler.KeyLifetime (zero: the downstream keeps keys
 	// for ever).
 	KeyLifetime time.Duration
@@ -153,7 +155,7 @@ func (rs Routes) Route(msg *azservicebus.ReceivedMessage) (Handler, error) {
 		}
 		return Handler{Name: r.Name, Effect: r.Effect, TxEffect: r.TxEffect,
 			Recovery: cmp.Or(r.Recovery, RecoveryAuto), Fingerprint: Fingerprint("go", r.Name, r.Version), AllowNewKey: r.AllowNewKey,
-			KeyLifetime: r.KeyLifetime, KeyForm: r.KeyForm, Backoff: r.Backoff, Breaker: r.Breaker}, nil
+			HoldSessionOnFailure: r.HoldSessionOnFailure, KeyLifetime: r.KeyLifetime, KeyForm: r.KeyForm, Backoff: r.Backoff, Breaker: r.Breaker}, nil
 	}
 	return Handler{}, noRoute(msg)
 }

@@ -85,11 +85,13 @@ type routeSpec struct {
 	Record      *recordSpec           `yaml:"record"`
 	Excerpt     *bool                 `yaml:"excerpt"`
 	AllowNewKey bool                  `yaml:"allowNewKey"`
-	KeyLifetime string                `yaml:"keyLifetime"`
-	Request     *requestSpec          `yaml:"request"`
-	Key         string                `yaml:"key"`
-	Backoff     *backoffSpec          `yaml:"backoff"`
-	Breaker     *breakerSpec          `yaml:"breaker"`
+	// HoldSessionOnFailure is Handler.HoldSessionOnFailure.
+	HoldSessionOnFailure bool         `yaml:"holdSessionOnFailure"`
+	KeyLifetime          string       `yaml:"keyLifetime"`
+	Request              *requestSpec `yaml:"request"`
+	Key                  string       `yaml:"key"`
+	Backoff              *backoffSpec `yaml:"backoff"`
+	Breaker              *breakerSpec `yaml:"breaker"`
 	// ConfigErrors are the statuses that say the route is misconfigured
 	// (default DefaultConfigErrors; an empty list: none). An answer rule
 	// that matches the answer decides instead.
@@ -575,6 +577,7 @@ func buildRouter(file *routesFile, getenv func(string) string, client *http.Clie
 			contentType: rs.ContentType,
 			recovery:    cmp.Or(Recovery(rs.Recovery), RecoveryAuto),
 			allowNewKey: rs.AllowNewKey,
+			holdSession: rs.HoldSessionOnFailure,
 			keyForm:     claim.KeyForm(rs.Key),
 			backoff:     buildBackoff(rs.Backoff, func(field, problem string) { fail(rs.Name, field, "%s", problem) }),
 			breaker:     buildBreaker(rs.Breaker, func(field, problem string) { fail(rs.Name, field, "%s", problem) }),

@@ -23,6 +23,7 @@ func (s *suite) consoleTests() []struct {
 		fn   func(t *testing.T)
 	}{
 		{"ListFiltersByRouteAndReasonPrefix", s.listRouteAndReason},
+		{"SessionIDRoundTripsAndFiltersTheList", s.listSession},
 		{"OverviewCountsTheOpenWorkOnly", s.overview},
 		{"OverviewGroupsReasonsAndBoundsConsumers", s.overviewGroups},
 		{"OverviewRefusesBadParams", s.overviewParams},

@@ -16,7 +16,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/claim/sqlstore"
 )
 
-// maxRowsPerStatement bounds one ClaimBatch statement. Each row takes 14
+// maxRowsPerStatement bounds one ClaimBatch statement. Each row takes 15
 // parameters and SQL Server accepts at most 2,100 per request; larger
 // batches are sent as several statements.
 const maxRowsPerStatement = 100
@@ -137,7 +137,7 @@ func prepare(plan *sqlstore.Plan) ([]newClaim, error) {
 // insertColumns are the columns a claim insert writes; the rest take their
 // defaults.
 const insertColumns = `MessageId, Consumer, Owner, State, Entity, Subject, ContentType, Properties,
-    PayloadHash, Payload, DeliveryCount, Route, Fingerprint, KeyForm, EffectKey, ClaimedBy, ClaimedUtc, HeartbeatUtc, ProcessedUtc`
+    PayloadHash, Payload, DeliveryCount, Route, Fingerprint, KeyForm, EffectKey, SessionId, ClaimedBy, ClaimedUtc, HeartbeatUtc, ProcessedUtc`
 
 // values adds one row's parameters to a and returns its value list, in
 // the order of insertColumns minus State, ClaimedBy and the times.
@@ -163,6 +163,7 @@ func (r *newClaim) values(a *args, payload []byte) string {
 		a.add(mssqldb.VarChar(r.p.Fingerprint), declFingerprint),
 		a.add(mssqldb.VarChar(sqlstore.FormOf(r.p)), declKeyForm),
 		a.add(text(sqlstore.EffectKeyOf(r.p)), declKey),
+		a.add(text(r.p.SessionID), declSessionID),
 	}, ", ") + ")"
 }
 
@@ -215,9 +216,9 @@ func insertSQL(hostP, state, processed string, vals []string, tail, output strin
 	// itself.
 	return declareNow + `INSERT INTO dbo.Claims (` + insertColumns + `)
 ` + simpleHistory(claim.ChangeClaimed, "''", "INSERTED.ClaimedBy", "N''") + out + `SELECT v.MessageId, v.Consumer, v.Owner, ` + state + `, v.Entity, v.Subject, v.ContentType, v.Properties,
-    v.PayloadHash, v.Payload, v.DeliveryCount, v.Route, v.Fingerprint, v.KeyForm, v.EffectKey, ` + hostP + `, @now, @now, ` + processed + `
+    v.PayloadHash, v.Payload, v.DeliveryCount, v.Route, v.Fingerprint, v.KeyForm, v.EffectKey, v.SessionId, ` + hostP + `, @now, @now, ` + processed + `
 FROM (VALUES ` + strings.Join(vals, ",\n    ") + `)
-    AS v (MessageId, Consumer, Owner, Entity, Subject, ContentType, Properties, PayloadHash, Payload, DeliveryCount, Route, Fingerprint, KeyForm, EffectKey)
+    AS v (MessageId, Consumer, Owner, Entity, Subject, ContentType, Properties, PayloadHash, Payload, DeliveryCount, Route, Fingerprint, KeyForm, EffectKey, SessionId)
 ` + tail
 }
 

@@ -44,7 +44,7 @@ func (ft *fakeTable) put(mid, cons string, owner mssqldb.UniqueIdentifier, hash 
 		hash, []byte("payload"), int64(1), "host", dbNow, dbNow, nil, nil, int64(0), "", nil, "", nil, "", "", "",
 		"route", "fp", int64(0), nil, "", "", nil, "", int64(0), nil, nil, "",
 		nil, "", nil, nil, nil, int64(0), "", "", nil, "", "scoped",
-		nil, nil, int64(0), nil,
+		nil, nil, int64(0), nil, "",
 	}
 	ft.nextID++
 }
@@ -56,11 +56,11 @@ func (ft *fakeTable) existing(t *testing.T, mid, cons string, hash []byte) {
 	ft.put(mid, cons, mssqldb.UniqueIdentifier(uuid.New()), hash, "claimed")
 }
 
-// groups splits a claim INSERT's arguments (host, then 14 per row).
+// groups splits a claim INSERT's arguments (host, then 15 per row).
 func groups(a []any) [][]any {
 	var out [][]any
-	for i := 1; i+14 <= len(a); i += 14 {
-		out = append(out, a[i:i+14])
+	for i := 1; i+15 <= len(a); i += 15 {
+		out = append(out, a[i:i+15])
 	}
 	return out
 }
@@ -173,9 +173,9 @@ func TestClaimBatchHappyPathIsOneRoundTrip(t *testing.T) {
 			t.Errorf("request uses %s:\n%s", banned, q)
 		}
 	}
-	// 4 distinct keys: host + 4 × 14 parameters.
-	if n := len(reqs[0].Args); n != 57 {
-		t.Errorf("%d parameters, want 57", n)
+	// 4 distinct keys: host + 4 × 15 parameters.
+	if n := len(reqs[0].Args); n != 61 {
+		t.Errorf("%d parameters, want 61", n)
 	}
 	// The won claims carry the owner token the store generated: the
 	// uniqueidentifier survived SQL Server's mixed-endian byte order.

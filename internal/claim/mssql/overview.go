@@ -35,6 +35,12 @@ func listFilters(params *claim.ListParams, where []string, a *args) ([]string, e
 	if params.Route != "" {
 		where = append(where, "Route = "+a.add(text(params.Route), declRoute))
 	}
+	if params.SessionID != "" {
+		where = append(where, "SessionId = "+a.add(text(params.SessionID), declSessionID))
+	}
+	if params.InSession {
+		where = append(where, "SessionId <> N''")
+	}
 	if params.ReasonPrefix != "" {
 		where = append(where, reasonLike(a.add(text(sqlstore.LikePrefix(params.ReasonPrefix, likeSpecials)), declLikePattern)))
 	}

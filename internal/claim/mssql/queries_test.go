@@ -23,7 +23,7 @@ func claimRow(id int64, state string) []driver.Value {
 		[]byte{1}, nil, int64(2), "h", dbNow, dbNow, dbNow, nil, int64(1), "e", nil, "", nil, "", "", "",
 		"route", "fp", int64(1), dbNow, "redelivery", "why", wire, "host-0", int64(0), nil, nil, "",
 		nil, "", nil, `{"status":402,"fields":{"/id":"ch_1"}}`, dbNow, int64(1), "m:r1", "operator:ann", dbNow, "cached 500", "raw",
-		int64(42), dbNow, int64(1), dbNow,
+		int64(42), dbNow, int64(1), dbNow, "account-7",
 	}
 }
 
@@ -123,7 +123,7 @@ func TestEveryQueryNumbersItsParameters(t *testing.T) {
 	}
 
 	if c == nil || c.Owner != uuid.MustParse("01020304-0506-0708-090a-0b0c0d0e0f10") || c.ClaimedAt.Location() != time.UTC ||
-		c.ProcessedAt == nil || c.ReleasedAt != nil || c.Properties != nil || c.DeliveryCount != 2 || c.Attempts != 1 {
+		c.ProcessedAt == nil || c.ReleasedAt != nil || c.Properties != nil || c.DeliveryCount != 2 || c.Attempts != 1 || c.SessionID != "account-7" {
 		t.Errorf("scanned claim: %+v", c)
 	}
 	if c == nil || c.Answer == nil || c.Answer.Status != 402 || c.Answer.Fields["/id"] != "ch_1" || c.AnswerAt == nil ||

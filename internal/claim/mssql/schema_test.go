@@ -275,7 +275,7 @@ func tableColumns(t *testing.T) map[string]column {
 		}
 	}
 	// And the columns later migrations add.
-	for _, name := range []string{"00002_takeover.sql", "00003_failed.sql", "00004_history.sql", "00005_deferral.sql"} {
+	for _, name := range []string{"00002_takeover.sql", "00003_failed.sql", "00004_history.sql", "00005_deferral.sql", "00008_sessions.sql"} {
 		for k, v := range addedColumns(t, name) {
 			cols[k] = v
 		}

@@ -67,7 +67,7 @@ var columnNames = []string{
 	"PreviousOwner", "PreviousHolder", "Recoveries", "NextAttemptUtc", "LateSuccessUtc", "LateSuccessBy",
 	"FailedUtc", "FailReason", "DeadLetterSeq", "Answer", "AnswerUtc",
 	"KeyRevision", "EffectKey", "KeyRevisedBy", "KeyRevisedUtc", "KeyRevisionNote", "KeyForm",
-	"DeferredSeq", "DueUtc", "Postponements", "PostponedUtc",
+	"DeferredSeq", "DueUtc", "Postponements", "PostponedUtc", "SessionId",
 }
 
 // cols returns the column list with each name prefixed ("c.", "INSERTED.").
@@ -123,7 +123,7 @@ func scanClaim(r interface{ Scan(...any) error }) (*claim.Claim, error) {
 		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy,
 		&failed, &c.FailReason, &deadLetterSeq, &answer, &answerAt,
 		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote, &c.KeyForm,
-		&deferredSeq, &due, &c.Postponements, &postponed)
+		&deferredSeq, &due, &c.Postponements, &postponed, &c.SessionID)
 	if err != nil {
 		return nil, err
 	}
@@ -223,6 +223,7 @@ const (
 	declAnswer      = "nvarchar(max)" // Answer (JSON text, at most claim.MaxAnswerBytes)
 	declKey         = "nvarchar(255)" // EffectKey; claim.MaxKeyLength
 	declKeyForm     = "varchar(8)"    // KeyForm
+	declSessionID   = "nvarchar(128)" // SessionId
 	declWhat        = "varchar(32)"   // ClaimHistory.What
 )
 

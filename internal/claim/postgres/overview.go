@@ -22,6 +22,13 @@ func listFilters(params *claim.ListParams, where []string, args []any) ([]string
 		args = append(args, params.Route)
 		where = append(where, fmt.Sprintf("route = $%d", len(args)))
 	}
+	if params.SessionID != "" {
+		args = append(args, params.SessionID)
+		where = append(where, fmt.Sprintf("session_id = $%d", len(args)))
+	}
+	if params.InSession {
+		where = append(where, "session_id <> ''")
+	}
 	if params.ReasonPrefix != "" {
 		args = append(args, sqlstore.LikePrefix(params.ReasonPrefix, likeSpecials))
 		where = append(where, fmt.Sprintf(`flag_reason LIKE $%d ESCAPE '\'`, len(args)))

@@ -123,7 +123,7 @@ var columnNames = []string{"id", "message_id", "consumer", "owner", "state", "en
 	"previous_owner", "previous_holder", "recoveries", "next_attempt_utc", "late_success_utc", "late_success_by",
 	"failed_utc", "fail_reason", "dead_letter_seq", "answer", "answer_utc",
 	"key_revision", "effect_key", "key_revised_by", "key_revised_utc", "key_revision_note", "key_form",
-	"deferred_seq", "due_utc", "postponements", "postponed_utc"}
+	"deferred_seq", "due_utc", "postponements", "postponed_utc", "session_id"}
 
 // cols returns the select list scanClaim reads, each column prefixed.
 func cols(prefix string) string {
@@ -178,7 +178,7 @@ func scanClaim(r sqlstore.Scanner, extra ...any) (*claim.Claim, error) {
 		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy,
 		&failed, &c.FailReason, &deadLetterSeq, &answer, &answerAt,
 		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote, &c.KeyForm,
-		&deferredSeq, &due, &c.Postponements, &postponed)
+		&deferredSeq, &due, &c.Postponements, &postponed, &c.SessionID)
 	if err := r.Scan(dest...); err != nil {
 		return nil, err
 	}
@@ -226,15 +226,15 @@ func secs(d time.Duration) float64 { return d.Seconds() }
 // insert that the statement's snapshot can see (inserted = false).
 var claimSQL = `WITH input AS (
 	SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $5::text[], $6::text[],
-		$7::text[], $8::bytea[], $9::bytea[], $10::int[], $11::text[], $12::text[], $15::text[], $16::text[])
+		$7::text[], $8::bytea[], $9::bytea[], $10::int[], $11::text[], $12::text[], $15::text[], $16::text[], $17::text[])
 		WITH ORDINALITY AS i(message_id, consumer, owner, entity, subject, content_type,
-			properties, payload_hash, payload, delivery_count, route, fingerprint, key_form, effect_key, ord)
+			properties, payload_hash, payload, delivery_count, route, fingerprint, key_form, effect_key, session_id, ord)
 ), ins AS (
 	INSERT INTO claims (message_id, consumer, owner, state, entity, subject, content_type,
-		properties, payload_hash, payload, delivery_count, route, fingerprint, key_form, effect_key,
+		properties, payload_hash, payload, delivery_count, route, fingerprint, key_form, effect_key, session_id,
 		claimed_by, claimed_utc, heartbeat_utc, processed_utc)
 	SELECT message_id, consumer, owner, $13, entity, subject, content_type,
-		properties::jsonb, payload_hash, payload, delivery_count, route, fingerprint, key_form, effect_key, $14, now(), now(),
+		properties::jsonb, payload_hash, payload, delivery_count, route, fingerprint, key_form, effect_key, session_id, $14, now(), now(),
 		CASE WHEN $13 = 'processed' THEN now() END
 	FROM input ORDER BY ord
 	ON CONFLICT (message_id, consumer) DO NOTHING
@@ -280,7 +280,7 @@ func (s *Store) insertClaims(ctx context.Context, q sqlstore.Querier, host strin
 		}
 		var (
 			ids, consumers, entities, subjects, types, props, routes, prints []string
-			forms, keys                                                      []string
+			forms, keys, sessions                                            []string
 			owners                                                           []uuid.UUID
 			hashes, payloads                                                 [][]byte
 			counts                                                           []int32
@@ -301,9 +301,10 @@ func (s *Store) insertClaims(ctx context.Context, q sqlstore.Querier, host strin
 			counts = append(counts, int32(c.DeliveryCount))
 			routes, prints = append(routes, c.Route), append(prints, c.Fingerprint)
 			forms, keys = append(forms, string(sqlstore.FormOf(c))), append(keys, sqlstore.EffectKeyOf(c))
+			sessions = append(sessions, c.SessionID)
 		}
 		rows, err := q.QueryContext(ctx, claimSQL, ids, consumers, owners, entities, subjects, types,
-			props, hashes, payloads, counts, routes, prints, string(state), host, forms, keys)
+			props, hashes, payloads, counts, routes, prints, string(state), host, forms, keys, sessions)
 		if err != nil {
 			return nil, nil, fmt.Errorf("claim batch: %w", translate(err))
 		}

@@ -157,11 +157,11 @@ const columns = `id, message_id, consumer, owner, state, entity, subject, conten
 	previous_owner, previous_holder, recoveries, next_attempt_utc, late_success_utc, late_success_by,
 	failed_utc, fail_reason, dead_letter_seq, answer, answer_utc,
 	key_revision, effect_key, key_revised_by, key_revised_utc, key_revision_note, key_form,
-	deferred_seq, due_utc, postponements, postponed_utc`
+	deferred_seq, due_utc, postponements, postponed_utc, session_id`
 
 const insertColumns = `message_id, consumer, owner, state, entity, subject, content_type,
 	properties, payload_hash, payload, delivery_count, route, fingerprint, key_form, effect_key,
-	claimed_by, claimed_utc, heartbeat_utc, processed_utc`
+	claimed_by, claimed_utc, heartbeat_utc, processed_utc, session_id`
 
 func scanClaim(r sqlstore.Scanner) (*claim.Claim, error) {
 	var (
@@ -184,7 +184,7 @@ func scanClaim(r sqlstore.Scanner) (*claim.Claim, error) {
 		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy,
 		&failed, &c.FailReason, &deadLetterSeq, &answer, &answerAt,
 		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote, &c.KeyForm,
-		&deferredSeq, &due, &c.Postponements, &postponed)
+		&deferredSeq, &due, &c.Postponements, &postponed, &c.SessionID)
 	if err != nil {
 		return nil, err
 	}
@@ -302,10 +302,10 @@ func (s *Store) insertClaims(ctx context.Context, tx *sql.Tx, host string, plan 
 		if n > 0 {
 			q.WriteString(", ")
 		}
-		q.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, " + nowSQL + ", " + nowSQL + ", " + processed + ")")
+		q.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, " + nowSQL + ", " + nowSQL + ", " + processed + ", ?)")
 		args = append(args, c.MessageID, c.Consumer, c.Owner.String(), string(state), c.Entity, c.Subject,
 			c.ContentType, props, c.PayloadHash, nullBytes(payload), c.DeliveryCount, c.Route, c.Fingerprint,
-			string(sqlstore.FormOf(c)), sqlstore.EffectKeyOf(c), host)
+			string(sqlstore.FormOf(c)), sqlstore.EffectKeyOf(c), host, c.SessionID)
 	}
 	q.WriteString(" ON CONFLICT (message_id, consumer) DO NOTHING RETURNING " + columns)
 

@@ -16,6 +16,9 @@ func ValidateListFilters(p *claim.ListParams) error {
 	if n := utf8.RuneCountInString(p.Route); n > MaxRouteLength {
 		return fmt.Errorf("list: Route must be at most %d characters, got %d", MaxRouteLength, n)
 	}
+	if n := utf8.RuneCountInString(p.SessionID); n > claim.MaxMessageIDLength {
+		return fmt.Errorf("list: SessionID must be at most %d characters, got %d", claim.MaxMessageIDLength, n)
+	}
 	return validatePrefix("list: ReasonPrefix", p.ReasonPrefix)
 }
 

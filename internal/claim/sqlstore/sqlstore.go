@@ -75,6 +75,9 @@ func ValidateClaim(p *claim.ClaimParams) error {
 	if p.Owner == uuid.Nil {
 		return fmt.Errorf("claim %s/%s: Owner (the attempt's token) is required", p.MessageID, p.Consumer)
 	}
+	if n := utf8.RuneCountInString(p.SessionID); n > claim.MaxMessageIDLength {
+		return fmt.Errorf("claim %s/%s: SessionID must be at most %d characters, got %d", p.MessageID, p.Consumer, claim.MaxMessageIDLength, n)
+	}
 	return validateRoute(fmt.Sprintf("claim %s/%s", p.MessageID, p.Consumer), p.Route, p.Fingerprint)
 }
 

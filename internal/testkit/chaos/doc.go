@@ -87,6 +87,13 @@
 // reconciler, and flagged for operators, and gives the time from a key's
 // first send (and first delivery) to its one effect: p50, p99 and max.
 //
+// With Config.Sessions (sessions.go) the queue is session-enabled, the
+// replicas run in session mode, and the report adds two lines: the
+// messages that ran out of order in their session (a message's first
+// effect request before its predecessor's claim was final; each a
+// violation) and the exactly-once counts (doubled, lost, dead-lettered by
+// the broker).
+//
 // Report.Write prints the counts and ends with one verdict line
 // ("VERDICT: PASS ..." or "VERDICT: FAIL: <reasons>").
 //

@@ -97,7 +97,11 @@ type Config struct {
 	// behaviour: a retryable outcome abandons the message, which is
 	// redelivered at once); a downstream outage then makes the broker
 	// dead-letter messages.
-	NoDeferral   bool
+	NoDeferral bool
+	// Sessions makes the queue session-enabled (sessions.go): every
+	// message carries a session id, the replicas run in session mode, and
+	// the report counts the messages that ran out of order (must be 0).
+	Sessions     bool
 	DrainTimeout time.Duration // bound on draining the queue [90s]
 
 	Logger *slog.Logger // nil: discard
@@ -234,6 +238,8 @@ type harness struct {
 	timedOut map[string]bool
 
 	hist *history
+	// sess is the order check's record (Config.Sessions); nil otherwise.
+	sess *sessionBook
 }
 
 type sentMessage struct {
@@ -271,6 +277,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		tk:         newTracingKit(cfg.Tracing),
 	}
 	h.outageWin.fault, h.misconfWin.fault = FaultDownstreamOutage, FaultMisconfigured
+	if cfg.Sessions {
+		h.sess = newSessionBook()
+	}
 	db, err := OpenDatabase(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return nil, err
@@ -291,7 +300,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		h.routes = append(h.routes, mixedAnswerRules...)
 	}
 
-	h.queue = membus.NewQueue(QueueName, membus.QueueOptions{LockDuration: cfg.LockDuration, MaxDeliveryCount: cfg.MaxDeliveryCount})
+	h.queue = membus.NewQueue(QueueName, membus.QueueOptions{LockDuration: cfg.LockDuration, MaxDeliveryCount: cfg.MaxDeliveryCount,
+		RequiresSession: cfg.Sessions, AcceptTimeout: 200 * time.Millisecond})
 	h.plan()
 	for _, s := range h.sent {
 		if _, ok := h.firstSend[*s.msg.MessageID]; !ok {
@@ -352,6 +362,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.ReconcileTime = time.Since(recStart)
 	h.verify(ctx, rep)
 	h.tk.report(ctx, rep)
+	h.checkOrder(rep)
 	rep.Duration = time.Since(start)
 	return rep, nil
 }
@@ -417,6 +428,9 @@ func (h *harness) plan() {
 		}})
 	}
 	slices.SortStableFunc(h.sent, func(a, b sentMessage) int { return cmp.Compare(a.order, b.order) })
+	if cfg.Sessions {
+		h.planSessions()
+	}
 
 	if cfg.Answers == AnswersMixed {
 		h.planAnswers()
@@ -520,6 +534,7 @@ func (h *harness) serveDownstream(w http.ResponseWriter, r *http.Request) {
 	if mayHavePerformed(tw.status) {
 		h.led.requested(key, cmpOr(from, "(untagged)"), arrived)
 	}
+	h.sess.attempted(key, arrived)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if performed {
@@ -685,16 +700,21 @@ func (h *harness) startReplica() {
 	// the history and ledger (what the store really did), the dead-replica
 	// gate, the outage gate.
 	var st claim.Store = &gateStore{inner: &gateStore{inner: h.db.Store, gate: h.out.gate}, gate: r.gate, calls: &h.trips, batches: &h.batches, batched: &h.batched}
-	st = &lostAckStore{Store: &traceStore{Store: st, host: r.host, hist: h.hist, led: h.led}, h: h}
+	st = &lostAckStore{Store: &traceStore{Store: st, host: r.host, hist: h.hist, led: h.led, sess: h.sess}, h: h}
 	if h.cfg.wrapStore != nil {
 		st = h.cfg.wrapStore(st)
+	}
+	newReceiver, sessions := r.newReceiver, (*sbclaim.Sessions)(nil)
+	if h.cfg.Sessions {
+		newReceiver, sessions = nil, &sbclaim.Sessions{AcceptNext: r.acceptSession, MaxConcurrent: h.cfg.MaxConcurrentCalls, IdleTimeout: 300 * time.Millisecond}
 	}
 	p, err := sbclaim.NewProcessor(sbclaim.ProcessorConfig{
 		Consumer:    Consumer,
 		Entity:      QueueName,
 		Store:       bridge.NewStore(st).(*sbclaim.Store),
 		Router:      router,
-		NewReceiver: r.newReceiver,
+		NewReceiver: newReceiver,
+		Sessions:    sessions,
 
 		MaxConcurrentCalls: h.cfg.MaxConcurrentCalls,
 		MaxLockRenewal:     30 * time.Second,
@@ -876,7 +896,7 @@ func (h *harness) newReconciler() (*reconciler.Reconciler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("chaos: reconciler routes: %w", err)
 	}
-	st := &traceStore{Store: &gateStore{inner: h.db.Store, gate: h.out.gate}, host: reconcilerHost, hist: h.hist, led: h.led}
+	st := &traceStore{Store: &gateStore{inner: h.db.Store, gate: h.out.gate}, host: reconcilerHost, hist: h.hist, led: h.led, sess: h.sess}
 	return reconciler.New(st, reconciler.Config{
 		TracerProvider:      h.tk.provider(),
 		StaleAfter:          h.cfg.StaleAfter,
@@ -956,7 +976,7 @@ func (h *harness) reconcile(ctx context.Context, rec *reconciler.Reconciler, rep
 	if redrive == nil {
 		redrive = reconciler.Redrive
 	}
-	opStore := &traceStore{Store: h.db.Store, host: operatorHost, hist: h.hist, led: h.led}
+	opStore := &traceStore{Store: h.db.Store, host: operatorHost, hist: h.hist, led: h.led, sess: h.sess}
 	deadline := time.Now().Add(h.cfg.StaleAfter*3 + 30*time.Second)
 	for {
 		res, err := rec.RunOnce(ctx)
@@ -1344,6 +1364,11 @@ func (h *harness) verify(ctx context.Context, rep *Report) {
 	h.checkWindows(rep)
 	rep.BrokerDeadLettered = st.DeadLetterReasons[membus.ReasonMaxDeliveryCountExceeded]
 	rep.Postponed = rep.Outcomes[processor.ResultPostponed]
+	if h.cfg.Sessions {
+		// A held retry ends its delivery later, as processed or otherwise:
+		// count the holds (sbclaim_postponed_total) instead.
+		rep.Postponed = gatheredCounter(h.metrics, "sbclaim_postponed_total", rep)
+	}
 	h.checkHistory(ctx, rep, byKey)
 
 	for _, f := range h.cfg.Faults {

@@ -99,6 +99,11 @@ type Report struct {
 	// RepeatedByTakeOver counts keys whose effect request was sent by more
 	// than one holder (after a take-over, with the same key).
 	RepeatedByTakeOver int
+	// Sessions is the number of sessions of a session run (0: none), and
+	// OutOfOrder the messages whose first effect request arrived before
+	// the previous message of their session reached a final outcome
+	// (each a violation).
+	Sessions, OutOfOrder int
 	// TimeToEffect is, per key, the time from its first send to its one
 	// effect; DeliveryToEffect from its first delivery.
 	TimeToEffect, DeliveryToEffect []time.Duration
@@ -219,13 +224,37 @@ func (r *Report) WindowLines() []string {
 	return lines
 }
 
+// SessionLines are a session run's two verdict lines: the order, and the
+// exactly-once counts.
+func (r *Report) SessionLines() []string {
+	if !r.Config.Sessions {
+		return nil
+	}
+	doubled, lost := 0, r.EffectsPerKey[0]
+	for n, keys := range r.EffectsPerKey {
+		if n > 1 {
+			doubled += keys
+		}
+	}
+	return []string{
+		fmt.Sprintf("sessions: %d sessions; out of order %d (a message's first effect request arrived before the previous message of its session reached a final outcome)",
+			r.Sessions, r.OutOfOrder),
+		fmt.Sprintf("sessions: exactly once: doubled %d, lost %d, dead-lettered by the broker %d (besides final answers, conflicts and unroutable messages)",
+			doubled, lost, r.BrokerDeadLettered),
+	}
+}
+
 // handlerNote names a Go handler in the verdict (the HTTP route is the
 // default, and the verdict reads as it always did).
 func (r *Report) handlerNote() string {
+	s := ""
 	if r.Config.Handler == HandlerGo {
-		return " running a Go handler"
+		s = " running a Go handler"
 	}
-	return ""
+	if r.Config.Sessions {
+		s += fmt.Sprintf(" in %d sessions, out of order %d", r.Sessions, r.OutOfOrder)
+	}
+	return s
 }
 
 func sum[K comparable](m map[K]int) int {
@@ -303,6 +332,9 @@ func (r *Report) Write(w io.Writer) {
 	for _, l := range r.WindowLines() {
 		fmt.Fprintln(w, l)
 	}
+	for _, l := range r.SessionLines() {
+		fmt.Fprintln(w, l)
+	}
 	for _, v := range r.Violations {
 		fmt.Fprintf(w, "VIOLATION: %s\n", v)
 	}
@@ -351,6 +383,24 @@ func cmpOr(s, def string) string {
 		return def
 	}
 	return s
+}
+
+// gatheredCounter sums the counter name over every replica's metrics.
+func gatheredCounter(g prometheus.Gatherer, name string, rep *Report) int {
+	families, err := g.Gather()
+	if err != nil {
+		rep.violate("gather the replicas' metrics: %v", err)
+		return 0
+	}
+	n := 0
+	for _, mf := range families {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				n += int(m.GetCounter().GetValue())
+			}
+		}
+	}
+	return n
 }
 
 // gatheredOutcomes sums sbclaim_messages_total by outcome over every

@@ -96,6 +96,9 @@ type traceStore struct {
 	host string
 	hist *history
 	led  *ledger
+	// sess, in a session run, records when each claim reached a final
+	// outcome (sessions.go); nil otherwise.
+	sess *sessionBook
 }
 
 func errText(err error) string {
@@ -157,18 +160,27 @@ func (s *traceStore) Heartbeat(ctx context.Context, p *claim.HeartbeatParams) er
 
 func (s *traceStore) Flag(ctx context.Context, p *claim.FlagParams) (*claim.Claim, error) {
 	c, err := s.Store.Flag(ctx, p)
+	if err == nil {
+		s.sess.finished(s.hist.keyFor(p.ID, c))
+	}
 	s.hist.add(s.hist.keyFor(p.ID, c), "%s Flag claim %d (owner %.8s, %s): %s: %s", s.host, p.ID, p.Owner, p.State, p.Reason, errText(err))
 	return c, err
 }
 
 func (s *traceStore) Resolve(ctx context.Context, p *claim.ResolveParams) (*claim.Claim, error) {
 	c, err := s.Store.Resolve(ctx, p)
+	if err == nil {
+		s.sess.finished(s.hist.keyFor(p.ID, c))
+	}
 	s.hist.add(s.hist.keyFor(p.ID, c), "%s Resolve claim %d as %s: %s", s.host, p.ID, p.Resolution, errText(err))
 	return c, err
 }
 
 func (s *traceStore) MarkProcessed(ctx context.Context, p *claim.MarkProcessedParams) error {
 	err := s.Store.MarkProcessed(ctx, p)
+	if err == nil {
+		s.sess.finished(s.hist.keyOf(p.ID))
+	}
 	s.hist.add(s.hist.keyOf(p.ID), "%s MarkProcessed claim %d (owner %.8s): %s", s.host, p.ID, p.Owner, errText(err))
 	return err
 }
@@ -184,6 +196,9 @@ func (s *traceStore) Release(ctx context.Context, p *claim.ReleaseParams) error 
 
 func (s *traceStore) Fail(ctx context.Context, p *claim.FailParams) error {
 	err := s.Store.Fail(ctx, p)
+	if err == nil {
+		s.sess.finished(s.hist.keyOf(p.ID))
+	}
 	s.hist.add(s.hist.keyOf(p.ID), "%s Fail claim %d (owner %.8s, reason %s): %s", s.host, p.ID, p.Owner, p.Reason, errText(err))
 	return err
 }
@@ -213,6 +228,8 @@ func (s *traceStore) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWr
 			s.led.alive(owner, start, end)
 		case w.Kind() == claim.WriteRelease:
 			s.led.released(owner)
+		case w.Kind() == claim.WriteMarkProcessed:
+			s.sess.finished(s.hist.keyOf(id))
 		}
 		if w.Kind() != claim.WriteHeartbeat {
 			s.hist.add(s.hist.keyOf(id), "%s %s claim %d (owner %.8s, batch of %d): %s", s.host, opName(w.Kind()), id, owner, len(writes), errText(werr))

@@ -33,6 +33,24 @@ func TestContract(t *testing.T) {
 				entity(tp.Subscription("copy-b", opts), opts),
 			}}
 		},
+		NewSessionQueue: func(t *testing.T) brokertest.SessionEntity {
+			so := opts
+			so.RequiresSession = true
+			q := membus.NewQueue("contract-sessions", so)
+			return brokertest.SessionEntity{
+				Sender: q,
+				AcceptNext: func(ctx context.Context) (brokertest.SessionReceiver, error) {
+					return q.AcceptNextSession(ctx)
+				},
+				ExpireSessionLock: func(t *testing.T, r brokertest.SessionReceiver) {
+					t.Helper()
+					if q.ExpireSessionLock(r.SessionID()) == 0 {
+						t.Fatalf("ExpireSessionLock(%s) expired no lock", r.SessionID())
+					}
+				},
+				LockDuration: so.LockDuration,
+			}
+		},
 		Features: brokertest.Features{
 			// membus refuses a second settlement with CodeLockLost; the
 			// SDK makes it a no-op (see the field's comment).

@@ -38,6 +38,10 @@
 //     ReceiveDeferredMessages, by its sequence number, delivers it again
 //     (each such fetch counts as a delivery); see deferral.go for each
 //     point the processor's delayed retries rely on.
+//   - Sessions (QueueOptions.RequiresSession): AcceptNextSession with a
+//     timeout (CodeTimeout), one receiver per session, FIFO per session,
+//     the session lock as every held message's lock (RenewSessionLock,
+//     expiry, Close releases it) and session state; see session.go.
 //
 // The broker contract suite (package brokertest) checks these behaviours,
 // the ones the processor relies on, on every test run (TestContract), and
@@ -56,12 +60,12 @@
 // detection by MessageId for the entities that have it (the outbox relay's
 // resends).
 //
-// What it does not model: sessions (SessionID is carried, not enforced),
-// scheduled messages (rejected at a queue's own SendMessage; a Namespace
-// sender enqueues them at once), receive-and-delete mode, transactions,
-// duplicate detection on a queue's own SendMessage (duplicates always get
-// through, which is the case the consumer must handle), message TTL and
-// expiry, prefetch
+// What it does not model: deferral within a session, accepting a named
+// session (AcceptSessionForQueue), scheduled messages (rejected at a
+// queue's own SendMessage; a Namespace sender enqueues them at once),
+// receive-and-delete mode, transactions, duplicate detection on a queue's
+// own SendMessage (duplicates always get through, which is the case the
+// consumer must handle), message TTL and expiry, prefetch
 // and the SDK's release of messages that arrive between ReceiveMessages
 // calls, auto-forwarding, and reading the dead-letter sub-queue through a
 // receiver (use DeadLetters). Lock expiry is evaluated lazily on each call,

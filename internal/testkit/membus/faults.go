@@ -33,6 +33,10 @@ type Stats struct {
 	Deferred         int
 	Deferrals        int
 	DeferredReceives int
+	// Sessions (session.go): sessions accepted, and session locks that
+	// ran out (or were expired by ExpireLock).
+	SessionsAccepted    int
+	SessionLockExpiries int
 }
 
 // Stats returns a snapshot. Expired locks are accounted for first.
@@ -143,7 +147,9 @@ func (q *Queue) DuplicateSends(on bool) {
 }
 
 // ExpireLock ends the locks of every current delivery of messageID now, as
-// if they had run out. It reports how many locks it expired.
+// if they had run out. It reports how many locks it expired. On a
+// session-enabled queue it ends the lock of the message's session, and so
+// of every message held in it.
 func (q *Queue) ExpireLock(messageID string) int {
 	return q.expireWhere(func(e *entry) bool { return e.msg.MessageID == messageID })
 }
@@ -161,6 +167,9 @@ func (q *Queue) expireWhere(match func(*entry) bool) int {
 	for _, e := range q.locked {
 		if match(e) {
 			e.lockedUntil = now
+			if s := q.sessionOfLocked(e); s != nil && s.holder != nil {
+				s.lockedUntil = now // a session message's lock is its session's
+			}
 			n++
 		}
 	}

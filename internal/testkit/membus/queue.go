@@ -36,6 +36,13 @@ type QueueOptions struct {
 	// returns nothing): for long benchmarks, whose memory must not grow
 	// with the messages that went through.
 	ForgetCompleted bool
+	// RequiresSession makes the queue session-enabled (see session.go):
+	// every message must carry a SessionID, and only session receivers
+	// (AcceptNextSession) receive.
+	RequiresSession bool
+	// AcceptTimeout is how long AcceptNextSession waits for a session
+	// before it fails with CodeTimeout (default DefaultAcceptTimeout).
+	AcceptTimeout time.Duration
 }
 
 // Queue is an in-memory Service Bus queue (or topic subscription). All
@@ -62,6 +69,10 @@ type Queue struct {
 	unreachable     bool // SetUnreachable: the broker cannot be reached
 	failSettlements int
 	failRenewals    int
+
+	// Sessions (session.go): nil unless QueueOptions.RequiresSession.
+	sessions      map[string]*session
+	acceptTimeout time.Duration
 }
 
 // entry is a stored message. msg holds the broker-owned properties; each
@@ -84,7 +95,7 @@ func NewQueue(name string, opts QueueOptions) *Queue {
 	if opts.MaxDeliveryCount <= 0 {
 		opts.MaxDeliveryCount = DefaultMaxDeliveryCount
 	}
-	return &Queue{
+	q := &Queue{
 		name:         name,
 		lockDuration: opts.LockDuration,
 		maxDelivery:  uint32(opts.MaxDeliveryCount),
@@ -94,6 +105,11 @@ func NewQueue(name string, opts QueueOptions) *Queue {
 		deferred:     make(map[int64]*entry),
 		stats:        Stats{DeadLetterReasons: map[string]int{}},
 	}
+	if opts.RequiresSession {
+		q.sessions = make(map[string]*session)
+		q.acceptTimeout = cmp.Or(opts.AcceptTimeout, DefaultAcceptTimeout)
+	}
+	return q
 }
 
 // Name returns the queue's name.
@@ -117,6 +133,9 @@ func (q *Queue) SendMessages(ctx context.Context, msgs []*azservicebus.Message) 
 		}
 		if m.ScheduledEnqueueTime != nil {
 			return errors.New("membus: scheduled messages are not modelled")
+		}
+		if q.sessions != nil && (m.SessionID == nil || *m.SessionID == "") {
+			return fmt.Errorf("membus: queue %s: send: the entity requires sessions and message %s has no SessionID", q.name, deref(m.MessageID))
 		}
 	}
 	q.mu.Lock()
@@ -159,7 +178,8 @@ func (q *Queue) enqueueLocked(m *azservicebus.Message) {
 }
 
 // NewReceiver returns a peek-lock receiver on the queue. Any number of
-// receivers may compete on one queue, like replicas on a real one.
+// receivers may compete on one queue, like replicas on a real one. On a
+// session-enabled queue its receives fail: use AcceptNextSession.
 func (q *Queue) NewReceiver() *Receiver {
 	return &Receiver{q: q, closed: make(chan struct{})}
 }
@@ -171,6 +191,7 @@ func (q *Queue) notifyLocked() {
 
 // expireLocked returns every delivery whose lock has run out to the queue.
 func (q *Queue) expireLocked(now time.Time) {
+	q.expireSessionsLocked(now)
 	for tok, e := range q.locked {
 		if !now.Before(e.lockedUntil) {
 			delete(q.locked, tok)
@@ -180,12 +201,18 @@ func (q *Queue) expireLocked(now time.Time) {
 	}
 }
 
-// nextExpiryLocked returns the earliest lock expiry, or zero if none.
+// nextExpiryLocked returns the earliest lock expiry (of a message or a
+// session), or zero if none.
 func (q *Queue) nextExpiryLocked() time.Time {
 	var next time.Time
 	for _, e := range q.locked {
 		if next.IsZero() || e.lockedUntil.Before(next) {
 			next = e.lockedUntil
+		}
+	}
+	for _, s := range q.sessions {
+		if s.holder != nil && (next.IsZero() || s.lockedUntil.Before(next)) {
+			next = s.lockedUntil
 		}
 	}
 	return next
@@ -227,10 +254,14 @@ func (q *Queue) deadLetterLocked(e *entry, reason, description string) {
 	q.notifyLocked()
 }
 
-// deliverLocked locks the first available entry and returns a new delivery.
-func (q *Queue) deliverLocked(now time.Time) *azservicebus.ReceivedMessage {
-	e := q.available[0]
-	q.available = q.available[1:]
+// deliverLocked takes e, an available entry, out of the available list,
+// locks it and returns a new delivery.
+func (q *Queue) deliverLocked(e *entry, now time.Time) *azservicebus.ReceivedMessage {
+	if i := slices.Index(q.available, e); i == 0 {
+		q.available = q.available[1:]
+	} else {
+		q.available = slices.Delete(q.available, i, i+1)
+	}
 	return q.lockLocked(e, now)
 }
 
@@ -240,6 +271,9 @@ func (q *Queue) lockLocked(e *entry, now time.Time) *azservicebus.ReceivedMessag
 	e.msg.DeliveryCount++
 	e.lockToken = uuid.New()
 	e.lockedUntil = now.Add(q.lockDuration)
+	if s := q.sessionOfLocked(e); s != nil {
+		e.lockedUntil = s.lockedUntil // a session's message lock is its session's lock
+	}
 	q.locked[e.lockToken] = e
 	q.stats.Deliveries++
 	if e.msg.DeliveryCount > 1 {

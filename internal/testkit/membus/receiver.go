@@ -48,12 +48,28 @@ func (r *Receiver) ReceiveMessages(ctx context.Context, maxMessages int, options
 	if err := ctx.Err(); err != nil {
 		return nil, err // lock nothing for a caller that has stopped
 	}
+	if r.q.sessions != nil {
+		return nil, fmt.Errorf("membus: queue %s requires sessions: receive through AcceptNextSession", r.q.name)
+	}
+	return r.q.receive(ctx, r.closed, maxMessages, options, func(now time.Time) (*entry, error) {
+		if len(r.q.available) == 0 {
+			return nil, nil
+		}
+		return r.q.available[0], nil
+	}, nil)
+}
+
+// receive is ReceiveMessages of a receiver whose close channel is closed:
+// pick returns the next entry it may deliver (nil: none now) or an error
+// that ends the receive (a lost session lock); next, when set, adds a
+// time to wake at (a session lock's expiry). Both run under q.mu.
+func (q *Queue) receive(ctx context.Context, closed <-chan struct{}, maxMessages int, options *azservicebus.ReceiveMessagesOptions,
+	pick func(now time.Time) (*entry, error), next func() time.Time) ([]*azservicebus.ReceivedMessage, error) {
 	gather := defaultTimeAfterFirstMessage
 	if options != nil && options.TimeAfterFirstMessage > 0 {
 		gather = options.TimeAfterFirstMessage
 	}
 
-	q := r.q
 	q.mu.Lock()
 	if q.failReceives > 0 {
 		q.failReceives--
@@ -70,11 +86,31 @@ func (r *Receiver) ReceiveMessages(ctx context.Context, maxMessages int, options
 		q.mu.Lock()
 		now := time.Now()
 		q.expireLocked(now)
-		for len(out) < maxMessages && len(q.available) > 0 && !q.unreachable {
-			out = append(out, q.deliverLocked(now))
+		var perr error
+		for len(out) < maxMessages && !q.unreachable {
+			e, err := pick(now)
+			if err != nil {
+				perr = err
+				break
+			}
+			if e == nil {
+				break
+			}
+			out = append(out, q.deliverLocked(e, now))
 		}
-		changed, next := q.changed, q.nextExpiryLocked()
+		changed, wake := q.changed, q.nextExpiryLocked()
+		if next != nil {
+			if t := next(); !t.IsZero() && (wake.IsZero() || t.Before(wake)) {
+				wake = t
+			}
+		}
 		q.mu.Unlock()
+		if perr != nil {
+			if len(out) > 0 {
+				return out, nil
+			}
+			return nil, perr
+		}
 		if len(out) == maxMessages {
 			return out, nil
 		}
@@ -83,7 +119,7 @@ func (r *Receiver) ReceiveMessages(ctx context.Context, maxMessages int, options
 			defer t.Stop()
 			gatherDone = t.C
 		}
-		if err := wait(ctx, changed, next, r.closed, gatherDone); err != nil {
+		if err := wait(ctx, changed, wake, closed, gatherDone); err != nil {
 			switch {
 			case len(out) > 0:
 				return out, nil

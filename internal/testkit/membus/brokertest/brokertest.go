@@ -36,6 +36,17 @@
 //     without settlement leaves it deferred; a sequence number that names
 //     no deferred message (completed) fetches nothing; deferring in one
 //     subscription leaves the other subscriptions' copies alone.
+//   - sessions (the processor's session mode), on a session-enabled queue
+//     (Harness.NewSessionQueue; skipped when nil): accept-next hands out
+//     a session with messages and one receiver holds it at a time (a
+//     second accept gets no session while the first holds it; Close
+//     releases it at once); a session's messages arrive in the order
+//     they were sent, and an abandoned one comes back before the next;
+//     RenewSessionLock moves the session's LockedUntil later; session
+//     state set by one holder is read by the next, and nil clears it; a
+//     session whose lock ran out is accepted again with its unsettled
+//     message (DeliveryCount + 1), and the old receiver's settlement
+//     fails with CodeLockLost.
 //
 // As in the claim-store suite (internal/claim/claimtest), what differs
 // between brokers is said per feature, in Features, and the suite checks
@@ -100,6 +111,37 @@ type Entity struct {
 	MaxDeliveryCount int
 }
 
+// SessionReceiver is the part of *azservicebus.SessionReceiver the
+// processor's session mode uses; *membus.SessionReceiver has it too.
+type SessionReceiver interface {
+	SessionID() string
+	LockedUntil() time.Time
+	ReceiveMessages(ctx context.Context, maxMessages int, options *azservicebus.ReceiveMessagesOptions) ([]*azservicebus.ReceivedMessage, error)
+	CompleteMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.CompleteMessageOptions) error
+	AbandonMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.AbandonMessageOptions) error
+	DeadLetterMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.DeadLetterOptions) error
+	RenewSessionLock(ctx context.Context, options *azservicebus.RenewSessionLockOptions) error
+	GetSessionState(ctx context.Context, options *azservicebus.GetSessionStateOptions) ([]byte, error)
+	SetSessionState(ctx context.Context, state []byte, options *azservicebus.SetSessionStateOptions) error
+	Close(ctx context.Context) error
+}
+
+var _ SessionReceiver = (*azservicebus.SessionReceiver)(nil)
+
+// SessionEntity is a session-enabled queue under test.
+type SessionEntity struct {
+	Sender Sender
+	// AcceptNext accepts the next session with messages, waiting until
+	// ctx ends (a session-less wait fails with CodeTimeout or ctx's
+	// error). The suite closes what it accepts.
+	AcceptNext func(ctx context.Context) (SessionReceiver, error)
+	// ExpireSessionLock ends r's session lock now. Nil: the suite waits
+	// for the real lock to run out when LockDuration is at most
+	// Harness.MaxLockWait, and skips the case otherwise.
+	ExpireSessionLock func(t *testing.T, r SessionReceiver)
+	LockDuration      time.Duration
+}
+
 // Topic is a topic and at least two of its subscriptions.
 type Topic struct {
 	Sender        Sender
@@ -113,6 +155,9 @@ type Harness struct {
 	NewQueue func(t *testing.T) Entity
 	// NewTopic returns a topic whose subscriptions are empty.
 	NewTopic func(t *testing.T) Topic
+	// NewSessionQueue returns an empty session-enabled queue for one case
+	// (nil: the session cases are skipped).
+	NewSessionQueue func(t *testing.T) SessionEntity
 	// Sequential runs the cases one at a time (entities are shared).
 	Sequential bool
 	// MaxLockWait is the longest lock the suite waits out when the entity
@@ -189,6 +234,11 @@ func Exercise(t *testing.T, h Harness) {
 		{"DeferredLockEndLeavesItDeferred", s.deferLockEnd},
 		{"DeferralInOneSubscriptionLeavesTheOthers", s.deferFanOut},
 		{"PeekBySequenceNumberSeesLockedAndDeferred", s.peekBySeq},
+		{"SessionFIFOAndAbandonKeepsItsPlace", s.sessionOrder},
+		{"SessionHeldByOneReceiverUntilClosed", s.sessionExclusive},
+		{"SessionStatePassesToTheNextHolder", s.sessionState},
+		{"RenewSessionLockMovesLockedUntil", s.sessionRenew},
+		{"SessionLockExpiryHandsTheSessionOver", s.sessionExpiry},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if !h.Sequential {

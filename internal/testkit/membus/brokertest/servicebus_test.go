@@ -28,6 +28,9 @@ const (
 	connectionEnv = testkit.ServiceBusEnv
 	queueEnv      = "SBCLAIM_TEST_SERVICEBUS_CONTRACT_QUEUE" // default brokertest
 	topicEnv      = "SBCLAIM_TEST_SERVICEBUS_CONTRACT_TOPIC" // default brokertest-topic, subscriptions copy-a and copy-b
+	// sessionQueueEnv names a session-enabled queue (requiresSession) for
+	// the session cases; default brokertest-sessions.
+	sessionQueueEnv = "SBCLAIM_TEST_SERVICEBUS_CONTRACT_SESSION_QUEUE"
 )
 
 // emulatorConfig is the emulator's entities (the compose file mounts
@@ -73,6 +76,15 @@ func TestServiceBusContract(t *testing.T) {
 	sender := newSender(t, client, queue)
 	topicSender := newSender(t, client, topic)
 
+	sessionQueue := envOr(sessionQueueEnv, "brokertest-sessions")
+	sessionSender := newSender(t, client, sessionQueue)
+	// The emulator's brokertest-sessions queue has PT5S; a namespace's
+	// queue its own (the expiry case waits it out up to MaxLockWait).
+	sessionLock := 5 * time.Second
+	if !emulator {
+		sessionLock = time.Minute
+	}
+
 	qe := realEntity{client: client, queue: queue}
 	queueLock := qe.lockDuration(ctx, t, sender)
 	features := brokertest.Features{
@@ -103,6 +115,17 @@ func TestServiceBusContract(t *testing.T) {
 				tp.Subscriptions = append(tp.Subscriptions, se.entity(time.Minute, subDeliveries))
 			}
 			return tp
+		},
+		NewSessionQueue: func(t *testing.T) brokertest.SessionEntity {
+			// Each case uses its own session ids; acceptSession drains the
+			// sessions earlier runs left.
+			return brokertest.SessionEntity{
+				Sender: sessionSender,
+				AcceptNext: func(ctx context.Context) (brokertest.SessionReceiver, error) {
+					return client.AcceptNextSessionForQueue(ctx, sessionQueue, nil)
+				},
+				LockDuration: sessionLock,
+			}
 		},
 		Sequential: true,
 		Features:   features,
