@@ -1075,13 +1075,15 @@ func (w *world) checkOutcomes(owners map[int64][]ownership) {
 		if len(hist) == 0 {
 			continue // purged, or not read yet
 		}
+		// The history's times are the database clock to the millisecond.
+		at := lw.at.Truncate(time.Millisecond)
 		ok, current := false, ""
 		for _, o := range hist {
 			switch {
-			case o.at.Before(lw.at):
+			case o.at.Before(at):
 				current = o.owner
-			case o.at.Equal(lw.at) && (o.prev == lw.owner || o.owner == lw.owner):
-				ok = true // taken over at the same instant, after the write
+			case o.at.Equal(at) && (o.prev == lw.owner || o.owner == lw.owner):
+				ok = true // taken over within the same millisecond, after the write
 			}
 		}
 		if !ok && current != lw.owner {
