@@ -1066,10 +1066,7 @@ type ownership struct {
 // checkOutcomes checks every owner write that landed against the owner
 // the claim had then, by its history: a write by an owner the claim no
 // longer had got past its guard.
-func (w *world) checkOutcomes(owners map[int64][]ownership) {
-	w.mu.Lock()
-	ws := slices.Clone(w.outcomes)
-	w.mu.Unlock()
+func (w *world) checkOutcomes(ws []landedWrite, owners map[int64][]ownership) {
 	for _, lw := range ws {
 		hist := owners[lw.id]
 		if len(hist) == 0 {
@@ -1098,6 +1095,12 @@ func (w *world) checkOutcomes(owners map[int64][]ownership) {
 var silentWindow = map[string]time.Duration{"redelivery": takeoverAfter, "reconciler": staleAfter}
 
 func (w *world) checkHistory(ctx context.Context) {
+	// The writes that landed before the history is read: each one's
+	// ownership row is in what the query reads (a write taken after it
+	// could belong to an owner whose row the query did not see).
+	w.mu.Lock()
+	landed := slices.Clone(w.outcomes)
+	w.mu.Unlock()
 	rows, err := w.db.DB().QueryContext(ctx, `SELECT claim_id, id, what, from_state, to_state, coalesce(previous_owner, ''), owner, by_whom, at_utc, path
 		FROM claim_history ORDER BY claim_id, id`)
 	if err != nil {
@@ -1159,7 +1162,7 @@ func (w *world) checkHistory(ctx context.Context) {
 		}
 		last = r
 	}
-	w.checkOutcomes(owners)
+	w.checkOutcomes(landed, owners)
 }
 
 // violateOnce reports a violation once per key (checkHistory reads the
