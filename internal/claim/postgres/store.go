@@ -157,55 +157,88 @@ func guardedSQL(update, what, from, by, reason string) string {
 	return `WITH u AS (` + update + ` RETURNING *) ` + historySQL("u", "'"+what+"'", from, by, "''", reason, "NULL")
 }
 
-func scanClaim(r sqlstore.Scanner, extra ...any) (*claim.Claim, error) {
-	var (
-		c                                      claim.Claim
-		state, props, resolution, path         string
-		processed, released, flagged, resolved sql.NullTime
-		takenOver, nextAttempt, lateSuccess    sql.NullTime
-		failed, answerAt, keyRevised           sql.NullTime
-		previousOwner                          uuid.NullUUID
-		deadLetterSeq, deferredSeq             sql.NullInt64
-		answer                                 sql.NullString
-		due, postponed                         sql.NullTime
-	)
-	dest := append(extra, &c.ID, &c.MessageID, &c.Consumer, &c.Owner, &state, &c.Entity, &c.Subject, &c.ContentType,
-		&props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &c.ClaimedAt,
-		&c.HeartbeatAt, &processed, &released, &c.Attempts, &c.LastError, &flagged,
-		&c.FlagReason, &resolved, &c.ResolvedBy, &resolution, &c.ResolutionNote,
-		&c.Route, &c.Fingerprint, &c.TakeOvers, &takenOver, &path, &c.TakeOverReason,
-		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy,
-		&failed, &c.FailReason, &deadLetterSeq, &answer, &answerAt,
-		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote, &c.KeyForm,
-		&deferredSeq, &due, &c.Postponements, &postponed)
-	if err := r.Scan(dest...); err != nil {
-		return nil, err
+// scanned is the scratch of one scan: the claim's scanned columns, the
+// NULL-able values they come as, and the Scan destinations pointing at
+// them (dest[0] is the inserted flag of claimSQL's rows). It is pooled: a
+// scan allocates the claim it returns, and what the driver hands over,
+// but no destinations.
+type scanned struct {
+	c                                      claim.Claim
+	inserted                               bool
+	state, props, resolution, path         string
+	processed, released, flagged, resolved sql.NullTime
+	takenOver, nextAttempt, lateSuccess    sql.NullTime
+	failed, answerAt, keyRevised           sql.NullTime
+	previousOwner                          uuid.NullUUID
+	deadLetterSeq, deferredSeq             sql.NullInt64
+	answer                                 sql.NullString
+	due, postponed                         sql.NullTime
+	dest                                   []any
+}
+
+var scans = sync.Pool{New: func() any {
+	s := &scanned{}
+	c := &s.c
+	s.dest = []any{&s.inserted, &c.ID, &c.MessageID, &c.Consumer, &c.Owner, &s.state, &c.Entity, &c.Subject, &c.ContentType,
+		&s.props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &c.ClaimedAt,
+		&c.HeartbeatAt, &s.processed, &s.released, &c.Attempts, &c.LastError, &s.flagged,
+		&c.FlagReason, &s.resolved, &c.ResolvedBy, &s.resolution, &c.ResolutionNote,
+		&c.Route, &c.Fingerprint, &c.TakeOvers, &s.takenOver, &s.path, &c.TakeOverReason,
+		&s.previousOwner, &c.PreviousHolder, &c.Recoveries, &s.nextAttempt, &s.lateSuccess, &c.LateSuccessBy,
+		&s.failed, &c.FailReason, &s.deadLetterSeq, &s.answer, &s.answerAt,
+		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &s.keyRevised, &c.KeyRevisionNote, &c.KeyForm,
+		&s.deferredSeq, &s.due, &c.Postponements, &s.postponed}
+	return s
+}}
+
+// scanClaim reads a claim's columns.
+func scanClaim(r sqlstore.Scanner) (*claim.Claim, error) {
+	c, _, err := scanRow(r, false)
+	return c, err
+}
+
+// scanRow reads a claim's columns, after the inserted flag of claimSQL's
+// rows when withInserted.
+func scanRow(r sqlstore.Scanner, withInserted bool) (c *claim.Claim, inserted bool, err error) {
+	s := scans.Get().(*scanned)
+	defer scans.Put(s)
+	dest := s.dest[1:]
+	if withInserted {
+		dest = s.dest
 	}
-	var err error
-	if answer.Valid {
-		if c.Answer, err = sqlstore.DecodeAnswer(&answer.String); err != nil {
-			return nil, fmt.Errorf("claim %d: %w", c.ID, err)
+	// Every destination is overwritten by the scan; the claim's other
+	// fields are set below, on the copy, never on the scratch.
+	if err := r.Scan(dest...); err != nil {
+		return nil, false, err
+	}
+	c = new(claim.Claim)
+	*c = s.c
+	if s.answer.Valid {
+		if c.Answer, err = sqlstore.DecodeAnswer(&s.answer.String); err != nil {
+			return nil, false, fmt.Errorf("claim %d: %w", c.ID, err)
 		}
 	}
-	if deadLetterSeq.Valid {
-		c.DeadLetterSeq = &deadLetterSeq.Int64
+	if s.deadLetterSeq.Valid {
+		seq := s.deadLetterSeq.Int64
+		c.DeadLetterSeq = &seq
 	}
-	if deferredSeq.Valid {
-		c.DeferredSeq = &deferredSeq.Int64
+	if s.deferredSeq.Valid {
+		seq := s.deferredSeq.Int64
+		c.DeferredSeq = &seq
 	}
-	c.DueAt, c.PostponedAt = utc(due), utc(postponed)
-	c.State, c.Resolution, c.TakeOverPath = claim.State(state), claim.Resolution(resolution), claim.TakeOverPath(path)
-	if c.Properties, err = sqlstore.DecodeProperties(props); err != nil {
-		return nil, fmt.Errorf("claim %d: %w", c.ID, err)
+	c.DueAt, c.PostponedAt = utc(s.due), utc(s.postponed)
+	c.State, c.Resolution, c.TakeOverPath = claim.State(s.state), claim.Resolution(s.resolution), claim.TakeOverPath(s.path)
+	if c.Properties, err = sqlstore.DecodeProperties(s.props); err != nil {
+		return nil, false, fmt.Errorf("claim %d: %w", c.ID, err)
 	}
-	if previousOwner.Valid {
-		c.PreviousOwner = previousOwner.UUID
+	if s.previousOwner.Valid {
+		c.PreviousOwner = s.previousOwner.UUID
 	}
 	c.ClaimedAt, c.HeartbeatAt = c.ClaimedAt.UTC(), c.HeartbeatAt.UTC()
-	c.ProcessedAt, c.ReleasedAt, c.FlaggedAt, c.ResolvedAt = utc(processed), utc(released), utc(flagged), utc(resolved)
-	c.TakenOverAt, c.NextAttemptAt, c.LateSuccessAt = utc(takenOver), utc(nextAttempt), utc(lateSuccess)
-	c.FailedAt, c.AnswerAt, c.KeyRevisedAt = utc(failed), utc(answerAt), utc(keyRevised)
-	return &c, nil
+	c.ProcessedAt, c.ReleasedAt, c.FlaggedAt, c.ResolvedAt = utc(s.processed), utc(s.released), utc(s.flagged), utc(s.resolved)
+	c.TakenOverAt, c.NextAttemptAt, c.LateSuccessAt = utc(s.takenOver), utc(s.nextAttempt), utc(s.lateSuccess)
+	c.FailedAt, c.AnswerAt, c.KeyRevisedAt = utc(s.failed), utc(s.answerAt), utc(s.keyRevised)
+	return c, s.inserted, nil
 }
 
 func utc(t sql.NullTime) *time.Time {
@@ -307,8 +340,7 @@ func (s *Store) insertClaims(ctx context.Context, q sqlstore.Querier, host strin
 			return nil, nil, fmt.Errorf("claim batch: %w", translate(err))
 		}
 		for rows.Next() {
-			var inserted bool
-			c, err := scanClaim(rows, &inserted)
+			c, inserted, err := scanRow(rows, true)
 			if err != nil {
 				rows.Close()
 				return nil, nil, fmt.Errorf("claim batch: %w", translate(err))

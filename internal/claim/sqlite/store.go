@@ -163,71 +163,97 @@ const insertColumns = `message_id, consumer, owner, state, entity, subject, cont
 	properties, payload_hash, payload, delivery_count, route, fingerprint, key_form, effect_key,
 	claimed_by, claimed_utc, heartbeat_utc, processed_utc`
 
+// scanned is the scratch of one scanClaim: the claim's scanned columns,
+// the text and NULL-able values they come as, and the Scan destinations
+// pointing at them. It is pooled: a scan allocates the claim it returns,
+// and what the driver hands over, but no destinations.
+type scanned struct {
+	c                                                 claim.Claim
+	owner, state, props, resolution, path             string
+	claimed, heartbeat                                string
+	processed, released, flagged, resolved, takenOver sql.NullString
+	nextAttempt, lateSuccess, previousOwner, failed   sql.NullString
+	answerAt, keyRevised, due, postponed              sql.NullString
+	deadLetterSeq, deferredSeq                        sql.NullInt64
+	answer                                            *string
+	dest                                              []any
+}
+
+var scans = sync.Pool{New: func() any {
+	s := &scanned{}
+	c := &s.c
+	s.dest = []any{&c.ID, &c.MessageID, &c.Consumer, &s.owner, &s.state, &c.Entity, &c.Subject, &c.ContentType,
+		&s.props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &s.claimed,
+		&s.heartbeat, &s.processed, &s.released, &c.Attempts, &c.LastError, &s.flagged,
+		&c.FlagReason, &s.resolved, &c.ResolvedBy, &s.resolution, &c.ResolutionNote,
+		&c.Route, &c.Fingerprint, &c.TakeOvers, &s.takenOver, &s.path, &c.TakeOverReason,
+		&s.previousOwner, &c.PreviousHolder, &c.Recoveries, &s.nextAttempt, &s.lateSuccess, &c.LateSuccessBy,
+		&s.failed, &c.FailReason, &s.deadLetterSeq, &s.answer, &s.answerAt,
+		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &s.keyRevised, &c.KeyRevisionNote, &c.KeyForm,
+		&s.deferredSeq, &s.due, &c.Postponements, &s.postponed}
+	return s
+}}
+
 func scanClaim(r sqlstore.Scanner) (*claim.Claim, error) {
-	var (
-		c                                      claim.Claim
-		owner, state, props, resolution, path  string
-		claimed, heartbeat                     string
-		processed, released, flagged, resolved sql.NullString
-		takenOver, nextAttempt, lateSuccess    sql.NullString
-		previousOwner                          sql.NullString
-		failed, answerAt, keyRevised           sql.NullString
-		deadLetterSeq, deferredSeq             sql.NullInt64
-		answer                                 *string
-		due, postponed                         sql.NullString
-	)
-	err := r.Scan(&c.ID, &c.MessageID, &c.Consumer, &owner, &state, &c.Entity, &c.Subject, &c.ContentType,
-		&props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &claimed,
-		&heartbeat, &processed, &released, &c.Attempts, &c.LastError, &flagged,
-		&c.FlagReason, &resolved, &c.ResolvedBy, &resolution, &c.ResolutionNote,
-		&c.Route, &c.Fingerprint, &c.TakeOvers, &takenOver, &path, &c.TakeOverReason,
-		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy,
-		&failed, &c.FailReason, &deadLetterSeq, &answer, &answerAt,
-		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote, &c.KeyForm,
-		&deferredSeq, &due, &c.Postponements, &postponed)
-	if err != nil {
+	s := scans.Get().(*scanned)
+	defer scans.Put(s)
+	// Every destination is overwritten by the scan; the claim's other
+	// fields are set below, on the copy, never on the scratch.
+	if err := r.Scan(s.dest...); err != nil {
 		return nil, err
 	}
-	if deferredSeq.Valid {
-		c.DeferredSeq = &deferredSeq.Int64
-	}
-	if deadLetterSeq.Valid {
-		c.DeadLetterSeq = &deadLetterSeq.Int64
-	}
-	if c.Answer, err = sqlstore.DecodeAnswer(answer); err != nil {
+	c := new(claim.Claim)
+	*c = s.c
+	if err := s.fill(c); err != nil {
 		return nil, fmt.Errorf("claim %d: %w", c.ID, err)
 	}
-	if c.Owner, err = uuid.Parse(owner); err != nil {
-		return nil, fmt.Errorf("claim %d: owner: %w", c.ID, err)
+	return c, nil
+}
+
+// fill sets c's fields that need converting from the scratch.
+func (s *scanned) fill(c *claim.Claim) error {
+	var err error
+	if s.deferredSeq.Valid {
+		seq := s.deferredSeq.Int64
+		c.DeferredSeq = &seq
 	}
-	if previousOwner.Valid {
-		if c.PreviousOwner, err = uuid.Parse(previousOwner.String); err != nil {
-			return nil, fmt.Errorf("claim %d: previous owner: %w", c.ID, err)
+	if s.deadLetterSeq.Valid {
+		seq := s.deadLetterSeq.Int64
+		c.DeadLetterSeq = &seq
+	}
+	if c.Answer, err = sqlstore.DecodeAnswer(s.answer); err != nil {
+		return err
+	}
+	if c.Owner, err = uuid.Parse(s.owner); err != nil {
+		return fmt.Errorf("owner: %w", err)
+	}
+	if s.previousOwner.Valid {
+		if c.PreviousOwner, err = uuid.Parse(s.previousOwner.String); err != nil {
+			return fmt.Errorf("previous owner: %w", err)
 		}
 	}
-	c.State, c.Resolution, c.TakeOverPath = claim.State(state), claim.Resolution(resolution), claim.TakeOverPath(path)
-	if c.Properties, err = sqlstore.DecodeProperties(props); err != nil {
-		return nil, fmt.Errorf("claim %d: %w", c.ID, err)
+	c.State, c.Resolution, c.TakeOverPath = claim.State(s.state), claim.Resolution(s.resolution), claim.TakeOverPath(s.path)
+	if c.Properties, err = sqlstore.DecodeProperties(s.props); err != nil {
+		return err
 	}
-	var errs []error
-	c.ClaimedAt, err = parseTime(claimed)
-	errs = append(errs, err)
-	c.HeartbeatAt, err = parseTime(heartbeat)
-	errs = append(errs, err)
-	for _, p := range []struct {
+	if c.ClaimedAt, err = parseTime(s.claimed); err != nil {
+		return err
+	}
+	if c.HeartbeatAt, err = parseTime(s.heartbeat); err != nil {
+		return err
+	}
+	for _, p := range [...]struct {
 		dst **time.Time
-		src sql.NullString
-	}{{&c.ProcessedAt, processed}, {&c.ReleasedAt, released}, {&c.FlaggedAt, flagged}, {&c.ResolvedAt, resolved},
-		{&c.TakenOverAt, takenOver}, {&c.NextAttemptAt, nextAttempt}, {&c.LateSuccessAt, lateSuccess},
-		{&c.FailedAt, failed}, {&c.AnswerAt, answerAt}, {&c.KeyRevisedAt, keyRevised},
-		{&c.DueAt, due}, {&c.PostponedAt, postponed}} {
-		*p.dst, err = parseNullTime(p.src)
-		errs = append(errs, err)
+		src *sql.NullString
+	}{{&c.ProcessedAt, &s.processed}, {&c.ReleasedAt, &s.released}, {&c.FlaggedAt, &s.flagged}, {&c.ResolvedAt, &s.resolved},
+		{&c.TakenOverAt, &s.takenOver}, {&c.NextAttemptAt, &s.nextAttempt}, {&c.LateSuccessAt, &s.lateSuccess},
+		{&c.FailedAt, &s.failed}, {&c.AnswerAt, &s.answerAt}, {&c.KeyRevisedAt, &s.keyRevised},
+		{&c.DueAt, &s.due}, {&c.PostponedAt, &s.postponed}} {
+		if *p.dst, err = parseNullTime(*p.src); err != nil {
+			return err
+		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("claim %d: %w", c.ID, err)
-	}
-	return &c, nil
+	return nil
 }
 
 func parseTime(s string) (time.Time, error) {
