@@ -37,7 +37,16 @@ const ClaimsUniqueIndex = "ux_claims_message_consumer"
 type Store struct {
 	db    *sql.DB
 	races atomic.Int64
+	// noHistory turns the history writes of ClaimBatch and WriteOutcomes
+	// off (SetHistoryForBench).
+	noHistory atomic.Bool
 }
+
+// SetHistoryForBench turns the history writes of ClaimBatch and
+// WriteOutcomes on or off (on by default). It exists for the benchmark
+// that measures what history costs: a store with history off breaks the
+// audit promise (claim.HistorySwitch).
+func (s *Store) SetHistoryForBench(on bool) { s.noHistory.Store(!on) }
 
 // ClaimRaces returns how many claimed keys met another transaction's
 // in-flight claim of the same key: the insert waited on the claims unique
@@ -256,7 +265,10 @@ func secs(d time.Duration) float64 { return d.Seconds() }
 // claimSQL inserts the batch and returns, in one statement, the rows it
 // inserted (inserted = true) and the existing rows of the keys it did not
 // insert that the statement's snapshot can see (inserted = false).
-var claimSQL = `WITH input AS (
+var claimSQL, claimSQLNoHistory = claimStatement(true), claimStatement(false)
+
+func claimStatement(history bool) string {
+	return `WITH input AS (
 	SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $5::text[], $6::text[],
 		$7::text[], $8::bytea[], $9::bytea[], $10::int[], $11::text[], $12::text[], $15::text[], $16::text[])
 		WITH ORDINALITY AS i(message_id, consumer, owner, entity, subject, content_type,
@@ -272,13 +284,23 @@ var claimSQL = `WITH input AS (
 	ON CONFLICT (message_id, consumer) DO NOTHING
 	RETURNING *
 ), h AS (
-	` + historySQL("ins", "'"+string(claim.ChangeClaimed)+"'", "''", "ins.claimed_by", "''", "''", "NULL") + `
+	` + maybeHistory(history, historySQL("ins", "'"+string(claim.ChangeClaimed)+"'", "''", "ins.claimed_by", "''", "''", "NULL")) + `
 )
 SELECT true, ` + cols("ins.") + ` FROM ins
 UNION ALL
 SELECT false, ` + cols("c.") + `
 FROM claims c JOIN input i ON c.message_id = i.message_id AND c.consumer = i.consumer
 WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.message_id = i.message_id AND ins.consumer = i.consumer)`
+}
+
+// maybeHistory is insert, or with history off a SELECT in its place (a
+// CTE nobody reads is not run).
+func maybeHistory(history bool, insert string) string {
+	if !history {
+		return "SELECT 1"
+	}
+	return insert
+}
 
 // ClaimBatch claims the batch in one statement (see the package doc).
 func (s *Store) ClaimBatch(ctx context.Context, params *claim.ClaimBatchParams) ([]claim.ClaimResult, error) {
@@ -334,7 +356,11 @@ func (s *Store) insertClaims(ctx context.Context, q sqlstore.Querier, host strin
 			routes, prints = append(routes, c.Route), append(prints, c.Fingerprint)
 			forms, keys = append(forms, string(sqlstore.FormOf(c))), append(keys, sqlstore.EffectKeyOf(c))
 		}
-		rows, err := q.QueryContext(ctx, claimSQL, ids, consumers, owners, entities, subjects, types,
+		query := claimSQL
+		if s.noHistory.Load() {
+			query = claimSQLNoHistory
+		}
+		rows, err := q.QueryContext(ctx, query, ids, consumers, owners, entities, subjects, types,
 			props, hashes, payloads, counts, routes, prints, string(state), host, forms, keys)
 		if err != nil {
 			return nil, nil, fmt.Errorf("claim batch: %w", translate(err))
@@ -629,7 +655,10 @@ func (s *Store) RecordAttempt(ctx context.Context, params *claim.RecordAttemptPa
 // on owner and state like the single write, and the ids changed come
 // back. A batch has at most one write per claim, so no two UPDATEs touch
 // one row.
-var writeOutcomesSQL = `WITH w AS (
+var writeOutcomesSQL, writeOutcomesSQLNoHistory = writeOutcomesStatement(true), writeOutcomesStatement(false)
+
+func writeOutcomesStatement(history bool) string {
+	return `WITH w AS (
 	SELECT * FROM unnest($1::int2[], $2::bigint[], $3::uuid[], $4::text[], $5::float8[], $6::text[])
 		AS w(w_kind, w_id, w_owner, w_err, w_next, w_answer)
 ), hb AS (
@@ -645,13 +674,14 @@ var writeOutcomesSQL = `WITH w AS (
 	UPDATE claims SET ` + setProcessed("w.w_answer::jsonb") + ` FROM w
 	WHERE w.w_kind = ` + strconv.Itoa(int(claim.WriteMarkProcessed)) + ` AND id = w.w_id AND owner = w.w_owner AND state = 'claimed' RETURNING claims.*
 ), hatt AS (
-	` + historySQL("att", "'"+string(claim.ChangeAttempt)+"'", "'claimed'", "att.claimed_by", "''", "att.last_error", "NULL") + `
+	` + maybeHistory(history, historySQL("att", "'"+string(claim.ChangeAttempt)+"'", "'claimed'", "att.claimed_by", "''", "att.last_error", "NULL")) + `
 ), hrel AS (
-	` + historySQL("rel", "'"+string(claim.ChangeReleased)+"'", "'claimed'", "rel.claimed_by", "''", "rel.last_error", "NULL") + `
+	` + maybeHistory(history, historySQL("rel", "'"+string(claim.ChangeReleased)+"'", "'claimed'", "rel.claimed_by", "''", "rel.last_error", "NULL")) + `
 ), hpro AS (
-	` + historySQL("pro", "'"+string(claim.ChangeProcessed)+"'", "'claimed'", "pro.claimed_by", "''", "''", "NULL") + `
+	` + maybeHistory(history, historySQL("pro", "'"+string(claim.ChangeProcessed)+"'", "'claimed'", "pro.claimed_by", "''", "''", "NULL")) + `
 )
 SELECT id FROM hb UNION ALL SELECT id FROM att UNION ALL SELECT id FROM rel UNION ALL SELECT id FROM pro`
+}
 
 // WriteOutcomes performs a batch of outcome writes in one statement (see
 // claim.BatchWriter).
@@ -682,7 +712,11 @@ func (s *Store) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) 
 			answers[i] = &enc.String
 		}
 	}
-	rows, err := s.db.QueryContext(ctx, writeOutcomesSQL, kinds, ids, owners, errs, nexts, answers)
+	query := writeOutcomesSQL
+	if s.noHistory.Load() {
+		query = writeOutcomesSQLNoHistory
+	}
+	rows, err := s.db.QueryContext(ctx, query, kinds, ids, owners, errs, nexts, answers)
 	if err != nil {
 		return nil, fmt.Errorf("write %d outcomes: %w", len(writes), translate(err))
 	}

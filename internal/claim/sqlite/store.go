@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -29,7 +31,14 @@ var _ claim.Store = (*Store)(nil)
 type Store struct {
 	db      *sql.DB
 	lockKey string
+	// noHistory turns the history writes off (SetHistoryForBench).
+	noHistory atomic.Bool
 }
+
+// SetHistoryForBench turns the history writes on or off (on by default).
+// It exists for the benchmark that measures what history costs: a store
+// with history off breaks the audit promise (claim.HistorySwitch).
+func (s *Store) SetHistoryForBench(on bool) { s.noHistory.Store(!on) }
 
 // Option configures a Store.
 type Option func(*Store)
@@ -339,10 +348,12 @@ func (s *Store) insertClaims(ctx context.Context, tx *sql.Tx, host string, plan 
 	if err := queryClaims(ctx, tx, q.String(), args, func(c *claim.Claim) { won[sqlstore.KeyOf(c)] = c }); err != nil {
 		return nil, nil, fmt.Errorf("claim batch: insert: %w", err)
 	}
+	ids := make([]int64, 0, len(won))
 	for _, c := range won {
-		if err := writeHistory(ctx, tx, c.ID, claim.ChangeClaimed, "''", host, "''"); err != nil {
-			return nil, nil, fmt.Errorf("claim batch: %w", err)
-		}
+		ids = append(ids, c.ID)
+	}
+	if err := s.writeHistory(ctx, tx, ids, claim.ChangeClaimed, "''", host, "''"); err != nil {
+		return nil, nil, fmt.Errorf("claim batch: %w", err)
 	}
 	if len(won) == len(plan.First) {
 		return won, nil, nil
@@ -372,24 +383,55 @@ func (s *Store) insertClaims(ctx context.Context, tx *sql.Tx, host string, plan 
 	return won, existing, nil
 }
 
-// writeHistory appends the history row of a change the guarded write in
-// the same transaction made to claim id: from and reason are SQL
-// expressions over the changed row; by is who ("" for the claim's
-// holder). Take-overs record their path and the previous owner.
-func writeHistory(ctx context.Context, tx *sql.Tx, id int64, what claim.Change, from, by, reason string) error {
-	_, err := tx.ExecContext(ctx, `INSERT INTO claim_history (claim_id, at_utc, what, from_state, to_state, by_whom, path, reason,
-		previous_owner, owner, idempotency_key)
-		SELECT id, `+nowSQL+`, ?1, `+from+`, state, coalesce(nullif(?2, ''), claimed_by),
-			CASE WHEN ?1 IN ('taken over', 'redriven', 'retried') THEN take_over_path ELSE '' END,
-			substr(`+reason+`, 1, `+fmt.Sprint(claim.MaxHistoryReason)+`),
-			CASE WHEN ?1 IN ('taken over', 'redriven', 'retried') THEN previous_owner END,
-			owner, CASE WHEN effect_key <> '' THEN effect_key ELSE message_id END
-		FROM claims WHERE id = ?3`, string(what), by, id)
-	if err != nil {
-		return fmt.Errorf("history of claim %d: %w", id, translate(err))
+// writeHistory appends the history rows of a change the guarded write in
+// the same transaction made to the claims ids, in one statement: from and
+// reason are SQL expressions over the changed row; by is who ("" for the
+// claim's holder). Take-overs record their path and the previous owner.
+func (s *Store) writeHistory(ctx context.Context, tx *sql.Tx, ids []int64, what claim.Change, from, by, reason string) error {
+	if len(ids) == 0 || s.noHistory.Load() {
+		return nil
+	}
+	var q strings.Builder
+	q.Grow(len(historySQL) + len(historySQL2) + len(historySQL3) + len(from) + len(reason))
+	q.WriteString(historySQL)
+	q.WriteString(from)
+	q.WriteString(historySQL2)
+	q.WriteString(reason)
+	q.WriteString(historySQL3)
+	// The ids go as one JSON array: one parameter to bind and parse,
+	// whatever their number.
+	list := make([]byte, 0, 1+8*len(ids))
+	list = append(list, '[')
+	for i, id := range ids {
+		if i > 0 {
+			list = append(list, ',')
+		}
+		list = strconv.AppendInt(list, id, 10)
+	}
+	list = append(list, ']')
+	if _, err := tx.ExecContext(ctx, q.String(), string(what), by, string(list)); err != nil {
+		if len(ids) == 1 {
+			return fmt.Errorf("history of claim %d: %w", ids[0], translate(err))
+		}
+		return fmt.Errorf("history of %d claims: %w", len(ids), translate(err))
 	}
 	return nil
 }
+
+// The history INSERT around its from and reason expressions; ?1 is what,
+// ?2 who, ?3 the ids (a JSON array).
+var (
+	historySQL = `INSERT INTO claim_history (claim_id, at_utc, what, from_state, to_state, by_whom, path, reason,
+		previous_owner, owner, idempotency_key)
+		SELECT id, ` + nowSQL + `, ?1, `
+	historySQL2 = `, state, coalesce(nullif(?2, ''), claimed_by),
+			CASE WHEN ?1 IN ('taken over', 'redriven', 'retried') THEN take_over_path ELSE '' END,
+			substr(`
+	historySQL3 = `, 1, ` + strconv.Itoa(claim.MaxHistoryReason) + `),
+			CASE WHEN ?1 IN ('taken over', 'redriven', 'retried') THEN previous_owner END,
+			owner, CASE WHEN effect_key <> '' THEN effect_key ELSE message_id END
+		FROM claims WHERE id IN (SELECT value FROM json_each(?3))`
+)
 
 // change runs a guarded write and its history row in one transaction
 // (BEGIN IMMEDIATE: the store's one connection writes alone). write
@@ -404,10 +446,8 @@ func (s *Store) change(ctx context.Context, op string, write func(tx *sql.Tx) ([
 	if err != nil {
 		return err
 	}
-	for _, id := range ids {
-		if err := writeHistory(ctx, tx, id, what, from, by, reason); err != nil {
-			return fmt.Errorf("%s: %w", op, err)
-		}
+	if err := s.writeHistory(ctx, tx, ids, what, from, by, reason); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("%s: commit: %w", op, translate(err))
@@ -633,18 +673,33 @@ func (s *Store) MarkProcessed(ctx context.Context, params *claim.MarkProcessedPa
 	return s.execWrite(ctx, claim.OutcomeWrite{MarkProcessed: params})
 }
 
-// execWrite runs one outcome write on its own (an implicit transaction).
+// execWrite runs one outcome write: a heartbeat on its own (an implicit
+// transaction), a change with its history row in one transaction.
 func (s *Store) execWrite(ctx context.Context, w claim.OutcomeWrite) error {
-	query, args, err := outcomeSQL(w)
-	if err != nil {
+	if err := claim.CheckBatch([]claim.OutcomeWrite{w}); err != nil {
 		return err
 	}
 	id, _ := w.Target()
-	what, reason, ok := outcomeHistory(w.Kind())
-	if !ok {
-		return s.execGuarded(ctx, w.Kind().String(), id, query, args...) // a heartbeat is no change
+	var q sqlstore.Querier = s.db
+	var tx *sql.Tx
+	if w.Kind() != claim.WriteHeartbeat {
+		var err error
+		if tx, err = s.db.BeginTx(ctx, nil); err != nil {
+			return fmt.Errorf("%s claim %d: begin: %w", w.Kind(), id, translate(err))
+		}
+		defer tx.Rollback()
+		q = tx
 	}
-	return s.changeOne(ctx, w.Kind().String(), id, what, "'claimed'", "", reason, query, args...)
+	done, err := s.writeOutcomes(ctx, q, tx, []claim.OutcomeWrite{w})
+	if err != nil {
+		return fmt.Errorf("%s claim %d: %w", w.Kind(), id, err)
+	}
+	if tx != nil {
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("%s claim %d: commit: %w", w.Kind(), id, translate(err))
+		}
+	}
+	return sqlstore.BatchResults([]claim.OutcomeWrite{w}, done)[0]
 }
 
 // outcomeHistory is the history an outcome write records (ok false: a
@@ -661,34 +716,101 @@ func outcomeHistory(k claim.WriteKind) (what claim.Change, reason string, ok boo
 	return "", "", false
 }
 
-// outcomeSQL is the guarded UPDATE of one outcome write, shared by the
-// single writes and WriteOutcomes.
-func outcomeSQL(w claim.OutcomeWrite) (string, []any, error) {
-	v := sqlstore.ValuesOf(w)
-	answer, err := sqlstore.EncodeAnswer(v.Answer)
-	if err != nil {
-		return "", nil, fmt.Errorf("%s claim %d: %w", w.Kind(), v.ID, err)
+// outcomeKinds are the kinds of outcome write, in the order WriteOutcomes
+// writes them (a batch has at most one write per claim, so the order
+// changes nothing).
+var outcomeKinds = [...]claim.WriteKind{claim.WriteHeartbeat, claim.WriteRecordAttempt, claim.WriteRelease, claim.WriteMarkProcessed}
+
+// outcomeSets is the SET clause of each kind's guarded UPDATE over the
+// batch's rows v: v.column3 is the error, v.column4 the answer (NULL
+// keeps the claim's), v.column5 the next attempt's strftime modifier
+// (NULL: none; see later).
+var outcomeSets = func() map[claim.WriteKind]string {
+	answer := `answer = coalesce(v.column4, answer), answer_utc = CASE WHEN v.column4 IS NULL THEN answer_utc ELSE ` + nowSQL + ` END`
+	next := func(keep string) string {
+		return `CASE WHEN v.column5 IS NULL THEN ` + keep + ` ELSE strftime('%Y-%m-%dT%H:%M:%f',coalesce(sbclaim_now(),'now'),v.column5) END`
 	}
-	const guard = ` WHERE id = ?2 AND owner = ?3 AND state = 'claimed'`
-	args := []any{v.Error, v.ID, v.Owner.String(), answer}
-	switch w.Kind() {
-	case claim.WriteHeartbeat:
-		return `UPDATE claims SET heartbeat_utc = ` + nowSQL + guard, args, nil
-	case claim.WriteMarkProcessed:
-		return `UPDATE claims SET state = 'processed', processed_utc = ` + nowSQL + `, payload = NULL, ` + setAnswer(4) + guard, args, nil
-	case claim.WriteRelease:
-		next, args := nextAttempt(args, v.NextAttemptIn, "NULL")
-		return `UPDATE claims SET state = 'released', released_utc = ` + nowSQL + `, heartbeat_utc = ` + nowSQL + `, last_error = ?1,
-		next_attempt_utc = ` + next + `, due_utc = NULL, ` + setAnswer(4) + guard, args, nil
-	case claim.WriteRecordAttempt:
-		next, args := nextAttempt(args, v.NextAttemptIn, "next_attempt_utc")
-		return `UPDATE claims SET attempts = attempts + 1, last_error = ?1, next_attempt_utc = ` + next + `, ` + setAnswer(4) + guard, args, nil
+	return map[claim.WriteKind]string{
+		claim.WriteHeartbeat:     `heartbeat_utc = ` + nowSQL,
+		claim.WriteMarkProcessed: `state = 'processed', processed_utc = ` + nowSQL + `, payload = NULL, ` + answer,
+		claim.WriteRelease: `state = 'released', released_utc = ` + nowSQL + `, heartbeat_utc = ` + nowSQL + `, last_error = v.column3,
+		next_attempt_utc = ` + next("NULL") + `, due_utc = NULL, ` + answer,
+		claim.WriteRecordAttempt: `attempts = attempts + 1, last_error = v.column3, next_attempt_utc = ` + next("next_attempt_utc") + `, ` + answer,
 	}
-	return "", nil, fmt.Errorf("%w: a write sets no single kind", claim.ErrBadBatch)
+}()
+
+// writeOutcomes writes a checked batch of outcome writes on q (tx, when
+// not nil, is q's transaction, which the history rows join): one guarded
+// UPDATE ... FROM (VALUES ...) per kind present, and one history INSERT
+// for the claims each changed. It returns the ids of the claims changed.
+func (s *Store) writeOutcomes(ctx context.Context, q sqlstore.Querier, tx *sql.Tx, writes []claim.OutcomeWrite) (map[int64]bool, error) {
+	done := make(map[int64]bool, len(writes))
+	var (
+		b    strings.Builder
+		args []any
+		ids  []int64
+	)
+	for _, kind := range outcomeKinds {
+		b.Reset()
+		args, ids = args[:0], ids[:0]
+		for _, w := range writes {
+			if w.Kind() != kind {
+				continue
+			}
+			if len(args) == 0 {
+				b.Grow(len(outcomeSets[kind]) + 200 + 18*len(writes))
+				b.WriteString("UPDATE claims SET ")
+				b.WriteString(outcomeSets[kind])
+				b.WriteString(" FROM (VALUES ")
+			} else {
+				b.WriteString(", ")
+			}
+			b.WriteString("(?, ?, ?, ?, ?)")
+			v := sqlstore.ValuesOf(w)
+			answer, err := sqlstore.EncodeAnswer(v.Answer)
+			if err != nil {
+				return nil, fmt.Errorf("%s claim %d: %w", kind, v.ID, err)
+			}
+			var next any
+			if v.NextAttemptIn > 0 {
+				next = later(v.NextAttemptIn)
+			}
+			args = append(args, v.ID, v.Owner.String(), v.Error, answer, next)
+		}
+		if len(args) == 0 {
+			continue
+		}
+		b.WriteString(") AS v WHERE claims.id = v.column1 AND claims.owner = v.column2 AND claims.state = 'claimed' RETURNING id")
+		rows, err := q.QueryContext(ctx, b.String(), args...)
+		if err != nil {
+			return nil, translate(err)
+		}
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return nil, translate(err)
+			}
+			ids = append(ids, id)
+			done[id] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, translate(err)
+		}
+		if what, reason, ok := outcomeHistory(kind); ok && tx != nil {
+			if err := s.writeHistory(ctx, tx, ids, what, "'claimed'", "", reason); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return done, nil
 }
 
-// WriteOutcomes performs a batch of outcome writes in one transaction,
-// one statement per write, with one commit (see claim.BatchWriter).
+// WriteOutcomes performs a batch of outcome writes in one transaction: one
+// statement per kind of write present, and one for the history rows of
+// each kind that records history, whatever the batch's size (see
+// claim.BatchWriter).
 func (s *Store) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) ([]error, error) {
 	if err := claim.CheckBatch(writes); err != nil {
 		return nil, err
@@ -701,27 +823,14 @@ func (s *Store) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) 
 		return nil, fmt.Errorf("write %d outcomes: begin: %w", len(writes), translate(err))
 	}
 	defer tx.Rollback()
-	errs := make([]error, len(writes))
-	for i, w := range writes {
-		query, args, err := outcomeSQL(w)
-		if err != nil {
-			return nil, err
-		}
-		id, _ := w.Target()
-		errs[i] = sqlstore.ExecGuarded(ctx, tx, translate, w.Kind().String(), id, query, args...)
-		if errs[i] != nil && !errors.Is(errs[i], claim.ErrStateChanged) {
-			return nil, fmt.Errorf("write %d outcomes: %w", len(writes), errs[i])
-		}
-		if what, reason, ok := outcomeHistory(w.Kind()); ok && errs[i] == nil {
-			if err := writeHistory(ctx, tx, id, what, "'claimed'", "", reason); err != nil {
-				return nil, fmt.Errorf("write %d outcomes: %w", len(writes), err)
-			}
-		}
+	done, err := s.writeOutcomes(ctx, tx, tx, writes)
+	if err != nil {
+		return nil, fmt.Errorf("write %d outcomes: %w", len(writes), err)
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("write %d outcomes: commit: %w", len(writes), translate(err))
 	}
-	return errs, nil
+	return sqlstore.BatchResults(writes, done), nil
 }
 
 // setAnswer is the SET clause that records the answer in parameter ?n:
@@ -766,16 +875,6 @@ func (s *Store) TakeDeadLetter(ctx context.Context, params *claim.TakeDeadLetter
 		}
 	}
 	return err
-}
-
-// nextAttempt returns the SQL and arguments for NextAttemptAt after a write
-// with NextAttemptIn d (parameter ?5; ?4 is the answer): now + d, or keep
-// (the column itself, or NULL) for d <= 0.
-func nextAttempt(args []any, d time.Duration, keep string) (string, []any) {
-	if d <= 0 {
-		return keep, args
-	}
-	return laterSQL(5), append(args, later(d))
 }
 
 // Release moves a claimed claim held by Owner to released.

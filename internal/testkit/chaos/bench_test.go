@@ -68,6 +68,32 @@ func BenchmarkVariants(b *testing.B) {
 	}
 }
 
+// BenchmarkPhysicalHistory measures the physical limit (f) with the
+// store's history writes on and off.
+func BenchmarkPhysicalHistory(b *testing.B) {
+	for _, name := range []string{"sqlite", "postgres", "sqlserver"} {
+		url, ok := benchDatabases(b)[name]
+		if !ok {
+			continue
+		}
+		b.Run(name, func(b *testing.B) {
+			db := openBenchDB(b, url)
+			for _, history := range []bool{true, false} {
+				b.Run(fmt.Sprintf("history=%t", history), func(b *testing.B) {
+					res, err := RunBench(context.Background(), BenchParams{Variant: VariantPhysical, DB: db, Messages: b.N, NoHistory: !history})
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.ReportMetric(res.PerSecond(), "msg/s")
+					b.ReportMetric(res.AllocPerMessage(), "alloc-bytes/msg")
+					b.ReportMetric(float64(res.CPUPerMessage().Nanoseconds()), "cpu-ns/msg")
+					b.ReportMetric(0, "ns/op")
+				})
+			}
+		})
+	}
+}
+
 // BenchmarkStaleScan times the reconciler's FlagStale with nothing stale
 // over 10 000 and 1 000 000 finished claims. Building the 1M table takes a
 // few seconds per database (bulk INSERT ... SELECT).
