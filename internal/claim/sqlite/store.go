@@ -172,6 +172,12 @@ const insertColumns = `message_id, consumer, owner, state, entity, subject, cont
 	properties, payload_hash, payload, delivery_count, route, fingerprint, key_form, effect_key,
 	claimed_by, claimed_utc, heartbeat_utc, processed_utc`
 
+// insertSQL inserts claims from VALUES rows of 14 columns; ?1 is the
+// state, ?2 the host; the processed time follows.
+const insertSQL = `INSERT INTO claims (` + insertColumns + `)
+	SELECT column1, column2, column3, ?1, column4, column5, column6, column7, column8, column9, column10,
+		column11, column12, column13, column14, ?2, ` + nowSQL + `, ` + nowSQL + `, `
+
 // scanned is the scratch of one scanClaim: the claim's scanned columns,
 // the text and NULL-able values they come as, and the Scan destinations
 // pointing at them. It is pooled: a scan allocates the claim it returns,
@@ -323,7 +329,14 @@ func (s *Store) insertClaims(ctx context.Context, tx *sql.Tx, host string, plan 
 		q    strings.Builder
 		args []any
 	)
-	q.WriteString("INSERT INTO claims (" + insertColumns + ") VALUES ")
+	// The state (?1) and the host (?2) once; each row's own values as the
+	// VALUES' columns 1 to 14.
+	q.Grow(len(insertSQL) + len(processed) + 46*len(plan.First) + len(columns) + 64)
+	q.WriteString(insertSQL)
+	q.WriteString(processed)
+	q.WriteString(" FROM (VALUES ")
+	args = make([]any, 0, 2+14*len(plan.First))
+	args = append(args, string(state), host)
 	for n, i := range plan.First {
 		c := &plan.Claims[i]
 		props, err := sqlstore.EncodeProperties(c.Properties)
@@ -337,11 +350,14 @@ func (s *Store) insertClaims(ctx context.Context, tx *sql.Tx, host string, plan 
 		if n > 0 {
 			q.WriteString(", ")
 		}
-		q.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, " + nowSQL + ", " + nowSQL + ", " + processed + ")")
-		args = append(args, c.MessageID, c.Consumer, c.Owner.String(), string(state), c.Entity, c.Subject,
+		q.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+		args = append(args, c.MessageID, c.Consumer, c.Owner.String(), c.Entity, c.Subject,
 			c.ContentType, props, c.PayloadHash, nullBytes(payload), c.DeliveryCount, c.Route, c.Fingerprint,
-			string(sqlstore.FormOf(c)), sqlstore.EffectKeyOf(c), host)
+			string(sqlstore.FormOf(c)), sqlstore.EffectKeyOf(c))
 	}
+	// WHERE true: an INSERT ... SELECT followed by ON CONFLICT needs a
+	// WHERE (SQLite's parser would otherwise read ON as a join's).
+	q.WriteString(") WHERE true")
 	q.WriteString(" ON CONFLICT (message_id, consumer) DO NOTHING RETURNING " + columns)
 
 	won = make(map[sqlstore.Key]*claim.Claim, len(plan.First))
