@@ -18,6 +18,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
@@ -335,7 +336,7 @@ func (s *Store) insertClaims(ctx context.Context, q sqlstore.Querier, host strin
 		var (
 			ids, consumers, entities, subjects, types, props, routes, prints []string
 			forms, keys                                                      []string
-			owners                                                           []uuid.UUID
+			owners                                                           []pgtype.UUID
 			hashes, payloads                                                 [][]byte
 			counts                                                           []int32
 		)
@@ -349,7 +350,7 @@ func (s *Store) insertClaims(ctx context.Context, q sqlstore.Querier, host strin
 			if state == claim.StateProcessed {
 				payload = nil
 			}
-			ids, consumers, owners = append(ids, c.MessageID), append(consumers, c.Consumer), append(owners, c.Owner)
+			ids, consumers, owners = append(ids, c.MessageID), append(consumers, c.Consumer), append(owners, pgtype.UUID{Bytes: c.Owner, Valid: true})
 			entities, subjects, types = append(entities, c.Entity), append(subjects, c.Subject), append(types, c.ContentType)
 			props, hashes, payloads = append(props, p), append(hashes, c.PayloadHash), append(payloads, payload)
 			counts = append(counts, int32(c.DeliveryCount))
@@ -695,14 +696,14 @@ func (s *Store) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) 
 	var (
 		kinds   = make([]int16, len(writes))
 		ids     = make([]int64, len(writes))
-		owners  = make([]string, len(writes))
+		owners  = make([]pgtype.UUID, len(writes))
 		errs    = make([]string, len(writes))
 		nexts   = make([]float64, len(writes))
 		answers = make([]*string, len(writes))
 	)
 	for i, w := range writes {
 		v := sqlstore.ValuesOf(w)
-		kinds[i], ids[i], owners[i] = int16(w.Kind()), v.ID, v.Owner.String()
+		kinds[i], ids[i], owners[i] = int16(w.Kind()), v.ID, pgtype.UUID{Bytes: v.Owner, Valid: true}
 		errs[i], nexts[i] = v.Error, secs(v.NextAttemptIn)
 		enc, err := sqlstore.EncodeAnswer(v.Answer)
 		if err != nil {
