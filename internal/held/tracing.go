@@ -18,12 +18,16 @@ func startAttempt(ctx context.Context, p Params, attempt int) (context.Context, 
 	if tracing.Off(parent) {
 		return ctx, func(error) {}
 	}
-	ctx, span := parent.TracerProvider().Tracer(tracing.ScopeName).Start(ctx, "effect attempt",
-		trace.WithAttributes(tracing.ClaimID.Int64(p.Claim.ID), tracing.Consumer.String(p.Claim.Consumer),
-			tracing.Route.String(p.Claim.Route), tracing.Attempt.Int(attempt)))
+	ctx, span := parent.TracerProvider().Tracer(tracing.ScopeName).Start(ctx, "effect attempt")
+	if span.IsRecording() { // a sampled-out span keeps nothing: build no attributes for it
+		span.SetAttributes(tracing.ClaimID.Int64(p.Claim.ID), tracing.Consumer.String(p.Claim.Consumer),
+			tracing.Route.String(p.Claim.Route), tracing.Attempt.Int(attempt))
+	}
 	return ctx, func(err error) {
 		o := sideeffects.Classify(err)
-		span.SetAttributes(tracing.EffectOutcome.String(o.String()))
+		if span.IsRecording() {
+			span.SetAttributes(tracing.EffectOutcome.String(o.String()))
+		}
 		if err != nil {
 			// The outcome, not the error's text: it may quote a
 			// downstream's answer.

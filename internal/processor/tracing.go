@@ -170,8 +170,10 @@ func (p *Processor) startOutcome(ctx context.Context, c *claim.Claim, kind strin
 	if tracing.Off(parent) {
 		return ctx, func(error) {}
 	}
-	ctx, span := parent.TracerProvider().Tracer(tracing.ScopeName).Start(ctx, "outcome "+kind,
-		trace.WithAttributes(tracing.ClaimID.Int64(c.ID), tracing.OutcomeWrite.String(kind)))
+	ctx, span := parent.TracerProvider().Tracer(tracing.ScopeName).Start(ctx, "outcome "+kind)
+	if span.IsRecording() {
+		span.SetAttributes(tracing.ClaimID.Int64(c.ID), tracing.OutcomeWrite.String(kind))
+	}
 	return ctx, func(err error) {
 		if err != nil {
 			span.SetStatus(codes.Error, "outcome write failed")
@@ -201,19 +203,21 @@ func (p *Processor) startSettle(d *delivery, v verdict) (end func(err error)) {
 	if op == "" || d.tr == nil {
 		return func(error) {}
 	}
-	attrs := make([]attribute.KeyValue, 0, 8)
-	attrs = append(attrs, p.tr.base...)
-	attrs = append(attrs,
-		tracing.MessagingOperationType.String("settle"),
-		tracing.MessagingOperationName.String(op),
-		tracing.ServiceBusDispositionStatus.String(op),
-		tracing.MessagingMessageID.String(d.msg.MessageID),
-	)
-	if v.settle == settleDeadLetter {
-		attrs = append(attrs, tracing.DeadLetterReason.String(v.reason))
+	_, span := p.tr.tracer.Start(d.traced(context.Background()), op+" "+p.tr.dest, trace.WithSpanKind(trace.SpanKindClient))
+	if span.IsRecording() { // a sampled-out span keeps nothing: build no attributes for it
+		attrs := make([]attribute.KeyValue, 0, 8)
+		attrs = append(attrs, p.tr.base...)
+		attrs = append(attrs,
+			tracing.MessagingOperationType.String("settle"),
+			tracing.MessagingOperationName.String(op),
+			tracing.ServiceBusDispositionStatus.String(op),
+			tracing.MessagingMessageID.String(d.msg.MessageID),
+		)
+		if v.settle == settleDeadLetter {
+			attrs = append(attrs, tracing.DeadLetterReason.String(v.reason))
+		}
+		span.SetAttributes(attrs...)
 	}
-	_, span := p.tr.tracer.Start(d.traced(context.Background()), op+" "+p.tr.dest,
-		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 	return func(err error) {
 		if err != nil {
 			span.SetStatus(codes.Error, op+" failed")
@@ -249,6 +253,10 @@ func (p *Processor) endProcess(d *delivery, v verdict) {
 		return
 	}
 	span := d.tr.span
+	if !span.IsRecording() {
+		span.End()
+		return
+	}
 	attrs := []attribute.KeyValue{tracing.Outcome.String(string(v.result))}
 	if d.claimID != 0 {
 		attrs = append(attrs, tracing.ClaimID.Int64(d.claimID))
