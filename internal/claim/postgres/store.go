@@ -223,6 +223,7 @@ func scanRow(r sqlstore.Scanner, withInserted bool) (c *claim.Claim, inserted bo
 	}
 	c = new(claim.Claim)
 	*c = s.c
+	s.c = claim.Claim{} // the pooled scratch keeps no payload alive
 	if s.answer.Valid {
 		if c.Answer, err = sqlstore.DecodeAnswer(&s.answer.String); err != nil {
 			return nil, false, fmt.Errorf("claim %d: %w", c.ID, err)

@@ -219,6 +219,7 @@ func scanClaim(r sqlstore.Scanner) (*claim.Claim, error) {
 	}
 	c := new(claim.Claim)
 	*c = s.c
+	s.c = claim.Claim{} // the pooled scratch keeps no payload alive
 	if err := s.fill(c); err != nil {
 		return nil, fmt.Errorf("claim %d: %w", c.ID, err)
 	}
