@@ -436,18 +436,20 @@ func (s *Store) writeHistory(ctx context.Context, tx *sql.Tx, ids []int64, what 
 }
 
 // The history INSERT around its from and reason expressions; ?1 is what,
-// ?2 who, ?3 the ids (a JSON array).
+// ?2 who, ?3 the ids (a JSON array). The database clock is read once for
+// all the rows (t.now), not once per row.
 var (
-	historySQL = `INSERT INTO claim_history (claim_id, at_utc, what, from_state, to_state, by_whom, path, reason,
+	historySQL = `WITH t (now) AS MATERIALIZED (SELECT ` + nowSQL + `)
+		INSERT INTO claim_history (claim_id, at_utc, what, from_state, to_state, by_whom, path, reason,
 		previous_owner, owner, idempotency_key)
-		SELECT id, ` + nowSQL + `, ?1, `
+		SELECT id, t.now, ?1, `
 	historySQL2 = `, state, coalesce(nullif(?2, ''), claimed_by),
 			CASE WHEN ?1 IN ('taken over', 'redriven', 'retried') THEN take_over_path ELSE '' END,
 			substr(`
 	historySQL3 = `, 1, ` + strconv.Itoa(claim.MaxHistoryReason) + `),
 			CASE WHEN ?1 IN ('taken over', 'redriven', 'retried') THEN previous_owner END,
 			owner, CASE WHEN effect_key <> '' THEN effect_key ELSE message_id END
-		FROM claims WHERE id IN (SELECT value FROM json_each(?3))`
+		FROM claims, t WHERE id IN (SELECT value FROM json_each(?3))`
 )
 
 // change runs a guarded write and its history row in one transaction
