@@ -326,19 +326,11 @@ func (s *Store) insertClaims(ctx context.Context, tx *sql.Tx, host string, plan 
 	if state == claim.StateProcessed {
 		processed = nowSQL
 	}
-	var (
-		q    strings.Builder
-		args []any
-	)
 	// The state (?1) and the host (?2) once; each row's own values as the
 	// VALUES' columns 1 to 14.
-	q.Grow(len(insertSQL) + len(processed) + 46*len(plan.First) + len(columns) + 64)
-	q.WriteString(insertSQL)
-	q.WriteString(processed)
-	q.WriteString(" FROM (VALUES ")
-	args = make([]any, 0, 2+14*len(plan.First))
+	args := make([]any, 0, 2+14*len(plan.First))
 	args = append(args, string(state), host)
-	for n, i := range plan.First {
+	for _, i := range plan.First {
 		c := &plan.Claims[i]
 		props, err := sqlstore.EncodeProperties(c.Properties)
 		if err != nil {
@@ -348,21 +340,32 @@ func (s *Store) insertClaims(ctx context.Context, tx *sql.Tx, host string, plan 
 		if state == claim.StateProcessed {
 			payload = nil
 		}
-		if n > 0 {
-			q.WriteString(", ")
-		}
-		q.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 		args = append(args, c.MessageID, c.Consumer, c.Owner.String(), c.Entity, c.Subject,
 			c.ContentType, props, c.PayloadHash, nullBytes(payload), c.DeliveryCount, c.Route, c.Fingerprint,
 			string(sqlstore.FormOf(c)), sqlstore.EffectKeyOf(c))
 	}
-	// WHERE true: an INSERT ... SELECT followed by ON CONFLICT needs a
-	// WHERE (SQLite's parser would otherwise read ON as a join's).
-	q.WriteString(") WHERE true")
-	q.WriteString(" ON CONFLICT (message_id, consumer) DO NOTHING RETURNING " + columns)
+	key := textKey{what: "insert", a: processed, n: len(plan.First)}
+	text, ok := texts.get(key)
+	if !ok {
+		var q strings.Builder
+		q.Grow(len(insertSQL) + len(processed) + 46*len(plan.First) + len(columns) + 96)
+		q.WriteString(insertSQL)
+		q.WriteString(processed)
+		q.WriteString(" FROM (VALUES ")
+		for n := range plan.First {
+			if n > 0 {
+				q.WriteString(", ")
+			}
+			q.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+		}
+		// WHERE true: an INSERT ... SELECT followed by ON CONFLICT needs a
+		// WHERE (SQLite's parser would otherwise read ON as a join's).
+		q.WriteString(") WHERE true ON CONFLICT (message_id, consumer) DO NOTHING RETURNING " + columns)
+		text = texts.put(key, q.String())
+	}
 
 	won = make(map[sqlstore.Key]*claim.Claim, len(plan.First))
-	if err := queryClaims(ctx, tx, q.String(), args, func(c *claim.Claim) { won[sqlstore.KeyOf(c)] = c }); err != nil {
+	if err := queryClaims(ctx, tx, text, args, func(c *claim.Claim) { won[sqlstore.KeyOf(c)] = c }); err != nil {
 		return nil, nil, fmt.Errorf("claim batch: insert: %w", err)
 	}
 	ids := make([]int64, 0, len(won))
@@ -376,7 +379,7 @@ func (s *Store) insertClaims(ctx context.Context, tx *sql.Tx, host string, plan 
 		return won, nil, nil
 	}
 
-	q.Reset()
+	var q strings.Builder
 	args = args[:0]
 	q.WriteString("SELECT " + columns + " FROM claims WHERE (message_id, consumer) IN (VALUES ")
 	n := 0
@@ -408,13 +411,7 @@ func (s *Store) writeHistory(ctx context.Context, tx *sql.Tx, ids []int64, what 
 	if len(ids) == 0 || s.noHistory.Load() {
 		return nil
 	}
-	var q strings.Builder
-	q.Grow(len(historySQL) + len(historySQL2) + len(historySQL3) + len(from) + len(reason))
-	q.WriteString(historySQL)
-	q.WriteString(from)
-	q.WriteString(historySQL2)
-	q.WriteString(reason)
-	q.WriteString(historySQL3)
+	text := historyText(what, from, by, reason)
 	// The ids go as one JSON array: one parameter to bind and parse,
 	// whatever their number.
 	list := make([]byte, 0, 1+8*len(ids))
@@ -426,7 +423,7 @@ func (s *Store) writeHistory(ctx context.Context, tx *sql.Tx, ids []int64, what 
 		list = strconv.AppendInt(list, id, 10)
 	}
 	list = append(list, ']')
-	if _, err := tx.ExecContext(ctx, q.String(), string(what), by, string(list)); err != nil {
+	if _, err := tx.ExecContext(ctx, text, string(what), by, string(list)); err != nil {
 		if len(ids) == 1 {
 			return fmt.Errorf("history of claim %d: %w", ids[0], translate(err))
 		}
@@ -435,22 +432,84 @@ func (s *Store) writeHistory(ctx context.Context, tx *sql.Tx, ids []int64, what 
 	return nil
 }
 
-// The history INSERT around its from and reason expressions; ?1 is what,
-// ?2 who, ?3 the ids (a JSON array). The database clock is read once for
-// all the rows (t.now), not once per row.
-var (
-	historySQL = `WITH t (now) AS MATERIALIZED (SELECT ` + nowSQL + `)
+// texts holds the statement texts the batch paths build from a few small
+// inputs (the expressions of a kind of change, the number of rows), so
+// that a batch does not build its statement anew each time.
+var texts textCache
+
+// textKey names a statement text: what statement, its expressions a and
+// b, and its number of rows n.
+type textKey struct {
+	what, a, b string
+	n          int
+}
+
+// maxCachedRows bounds the rows of a cached text (bigger batches are
+// rare: their texts are built each time).
+const maxCachedRows = 64
+
+type textCache struct {
+	mu sync.RWMutex
+	m  map[textKey]string
+}
+
+func (c *textCache) get(k textKey) (string, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	t, ok := c.m[k]
+	return t, ok
+}
+
+// put keeps text for k (unless k has too many rows) and returns it.
+func (c *textCache) put(k textKey, text string) string {
+	if k.n > maxCachedRows {
+		return text
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = make(map[textKey]string)
+	}
+	c.m[k] = text
+	return text
+}
+
+// historyText is the history INSERT of a change (what) whose from and
+// reason are SQL expressions over the changed row: ?1 is what, ?2 who
+// (unused when by is "": the claim's holder), ?3 the ids (a JSON array).
+// What is constant for the statement is decided here, not per row: the
+// take-over path and previous owner of a take-over, redrive or retry
+// (else ” and NULL), the holder as who, an empty reason. The database
+// clock is read once for all the rows (t.now).
+func historyText(what claim.Change, from, by, reason string) string {
+	takeOver := what == claim.ChangeTakenOver || what == claim.ChangeRedriven || what == claim.ChangeRetried
+	key := textKey{what: "history", a: from, b: reason}
+	if takeOver {
+		key.n |= 1
+	}
+	if by == "" {
+		key.n |= 2
+	}
+	if t, ok := texts.get(key); ok {
+		return t
+	}
+	who, path, previous := "?2", "''", "NULL"
+	if by == "" {
+		who = "claimed_by"
+	}
+	if takeOver {
+		path, previous = "take_over_path", "previous_owner"
+	}
+	if reason != "''" {
+		reason = "substr(" + reason + ", 1, " + strconv.Itoa(claim.MaxHistoryReason) + ")"
+	}
+	return texts.put(key, `WITH t (now) AS MATERIALIZED (SELECT `+nowSQL+`)
 		INSERT INTO claim_history (claim_id, at_utc, what, from_state, to_state, by_whom, path, reason,
 		previous_owner, owner, idempotency_key)
-		SELECT id, t.now, ?1, `
-	historySQL2 = `, state, coalesce(nullif(?2, ''), claimed_by),
-			CASE WHEN ?1 IN ('taken over', 'redriven', 'retried') THEN take_over_path ELSE '' END,
-			substr(`
-	historySQL3 = `, 1, ` + strconv.Itoa(claim.MaxHistoryReason) + `),
-			CASE WHEN ?1 IN ('taken over', 'redriven', 'retried') THEN previous_owner END,
+		SELECT id, t.now, ?1, `+from+`, state, `+who+`, `+path+`, `+reason+`, `+previous+`,
 			owner, CASE WHEN effect_key <> '' THEN effect_key ELSE message_id END
-		FROM claims, t WHERE id IN (SELECT value FROM json_each(?3))`
-)
+		FROM claims, t WHERE id IN (SELECT value FROM json_each(?3))`)
+}
 
 // change runs a guarded write and its history row in one transaction
 // (BEGIN IMMEDIATE: the store's one connection writes alone). write
@@ -758,6 +817,27 @@ var outcomeSets = func() map[claim.WriteKind]string {
 	}
 }()
 
+// outcomeText is the guarded UPDATE of n writes of kind (see outcomeSets).
+func outcomeText(kind claim.WriteKind, n int) string {
+	key := textKey{what: "outcome", a: kind.String(), n: n}
+	if t, ok := texts.get(key); ok {
+		return t
+	}
+	var b strings.Builder
+	b.Grow(len(outcomeSets[kind]) + 160 + 17*n)
+	b.WriteString("UPDATE claims SET ")
+	b.WriteString(outcomeSets[kind])
+	b.WriteString(" FROM (VALUES ")
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("(?, ?, ?, ?, ?)")
+	}
+	b.WriteString(") AS v WHERE claims.id = v.column1 AND claims.owner = v.column2 AND claims.state = 'claimed' RETURNING id")
+	return texts.put(key, b.String())
+}
+
 // writeOutcomes writes a checked batch of outcome writes on q (tx, when
 // not nil, is q's transaction, which the history rows join): one guarded
 // UPDATE ... FROM (VALUES ...) per kind present, and one history INSERT
@@ -765,26 +845,15 @@ var outcomeSets = func() map[claim.WriteKind]string {
 func (s *Store) writeOutcomes(ctx context.Context, q sqlstore.Querier, tx *sql.Tx, writes []claim.OutcomeWrite) (map[int64]bool, error) {
 	done := make(map[int64]bool, len(writes))
 	var (
-		b    strings.Builder
 		args []any
 		ids  []int64
 	)
 	for _, kind := range outcomeKinds {
-		b.Reset()
 		args, ids = args[:0], ids[:0]
 		for _, w := range writes {
 			if w.Kind() != kind {
 				continue
 			}
-			if len(args) == 0 {
-				b.Grow(len(outcomeSets[kind]) + 200 + 18*len(writes))
-				b.WriteString("UPDATE claims SET ")
-				b.WriteString(outcomeSets[kind])
-				b.WriteString(" FROM (VALUES ")
-			} else {
-				b.WriteString(", ")
-			}
-			b.WriteString("(?, ?, ?, ?, ?)")
 			v := sqlstore.ValuesOf(w)
 			answer, err := sqlstore.EncodeAnswer(v.Answer)
 			if err != nil {
@@ -799,8 +868,7 @@ func (s *Store) writeOutcomes(ctx context.Context, q sqlstore.Querier, tx *sql.T
 		if len(args) == 0 {
 			continue
 		}
-		b.WriteString(") AS v WHERE claims.id = v.column1 AND claims.owner = v.column2 AND claims.state = 'claimed' RETURNING id")
-		rows, err := q.QueryContext(ctx, b.String(), args...)
+		rows, err := q.QueryContext(ctx, outcomeText(kind, len(args)/5), args...)
 		if err != nil {
 			return nil, translate(err)
 		}
