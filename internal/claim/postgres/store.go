@@ -334,12 +334,15 @@ func (s *Store) insertClaims(ctx context.Context, q sqlstore.Querier, host strin
 			c := &plan.Claims[pending[0]]
 			return nil, nil, fmt.Errorf("claim %s/%s: row neither inserted nor found after %d attempts", c.MessageID, c.Consumer, maxClaimAttempts)
 		}
+		// One allocation per column, of the rows' size.
+		n := len(pending)
 		var (
-			ids, consumers, entities, subjects, types, props, routes, prints []string
-			forms, keys                                                      []string
-			owners                                                           []pgtype.UUID
-			hashes, payloads                                                 [][]byte
-			counts                                                           []int32
+			ids, consumers, entities    = make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+			subjects, types, props      = make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+			routes, prints, forms, keys = make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+			owners                      = make([]pgtype.UUID, 0, n)
+			hashes, payloads            = make([][]byte, 0, n), make([][]byte, 0, n)
+			counts                      = make([]int32, 0, n)
 		)
 		for _, i := range pending {
 			c := &plan.Claims[i]
