@@ -411,7 +411,13 @@ func (s *Store) writeHistory(ctx context.Context, tx *sql.Tx, ids []int64, what 
 	if len(ids) == 0 || s.noHistory.Load() {
 		return nil
 	}
-	text := historyText(what, from, by, reason)
+	text := historyText(what, from, by, reason, len(ids) == 1)
+	if len(ids) == 1 {
+		if _, err := tx.ExecContext(ctx, text, string(what), by, ids[0]); err != nil {
+			return fmt.Errorf("history of claim %d: %w", ids[0], translate(err))
+		}
+		return nil
+	}
 	// The ids go as one JSON array: one parameter to bind and parse,
 	// whatever their number.
 	list := make([]byte, 0, 1+8*len(ids))
@@ -424,9 +430,6 @@ func (s *Store) writeHistory(ctx context.Context, tx *sql.Tx, ids []int64, what 
 	}
 	list = append(list, ']')
 	if _, err := tx.ExecContext(ctx, text, string(what), by, string(list)); err != nil {
-		if len(ids) == 1 {
-			return fmt.Errorf("history of claim %d: %w", ids[0], translate(err))
-		}
 		return fmt.Errorf("history of %d claims: %w", len(ids), translate(err))
 	}
 	return nil
@@ -479,9 +482,11 @@ func (c *textCache) put(k textKey, text string) string {
 // (unused when by is "": the claim's holder), ?3 the ids (a JSON array).
 // What is constant for the statement is decided here, not per row: the
 // take-over path and previous owner of a take-over, redrive or retry
-// (else ” and NULL), the holder as who, an empty reason. The database
-// clock is read once for all the rows (t.now).
-func historyText(what claim.Change, from, by, reason string) string {
+// (else an empty path and no owner), the holder as who, an empty reason.
+// The database clock is read once for all the rows (t.now). For one claim
+// (single), ?3 is its id and the statement a plain INSERT ... SELECT of
+// its row.
+func historyText(what claim.Change, from, by, reason string, single bool) string {
 	takeOver := what == claim.ChangeTakenOver || what == claim.ChangeRedriven || what == claim.ChangeRetried
 	key := textKey{what: "history", a: from, b: reason}
 	if takeOver {
@@ -489,6 +494,9 @@ func historyText(what claim.Change, from, by, reason string) string {
 	}
 	if by == "" {
 		key.n |= 2
+	}
+	if single {
+		key.n |= 4
 	}
 	if t, ok := texts.get(key); ok {
 		return t
@@ -502,6 +510,13 @@ func historyText(what claim.Change, from, by, reason string) string {
 	}
 	if reason != "''" {
 		reason = "substr(" + reason + ", 1, " + strconv.Itoa(claim.MaxHistoryReason) + ")"
+	}
+	if single {
+		return texts.put(key, `INSERT INTO claim_history (claim_id, at_utc, what, from_state, to_state, by_whom, path, reason,
+		previous_owner, owner, idempotency_key)
+		SELECT id, `+nowSQL+`, ?1, `+from+`, state, `+who+`, `+path+`, `+reason+`, `+previous+`,
+			owner, CASE WHEN effect_key <> '' THEN effect_key ELSE message_id END
+		FROM claims WHERE id = ?3`)
 	}
 	return texts.put(key, `WITH t (now) AS MATERIALIZED (SELECT `+nowSQL+`)
 		INSERT INTO claim_history (claim_id, at_utc, what, from_state, to_state, by_whom, path, reason,
@@ -822,6 +837,11 @@ func outcomeText(kind claim.WriteKind, n int) string {
 	key := textKey{what: "outcome", a: kind.String(), n: n}
 	if t, ok := texts.get(key); ok {
 		return t
+	}
+	if n == 1 {
+		// One write: a plain guarded UPDATE, its values ?1 to ?5.
+		return texts.put(key, "UPDATE claims SET "+strings.ReplaceAll(outcomeSets[kind], "v.column", "?")+
+			" WHERE id = ?1 AND owner = ?2 AND state = 'claimed' RETURNING id")
 	}
 	var b strings.Builder
 	b.Grow(len(outcomeSets[kind]) + 160 + 17*n)
