@@ -123,3 +123,13 @@ func (c *Claim) FormNote() string {
 	}
 	return s
 }
+
+// HistorySwitch is implemented by the stores whose history writes the
+// benchmark can turn off, to measure what they cost (the physical limit
+// with history against without). It is for that benchmark only: a store
+// with history off breaks the audit promise.
+type HistorySwitch interface {
+	// SetHistoryForBench turns the history writes of ClaimBatch and
+	// WriteOutcomes on (the default) or off.
+	SetHistoryForBench(on bool)
+}

@@ -251,46 +251,33 @@ func perform(ctx context.Context, p Params, log *slog.Logger) (err error) {
 }
 
 // heartbeat writes the claim's heartbeat every HeartbeatInterval until the
-// returned stop is called (it waits for the goroutine, so no heartbeat is
-// written after it returns) or the claim is lost.
+// returned stop is called (it waits for a heartbeat in progress, so none
+// is written after it returns) or the claim is lost.
 func heartbeat(ctx context.Context, p Params, log *slog.Logger, lose func(error)) (stop func()) {
-	hctx, cancel := context.WithCancel(ctx)
+	var deadline time.Time
 	if !p.Deadline.IsZero() {
-		cancel()
-		hctx, cancel = context.WithDeadline(ctx, p.Deadline.Add(p.HeartbeatInterval))
+		deadline = p.Deadline.Add(p.HeartbeatInterval)
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(p.HeartbeatInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-hctx.Done():
-				return
-			case <-t.C:
-			}
-			wctx, wcancel := context.WithTimeout(hctx, p.StoreTimeout)
-			err := p.Store.Heartbeat(wctx, &claim.HeartbeatParams{ID: p.Claim.ID, Owner: p.Claim.Owner})
-			wcancel()
-			if p.OnHeartbeat != nil && hctx.Err() == nil {
-				p.OnHeartbeat(err)
-			}
-			switch {
-			case err == nil:
-			case errors.Is(err, claim.ErrStateChanged):
-				log.Warn("claim lost while its effect ran (taken over, flagged or resolved): cancelling the effect")
-				lose(err)
-				return
-			case hctx.Err() == nil:
-				log.Warn("heartbeat failed", "error", err)
-			}
+	return Periodic(ctx, deadline, p.HeartbeatInterval, func(hctx context.Context) (time.Duration, bool) {
+		start := time.Now()
+		wctx, wcancel := context.WithTimeout(hctx, p.StoreTimeout)
+		err := p.Store.Heartbeat(wctx, &claim.HeartbeatParams{ID: p.Claim.ID, Owner: p.Claim.Owner})
+		wcancel()
+		if p.OnHeartbeat != nil && hctx.Err() == nil {
+			p.OnHeartbeat(err)
 		}
-	}()
-	return func() {
-		cancel()
-		<-done
-	}
+		switch {
+		case err == nil:
+		case errors.Is(err, claim.ErrStateChanged):
+			log.Warn("claim lost while its effect ran (taken over, flagged or resolved): cancelling the effect")
+			lose(err)
+			return 0, false
+		case hctx.Err() == nil:
+			log.Warn("heartbeat failed", "error", err)
+		}
+		// Every HeartbeatInterval from the last one's start, as a ticker.
+		return p.HeartbeatInterval - time.Since(start), true
+	})
 }
 
 // Write runs a store write that records an outcome already known (mark

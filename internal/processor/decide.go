@@ -183,6 +183,9 @@ func (p *Processor) perform(work context.Context, d *delivery, c *claim.Claim, d
 // verdictOf is the verdict that settles decision dec.
 func (p *Processor) verdictOf(d *delivery, dec protocol.Decision, res *held.Result) verdict {
 	v := verdict{result: dec.Result, settle: dec.Settle, reason: dec.DeadLetterReason, description: dec.Description}
+	// Room for these attributes and those settle adds to the final log
+	// line, so the slice is allocated once.
+	v.attrs = make([]any, 0, 16)
 	if dec.Settle == settleDeadLetter {
 		v.attrs = append(v.attrs, "reason", dec.DeadLetterReason)
 	}

@@ -968,7 +968,7 @@ func (p *Processor) countHeartbeat(err error) {
 	p.storeErr(err)
 }
 
-// renewLock renews the message's lock on its own goroutine, from receipt
+// renewLock renews the message's lock, on a timer's goroutine (held.Periodic), from receipt
 // until the returned stop is called (by settle), for at most
 // MaxLockRenewal: every half of the lock's remaining time, so a renewal
 // that fails can be tried again before the lock expires. It runs
@@ -978,20 +978,11 @@ func (p *Processor) renewLock(work context.Context, d *delivery) (stop func()) {
 	if p.opts.MaxLockRenewal <= 0 || d.msg.LockedUntil == nil {
 		return func() {}
 	}
-	ctx, cancel := context.WithDeadline(work, d.received.Add(p.opts.MaxLockRenewal))
 	lockedUntil := *d.msg.LockedUntil
 	log := d.log // the worker adds attributes to d.log meanwhile
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTimer(max(time.Until(lockedUntil)/2, 10*time.Millisecond))
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
+	// Renewals never overlap (held.Periodic): lockedUntil is theirs.
+	return held.Periodic(work, d.received.Add(p.opts.MaxLockRenewal), max(time.Until(lockedUntil)/2, 10*time.Millisecond),
+		func(ctx context.Context) (time.Duration, bool) {
 			rctx, rcancel := context.WithTimeout(ctx, p.opts.SettleTimeout)
 			err := d.lr.r.RenewMessageLock(rctx, d.msg, nil)
 			rcancel()
@@ -1004,20 +995,15 @@ func (p *Processor) renewLock(work context.Context, d *delivery) (stop func()) {
 			case isLockLost(err):
 				p.metrics.LockLosses.Inc()
 				log.Warn("message lock lost; the claim still decides the outcome")
-				return
+				return 0, false
 			case ctx.Err() != nil:
-				return
+				return 0, false
 			default:
 				p.metrics.LockRenewalFailures.Inc()
 				log.Warn("lock renewal failed; trying again", "error", err)
 			}
-			t.Reset(max(time.Until(lockedUntil)/2, 10*time.Millisecond))
-		}
-	}()
-	return func() {
-		cancel()
-		<-done
-	}
+			return max(time.Until(lockedUntil)/2, 10*time.Millisecond), true
+		})
 }
 
 // settle carries out a delivery's verdict: it stops the lock renewal,

@@ -68,10 +68,15 @@ type deliveryTrace struct {
 	span trace.Span
 }
 
-// startProcess starts d's process span and binds d's logger to it.
+// startProcess starts d's process span and binds d's logger to it. With
+// no tracer provider (none given, none installed globally) there is no
+// span to make: d.tr stays nil and the delivery's other spans are skipped.
 func (p *Processor) startProcess(d *delivery) {
 	t := p.tr
 	t.consumed.Add(context.Background(), 1, t.metAttrs)
+	if !tracing.Enabled(p.opts.TracerProvider) {
+		return
+	}
 	m := d.msg
 	attrs := make([]attribute.KeyValue, 0, 10)
 	attrs = append(attrs, t.base...)
@@ -107,14 +112,25 @@ func (d *delivery) traced(ctx context.Context) context.Context {
 // startClaims starts a claim span under each delivery's process span; the
 // returned end records each result (or the batch's error).
 func (p *Processor) startClaims(ds []*delivery) (end func(results []claim.ClaimResult, err error)) {
-	spans := make([]trace.Span, len(ds))
+	var spans []trace.Span
 	for i, d := range ds {
+		if d.tr == nil {
+			continue
+		}
+		if spans == nil {
+			spans = make([]trace.Span, len(ds))
+		}
 		_, spans[i] = p.tr.tracer.Start(d.traced(context.Background()), "claim",
 			trace.WithAttributes(attribute.Int("sbclaim.batch", len(ds)), p.tr.consumer))
+	}
+	if spans == nil {
+		return func([]claim.ClaimResult, error) {}
 	}
 	return func(results []claim.ClaimResult, err error) {
 		for i, s := range spans {
 			switch {
+			case s == nil:
+				continue
 			case err != nil:
 				s.SetStatus(codes.Error, "claim failed")
 			case i < len(results):
@@ -150,8 +166,14 @@ func (p *Processor) startTakeOver(ctx context.Context, d *delivery, c *claim.Cla
 // startOutcome starts the span of an outcome write (processed, released,
 // failed) under ctx's span; the group commit links it to its batch.
 func (p *Processor) startOutcome(ctx context.Context, c *claim.Claim, kind string) (context.Context, func(err error)) {
-	ctx, span := trace.SpanFromContext(ctx).TracerProvider().Tracer(tracing.ScopeName).Start(ctx, "outcome "+kind,
-		trace.WithAttributes(tracing.ClaimID.Int64(c.ID), tracing.OutcomeWrite.String(kind)))
+	parent := trace.SpanFromContext(ctx)
+	if tracing.Off(parent) {
+		return ctx, func(error) {}
+	}
+	ctx, span := parent.TracerProvider().Tracer(tracing.ScopeName).Start(ctx, "outcome "+kind)
+	if span.IsRecording() {
+		span.SetAttributes(tracing.ClaimID.Int64(c.ID), tracing.OutcomeWrite.String(kind))
+	}
 	return ctx, func(err error) {
 		if err != nil {
 			span.SetStatus(codes.Error, "outcome write failed")
@@ -181,19 +203,21 @@ func (p *Processor) startSettle(d *delivery, v verdict) (end func(err error)) {
 	if op == "" || d.tr == nil {
 		return func(error) {}
 	}
-	attrs := make([]attribute.KeyValue, 0, 8)
-	attrs = append(attrs, p.tr.base...)
-	attrs = append(attrs,
-		tracing.MessagingOperationType.String("settle"),
-		tracing.MessagingOperationName.String(op),
-		tracing.ServiceBusDispositionStatus.String(op),
-		tracing.MessagingMessageID.String(d.msg.MessageID),
-	)
-	if v.settle == settleDeadLetter {
-		attrs = append(attrs, tracing.DeadLetterReason.String(v.reason))
+	_, span := p.tr.tracer.Start(d.traced(context.Background()), op+" "+p.tr.dest, trace.WithSpanKind(trace.SpanKindClient))
+	if span.IsRecording() { // a sampled-out span keeps nothing: build no attributes for it
+		attrs := make([]attribute.KeyValue, 0, 8)
+		attrs = append(attrs, p.tr.base...)
+		attrs = append(attrs,
+			tracing.MessagingOperationType.String("settle"),
+			tracing.MessagingOperationName.String(op),
+			tracing.ServiceBusDispositionStatus.String(op),
+			tracing.MessagingMessageID.String(d.msg.MessageID),
+		)
+		if v.settle == settleDeadLetter {
+			attrs = append(attrs, tracing.DeadLetterReason.String(v.reason))
+		}
+		span.SetAttributes(attrs...)
 	}
-	_, span := p.tr.tracer.Start(d.traced(context.Background()), op+" "+p.tr.dest,
-		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 	return func(err error) {
 		if err != nil {
 			span.SetStatus(codes.Error, op+" failed")
@@ -229,6 +253,10 @@ func (p *Processor) endProcess(d *delivery, v verdict) {
 		return
 	}
 	span := d.tr.span
+	if !span.IsRecording() {
+		span.End()
+		return
+	}
 	attrs := []attribute.KeyValue{tracing.Outcome.String(string(v.result))}
 	if d.claimID != 0 {
 		attrs = append(attrs, tracing.ClaimID.Int64(d.claimID))

@@ -12,6 +12,7 @@ import (
 	"net/http/httptrace"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -279,6 +280,10 @@ func (r *httpRoute) send(ctx context.Context, msg *azservicebus.ReceivedMessage,
 // and drained so the connection can be reused).
 const maxAnswerBody = 64 << 10
 
+// answerBodies are the buffers answers are read into (at most
+// maxAnswerBody+1 bytes each, plus bytes.Buffer's read margin).
+var answerBodies = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
 // attempt builds and sends the request, reports the answer (ReportAnswer)
 // and classifies it; status is 0 when there was none, rule the answer rule
 // that decided ("" for the default table).
@@ -349,7 +354,13 @@ func (r *httpRoute) attempt(ctx context.Context, msg *azservicebus.ReceivedMessa
 	}
 	// Read (bounded) what the answer needs; the rest is not drained, so a
 	// huge body costs a connection, not memory.
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBody+1))
+	// The buffer is pooled: nothing below keeps body past this call (the
+	// answer, the JSON document and the excerpt copy what they keep).
+	buf := answerBodies.Get().(*bytes.Buffer)
+	buf.Reset()
+	defer answerBodies.Put(buf)
+	_, _ = buf.ReadFrom(io.LimitReader(resp.Body, maxAnswerBody+1))
+	body := buf.Bytes()
 	_ = resp.Body.Close()
 	complete := len(body) <= maxAnswerBody
 	if !complete {

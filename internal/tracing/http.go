@@ -21,15 +21,43 @@ import (
 // type — never url.full, a path, a query, a header or an error text (a
 // webhook's path or an API key in its query are secrets). Its provider is
 // the one of the span in the request's context, else the global one.
+//
+// A request whose context carries no span (or a no-op one: Off) while no
+// global tracer or meter provider is installed goes straight to base:
+// otelhttp would make a no-op span, inject nothing and drop its
+// measurements, at the cost of a request clone and its attributes.
 func HTTPTransport(base http.RoundTripper) http.RoundTripper {
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	return otelhttp.NewTransport(base,
+	return &transport{base: base, traced: otelhttp.NewTransport(base,
 		otelhttp.WithTracerProvider(scrubbingProvider{}),
 		otelhttp.WithPropagators(propagation.TraceContext{}),
 		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return r.Method }),
-	)
+	)}
+}
+
+// transport sends a request through otelhttp (traced) only when that can
+// record, propagate or measure anything.
+type transport struct {
+	base   http.RoundTripper
+	traced *otelhttp.Transport
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t *transport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if Off(trace.SpanFromContext(r.Context())) && !GlobalTracing() && !globalMetrics() {
+		return t.base.RoundTrip(r)
+	}
+	return t.traced.RoundTrip(r)
+}
+
+// CloseIdleConnections closes the base transport's idle connections
+// (http.Client.CloseIdleConnections).
+func (t *transport) CloseIdleConnections() {
+	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
 }
 
 // allowedHTTPAttributes are the only attributes an HTTP client span keeps.

@@ -166,3 +166,72 @@ func TestHTTPTransportScrubs(t *testing.T) {
 		t.Error("url.full, url.path or url.query kept")
 	}
 }
+
+// seenRequest is a base transport that keeps the request it was given.
+type seenRequest struct{ got *http.Request }
+
+func (s *seenRequest) RoundTrip(r *http.Request) (*http.Response, error) {
+	s.got = r
+	return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: r}, nil
+}
+
+// TestHTTPTransportSkipsOtelhttpWhenOff: with no span in the request's
+// context and no global provider installed (these tests install none), the
+// request goes to the base transport as it is — otelhttp, which clones
+// it, is skipped; a request inside a span (recording, or sampled out with
+// a valid context) still goes through otelhttp and carries a traceparent.
+func TestHTTPTransportSkipsOtelhttpWhenOff(t *testing.T) {
+	if GlobalTracing() {
+		t.Fatal("a global tracer provider is installed in this test binary")
+	}
+	base := &seenRequest{}
+	client := &http.Client{Transport: HTTPTransport(base)}
+	send := func(ctx context.Context) *http.Request {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://downstream.invalid/x", nil)
+		resp, err := client.Transport.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if base.got == nil {
+			t.Fatal("the base transport saw no request")
+		}
+		if base.got == req {
+			return req
+		}
+		return nil
+	}
+	if send(context.Background()) == nil {
+		t.Error("no span: the request was cloned (went through otelhttp)")
+	}
+	if base.got.Header.Get("traceparent") != "" {
+		t.Errorf("no span: traceparent %q sent", base.got.Header.Get("traceparent"))
+	}
+	for name, tp := range map[string]*sdktrace.TracerProvider{
+		"recording":   sdktrace.NewTracerProvider(),
+		"sampled out": sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample())),
+	} {
+		ctx, span := tp.Tracer("t").Start(context.Background(), "attempt")
+		if send(ctx) != nil {
+			t.Errorf("%s span: the request skipped otelhttp", name)
+		}
+		if !strings.Contains(base.got.Header.Get("traceparent"), span.SpanContext().TraceID().String()) {
+			t.Errorf("%s span: traceparent %q, want trace %s", name, base.got.Header.Get("traceparent"), span.SpanContext().TraceID())
+		}
+		span.End()
+	}
+}
+
+// TestOff: a span is Off only when it neither records nor carries a valid
+// context.
+func TestOff(t *testing.T) {
+	if !Off(trace.SpanFromContext(context.Background())) {
+		t.Error("the context's missing span is not Off")
+	}
+	_, rec := sdktrace.NewTracerProvider().Tracer("t").Start(context.Background(), "s")
+	_, out := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample())).Tracer("t").Start(context.Background(), "s")
+	if Off(rec) || Off(out) {
+		t.Errorf("Off(recording) = %v, Off(sampled out) = %v, want false, false", Off(rec), Off(out))
+	}
+}

@@ -31,6 +31,7 @@ func (s *suite) historyTests() []struct {
 		{"HistoryOfFailuresAndOperators", s.historyFailAndResolve},
 		{"HistoryOfTheBatchPaths", s.historyBatch},
 		{"HistoryIsPurgedWithItsClaim", s.historyPurged},
+		{"HistorySwitchForTheBenchmark", s.historySwitch},
 		{"KeyIsScopedToTheConsumer", s.keyScoped},
 		{"KeyOfANewKeyRedriveCannotCollideWithAMessage", s.keyRevisionNoCollision},
 		{"KeyOfAClaimTakenBeforeFormsStaysRaw", s.keyRawKept},
@@ -359,6 +360,43 @@ func (s *suite) historyBatch(t *testing.T) {
 	a, b := s.history(t, st, single.ID)[1], s.history(t, st, won[2].ID)[1]
 	if a.What != b.What || a.From != b.From || a.To != b.To || a.Reason != b.Reason || a.Path != b.Path {
 		t.Fatalf("single %+v and batched %+v MarkProcessed differ", a, b)
+	}
+}
+
+// historySwitch: a store the benchmark can switch writes no history rows
+// in the batch paths while switched off, and writes them again once
+// switched back on.
+func (s *suite) historySwitch(t *testing.T) {
+	st := s.h.NewStore(t)
+	sw, ok := st.(claim.HistorySwitch)
+	if !ok {
+		t.Skipf("%T has no history switch", st)
+	}
+	ctx := ctxT(t)
+	batch := func(key string) int64 {
+		t.Helper()
+		p := msg("", "billing", key)
+		p.Owner = uuid.New()
+		res, err := st.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "host-b", Claims: []claim.ClaimParams{p}})
+		if err != nil || res[0].Outcome != claim.OutcomeWon {
+			t.Fatalf("claim %s: %v %v", key, res, err)
+		}
+		c := res[0].Claim
+		errs, err := batchWriter(t, st).WriteOutcomes(ctx, []claim.OutcomeWrite{{MarkProcessed: &claim.MarkProcessedParams{ID: c.ID, Owner: c.Owner}}})
+		if err != nil || errs[0] != nil {
+			t.Fatalf("mark %s processed: %v %v", key, errs, err)
+		}
+		return c.ID
+	}
+	sw.SetHistoryForBench(false)
+	off := batch("off")
+	sw.SetHistoryForBench(true)
+	on := batch("on")
+	if h, err := st.History(ctx, off); err != nil || len(h) != 0 {
+		t.Errorf("history off: %d rows (%v), want none", len(h), err)
+	}
+	if h := s.history(t, st, on); len(h) != 2 || h[0].What != claim.ChangeClaimed || h[1].What != claim.ChangeProcessed {
+		t.Errorf("history back on: %+v, want claimed and processed", h)
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
@@ -38,7 +39,16 @@ const ClaimsUniqueIndex = "ux_claims_message_consumer"
 type Store struct {
 	db    *sql.DB
 	races atomic.Int64
+	// noHistory turns the history writes of ClaimBatch and WriteOutcomes
+	// off (SetHistoryForBench).
+	noHistory atomic.Bool
 }
+
+// SetHistoryForBench turns the history writes of ClaimBatch and
+// WriteOutcomes on or off (on by default). It exists for the benchmark
+// that measures what history costs: a store with history off breaks the
+// audit promise (claim.HistorySwitch).
+func (s *Store) SetHistoryForBench(on bool) { s.noHistory.Store(!on) }
 
 // ClaimRaces returns how many claimed keys met another transaction's
 // in-flight claim of the same key: the insert waited on the claims unique
@@ -158,55 +168,89 @@ func guardedSQL(update, what, from, by, reason string) string {
 	return `WITH u AS (` + update + ` RETURNING *) ` + historySQL("u", "'"+what+"'", from, by, "''", reason, "NULL")
 }
 
-func scanClaim(r sqlstore.Scanner, extra ...any) (*claim.Claim, error) {
-	var (
-		c                                      claim.Claim
-		state, props, resolution, path         string
-		processed, released, flagged, resolved sql.NullTime
-		takenOver, nextAttempt, lateSuccess    sql.NullTime
-		failed, answerAt, keyRevised           sql.NullTime
-		previousOwner                          uuid.NullUUID
-		deadLetterSeq, deferredSeq             sql.NullInt64
-		answer                                 sql.NullString
-		due, postponed                         sql.NullTime
-	)
-	dest := append(extra, &c.ID, &c.MessageID, &c.Consumer, &c.Owner, &state, &c.Entity, &c.Subject, &c.ContentType,
-		&props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &c.ClaimedAt,
-		&c.HeartbeatAt, &processed, &released, &c.Attempts, &c.LastError, &flagged,
-		&c.FlagReason, &resolved, &c.ResolvedBy, &resolution, &c.ResolutionNote,
-		&c.Route, &c.Fingerprint, &c.TakeOvers, &takenOver, &path, &c.TakeOverReason,
-		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy,
-		&failed, &c.FailReason, &deadLetterSeq, &answer, &answerAt,
-		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote, &c.KeyForm,
-		&deferredSeq, &due, &c.Postponements, &postponed, &c.SessionID)
-	if err := r.Scan(dest...); err != nil {
-		return nil, err
+// scanned is the scratch of one scan: the claim's scanned columns, the
+// NULL-able values they come as, and the Scan destinations pointing at
+// them (dest[0] is the inserted flag of claimSQL's rows). It is pooled: a
+// scan allocates the claim it returns, and what the driver hands over,
+// but no destinations.
+type scanned struct {
+	c                                      claim.Claim
+	inserted                               bool
+	state, props, resolution, path         string
+	processed, released, flagged, resolved sql.NullTime
+	takenOver, nextAttempt, lateSuccess    sql.NullTime
+	failed, answerAt, keyRevised           sql.NullTime
+	previousOwner                          uuid.NullUUID
+	deadLetterSeq, deferredSeq             sql.NullInt64
+	answer                                 sql.NullString
+	due, postponed                         sql.NullTime
+	dest                                   []any
+}
+
+var scans = sync.Pool{New: func() any {
+	s := &scanned{}
+	c := &s.c
+	s.dest = []any{&s.inserted, &c.ID, &c.MessageID, &c.Consumer, &c.Owner, &s.state, &c.Entity, &c.Subject, &c.ContentType,
+		&s.props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &c.ClaimedAt,
+		&c.HeartbeatAt, &s.processed, &s.released, &c.Attempts, &c.LastError, &s.flagged,
+		&c.FlagReason, &s.resolved, &c.ResolvedBy, &s.resolution, &c.ResolutionNote,
+		&c.Route, &c.Fingerprint, &c.TakeOvers, &s.takenOver, &s.path, &c.TakeOverReason,
+		&s.previousOwner, &c.PreviousHolder, &c.Recoveries, &s.nextAttempt, &s.lateSuccess, &c.LateSuccessBy,
+		&s.failed, &c.FailReason, &s.deadLetterSeq, &s.answer, &s.answerAt,
+		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &s.keyRevised, &c.KeyRevisionNote, &c.KeyForm,
+		&s.deferredSeq, &s.due, &c.Postponements, &s.postponed, &c.SessionID}
+	return s
+}}
+
+// scanClaim reads a claim's columns.
+func scanClaim(r sqlstore.Scanner) (*claim.Claim, error) {
+	c, _, err := scanRow(r, false)
+	return c, err
+}
+
+// scanRow reads a claim's columns, after the inserted flag of claimSQL's
+// rows when withInserted.
+func scanRow(r sqlstore.Scanner, withInserted bool) (c *claim.Claim, inserted bool, err error) {
+	s := scans.Get().(*scanned)
+	defer scans.Put(s)
+	dest := s.dest[1:]
+	if withInserted {
+		dest = s.dest
 	}
-	var err error
-	if answer.Valid {
-		if c.Answer, err = sqlstore.DecodeAnswer(&answer.String); err != nil {
-			return nil, fmt.Errorf("claim %d: %w", c.ID, err)
+	// Every destination is overwritten by the scan; the claim's other
+	// fields are set below, on the copy, never on the scratch.
+	if err := r.Scan(dest...); err != nil {
+		return nil, false, err
+	}
+	c = new(claim.Claim)
+	*c = s.c
+	s.c = claim.Claim{} // the pooled scratch keeps no payload alive
+	if s.answer.Valid {
+		if c.Answer, err = sqlstore.DecodeAnswer(&s.answer.String); err != nil {
+			return nil, false, fmt.Errorf("claim %d: %w", c.ID, err)
 		}
 	}
-	if deadLetterSeq.Valid {
-		c.DeadLetterSeq = &deadLetterSeq.Int64
+	if s.deadLetterSeq.Valid {
+		seq := s.deadLetterSeq.Int64
+		c.DeadLetterSeq = &seq
 	}
-	if deferredSeq.Valid {
-		c.DeferredSeq = &deferredSeq.Int64
+	if s.deferredSeq.Valid {
+		seq := s.deferredSeq.Int64
+		c.DeferredSeq = &seq
 	}
-	c.DueAt, c.PostponedAt = utc(due), utc(postponed)
-	c.State, c.Resolution, c.TakeOverPath = claim.State(state), claim.Resolution(resolution), claim.TakeOverPath(path)
-	if c.Properties, err = sqlstore.DecodeProperties(props); err != nil {
-		return nil, fmt.Errorf("claim %d: %w", c.ID, err)
+	c.DueAt, c.PostponedAt = utc(s.due), utc(s.postponed)
+	c.State, c.Resolution, c.TakeOverPath = claim.State(s.state), claim.Resolution(s.resolution), claim.TakeOverPath(s.path)
+	if c.Properties, err = sqlstore.DecodeProperties(s.props); err != nil {
+		return nil, false, fmt.Errorf("claim %d: %w", c.ID, err)
 	}
-	if previousOwner.Valid {
-		c.PreviousOwner = previousOwner.UUID
+	if s.previousOwner.Valid {
+		c.PreviousOwner = s.previousOwner.UUID
 	}
 	c.ClaimedAt, c.HeartbeatAt = c.ClaimedAt.UTC(), c.HeartbeatAt.UTC()
-	c.ProcessedAt, c.ReleasedAt, c.FlaggedAt, c.ResolvedAt = utc(processed), utc(released), utc(flagged), utc(resolved)
-	c.TakenOverAt, c.NextAttemptAt, c.LateSuccessAt = utc(takenOver), utc(nextAttempt), utc(lateSuccess)
-	c.FailedAt, c.AnswerAt, c.KeyRevisedAt = utc(failed), utc(answerAt), utc(keyRevised)
-	return &c, nil
+	c.ProcessedAt, c.ReleasedAt, c.FlaggedAt, c.ResolvedAt = utc(s.processed), utc(s.released), utc(s.flagged), utc(s.resolved)
+	c.TakenOverAt, c.NextAttemptAt, c.LateSuccessAt = utc(s.takenOver), utc(s.nextAttempt), utc(s.lateSuccess)
+	c.FailedAt, c.AnswerAt, c.KeyRevisedAt = utc(s.failed), utc(s.answerAt), utc(s.keyRevised)
+	return c, s.inserted, nil
 }
 
 func utc(t sql.NullTime) *time.Time {
@@ -224,7 +268,10 @@ func secs(d time.Duration) float64 { return d.Seconds() }
 // claimSQL inserts the batch and returns, in one statement, the rows it
 // inserted (inserted = true) and the existing rows of the keys it did not
 // insert that the statement's snapshot can see (inserted = false).
-var claimSQL = `WITH input AS (
+var claimSQL, claimSQLNoHistory = claimStatement(true), claimStatement(false)
+
+func claimStatement(history bool) string {
+	return `WITH input AS (
 	SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $5::text[], $6::text[],
 		$7::text[], $8::bytea[], $9::bytea[], $10::int[], $11::text[], $12::text[], $15::text[], $16::text[], $17::text[])
 		WITH ORDINALITY AS i(message_id, consumer, owner, entity, subject, content_type,
@@ -240,13 +287,23 @@ var claimSQL = `WITH input AS (
 	ON CONFLICT (message_id, consumer) DO NOTHING
 	RETURNING *
 ), h AS (
-	` + historySQL("ins", "'"+string(claim.ChangeClaimed)+"'", "''", "ins.claimed_by", "''", "''", "NULL") + `
+	` + maybeHistory(history, historySQL("ins", "'"+string(claim.ChangeClaimed)+"'", "''", "ins.claimed_by", "''", "''", "NULL")) + `
 )
 SELECT true, ` + cols("ins.") + ` FROM ins
 UNION ALL
 SELECT false, ` + cols("c.") + `
 FROM claims c JOIN input i ON c.message_id = i.message_id AND c.consumer = i.consumer
 WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.message_id = i.message_id AND ins.consumer = i.consumer)`
+}
+
+// maybeHistory is insert, or with history off a SELECT in its place (a
+// CTE nobody reads is not run).
+func maybeHistory(history bool, insert string) string {
+	if !history {
+		return "SELECT 1"
+	}
+	return insert
+}
 
 // ClaimBatch claims the batch in one statement (see the package doc).
 func (s *Store) ClaimBatch(ctx context.Context, params *claim.ClaimBatchParams) ([]claim.ClaimResult, error) {
@@ -278,12 +335,16 @@ func (s *Store) insertClaims(ctx context.Context, q sqlstore.Querier, host strin
 			c := &plan.Claims[pending[0]]
 			return nil, nil, fmt.Errorf("claim %s/%s: row neither inserted nor found after %d attempts", c.MessageID, c.Consumer, maxClaimAttempts)
 		}
+		// One allocation per column, of the rows' size.
+		n := len(pending)
 		var (
-			ids, consumers, entities, subjects, types, props, routes, prints []string
-			forms, keys, sessions                                            []string
-			owners                                                           []uuid.UUID
-			hashes, payloads                                                 [][]byte
-			counts                                                           []int32
+			ids, consumers, entities    = make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+			subjects, types, props      = make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+			routes, prints, forms, keys = make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+			owners                      = make([]pgtype.UUID, 0, n)
+			hashes, payloads            = make([][]byte, 0, n), make([][]byte, 0, n)
+			counts                      = make([]int32, 0, n)
+			sessions                    = make([]string, 0, n)
 		)
 		for _, i := range pending {
 			c := &plan.Claims[i]
@@ -295,7 +356,7 @@ func (s *Store) insertClaims(ctx context.Context, q sqlstore.Querier, host strin
 			if state == claim.StateProcessed {
 				payload = nil
 			}
-			ids, consumers, owners = append(ids, c.MessageID), append(consumers, c.Consumer), append(owners, c.Owner)
+			ids, consumers, owners = append(ids, c.MessageID), append(consumers, c.Consumer), append(owners, pgtype.UUID{Bytes: c.Owner, Valid: true})
 			entities, subjects, types = append(entities, c.Entity), append(subjects, c.Subject), append(types, c.ContentType)
 			props, hashes, payloads = append(props, p), append(hashes, c.PayloadHash), append(payloads, payload)
 			counts = append(counts, int32(c.DeliveryCount))
@@ -303,14 +364,17 @@ func (s *Store) insertClaims(ctx context.Context, q sqlstore.Querier, host strin
 			forms, keys = append(forms, string(sqlstore.FormOf(c))), append(keys, sqlstore.EffectKeyOf(c))
 			sessions = append(sessions, c.SessionID)
 		}
-		rows, err := q.QueryContext(ctx, claimSQL, ids, consumers, owners, entities, subjects, types,
+		query := claimSQL
+		if s.noHistory.Load() {
+			query = claimSQLNoHistory
+		}
+		rows, err := q.QueryContext(ctx, query, ids, consumers, owners, entities, subjects, types,
 			props, hashes, payloads, counts, routes, prints, string(state), host, forms, keys, sessions)
 		if err != nil {
 			return nil, nil, fmt.Errorf("claim batch: %w", translate(err))
 		}
 		for rows.Next() {
-			var inserted bool
-			c, err := scanClaim(rows, &inserted)
+			c, inserted, err := scanRow(rows, true)
 			if err != nil {
 				rows.Close()
 				return nil, nil, fmt.Errorf("claim batch: %w", translate(err))
@@ -631,7 +695,10 @@ func (s *Store) RecordAttempt(ctx context.Context, params *claim.RecordAttemptPa
 // on owner and state like the single write, and the ids changed come
 // back. A batch has at most one write per claim, so no two UPDATEs touch
 // one row.
-var writeOutcomesSQL = `WITH w AS (
+var writeOutcomesSQL, writeOutcomesSQLNoHistory = writeOutcomesStatement(true), writeOutcomesStatement(false)
+
+func writeOutcomesStatement(history bool) string {
+	return `WITH w AS (
 	SELECT * FROM unnest($1::int2[], $2::bigint[], $3::uuid[], $4::text[], $5::float8[], $6::text[])
 		AS w(w_kind, w_id, w_owner, w_err, w_next, w_answer)
 ), hb AS (
@@ -647,13 +714,14 @@ var writeOutcomesSQL = `WITH w AS (
 	UPDATE claims SET ` + setProcessed("w.w_answer::jsonb") + ` FROM w
 	WHERE w.w_kind = ` + strconv.Itoa(int(claim.WriteMarkProcessed)) + ` AND id = w.w_id AND owner = w.w_owner AND state = 'claimed' RETURNING claims.*
 ), hatt AS (
-	` + historySQL("att", "'"+string(claim.ChangeAttempt)+"'", "'claimed'", "att.claimed_by", "''", "att.last_error", "NULL") + `
+	` + maybeHistory(history, historySQL("att", "'"+string(claim.ChangeAttempt)+"'", "'claimed'", "att.claimed_by", "''", "att.last_error", "NULL")) + `
 ), hrel AS (
-	` + historySQL("rel", "'"+string(claim.ChangeReleased)+"'", "'claimed'", "rel.claimed_by", "''", "rel.last_error", "NULL") + `
+	` + maybeHistory(history, historySQL("rel", "'"+string(claim.ChangeReleased)+"'", "'claimed'", "rel.claimed_by", "''", "rel.last_error", "NULL")) + `
 ), hpro AS (
-	` + historySQL("pro", "'"+string(claim.ChangeProcessed)+"'", "'claimed'", "pro.claimed_by", "''", "''", "NULL") + `
+	` + maybeHistory(history, historySQL("pro", "'"+string(claim.ChangeProcessed)+"'", "'claimed'", "pro.claimed_by", "''", "''", "NULL")) + `
 )
 SELECT id FROM hb UNION ALL SELECT id FROM att UNION ALL SELECT id FROM rel UNION ALL SELECT id FROM pro`
+}
 
 // WriteOutcomes performs a batch of outcome writes in one statement (see
 // claim.BatchWriter).
@@ -667,14 +735,14 @@ func (s *Store) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) 
 	var (
 		kinds   = make([]int16, len(writes))
 		ids     = make([]int64, len(writes))
-		owners  = make([]string, len(writes))
+		owners  = make([]pgtype.UUID, len(writes))
 		errs    = make([]string, len(writes))
 		nexts   = make([]float64, len(writes))
 		answers = make([]*string, len(writes))
 	)
 	for i, w := range writes {
 		v := sqlstore.ValuesOf(w)
-		kinds[i], ids[i], owners[i] = int16(w.Kind()), v.ID, v.Owner.String()
+		kinds[i], ids[i], owners[i] = int16(w.Kind()), v.ID, pgtype.UUID{Bytes: v.Owner, Valid: true}
 		errs[i], nexts[i] = v.Error, secs(v.NextAttemptIn)
 		enc, err := sqlstore.EncodeAnswer(v.Answer)
 		if err != nil {
@@ -687,9 +755,13 @@ func (s *Store) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) 
 	// One statement, or — when a write carries follow-ups — one
 	// transaction: the statement, then the follow-ups of the claims it
 	// marked processed.
+	query := writeOutcomesSQL
+	if s.noHistory.Load() {
+		query = writeOutcomesSQLNoHistory
+	}
 	var done map[int64]bool
 	run := func(q sqlstore.Querier) error {
-		rows, err := q.QueryContext(ctx, writeOutcomesSQL, kinds, ids, owners, errs, nexts, answers)
+		rows, err := q.QueryContext(ctx, query, kinds, ids, owners, errs, nexts, answers)
 		if err != nil {
 			return fmt.Errorf("write %d outcomes: %w", len(writes), translate(err))
 		}

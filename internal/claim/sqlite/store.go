@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -29,7 +31,14 @@ var _ claim.Store = (*Store)(nil)
 type Store struct {
 	db      *sql.DB
 	lockKey string
+	// noHistory turns the history writes off (SetHistoryForBench).
+	noHistory atomic.Bool
 }
+
+// SetHistoryForBench turns the history writes on or off (on by default).
+// It exists for the benchmark that measures what history costs: a store
+// with history off breaks the audit promise (claim.HistorySwitch).
+func (s *Store) SetHistoryForBench(on bool) { s.noHistory.Store(!on) }
 
 // Option configures a Store.
 type Option func(*Store)
@@ -163,71 +172,105 @@ const insertColumns = `message_id, consumer, owner, state, entity, subject, cont
 	properties, payload_hash, payload, delivery_count, route, fingerprint, key_form, effect_key,
 	claimed_by, claimed_utc, heartbeat_utc, processed_utc, session_id`
 
+// insertSQL inserts claims from VALUES rows of 15 columns; ?1 is the
+// state, ?2 the host; the processed time and column15 (the session id)
+// follow.
+const insertSQL = `INSERT INTO claims (` + insertColumns + `)
+	SELECT column1, column2, column3, ?1, column4, column5, column6, column7, column8, column9, column10,
+		column11, column12, column13, column14, ?2, ` + nowSQL + `, ` + nowSQL + `, `
+
+// scanned is the scratch of one scanClaim: the claim's scanned columns,
+// the text and NULL-able values they come as, and the Scan destinations
+// pointing at them. It is pooled: a scan allocates the claim it returns,
+// and what the driver hands over, but no destinations.
+type scanned struct {
+	c                                                 claim.Claim
+	owner, state, props, resolution, path             string
+	claimed, heartbeat                                string
+	processed, released, flagged, resolved, takenOver sql.NullString
+	nextAttempt, lateSuccess, previousOwner, failed   sql.NullString
+	answerAt, keyRevised, due, postponed              sql.NullString
+	deadLetterSeq, deferredSeq                        sql.NullInt64
+	answer                                            *string
+	dest                                              []any
+}
+
+var scans = sync.Pool{New: func() any {
+	s := &scanned{}
+	c := &s.c
+	s.dest = []any{&c.ID, &c.MessageID, &c.Consumer, &s.owner, &s.state, &c.Entity, &c.Subject, &c.ContentType,
+		&s.props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &s.claimed,
+		&s.heartbeat, &s.processed, &s.released, &c.Attempts, &c.LastError, &s.flagged,
+		&c.FlagReason, &s.resolved, &c.ResolvedBy, &s.resolution, &c.ResolutionNote,
+		&c.Route, &c.Fingerprint, &c.TakeOvers, &s.takenOver, &s.path, &c.TakeOverReason,
+		&s.previousOwner, &c.PreviousHolder, &c.Recoveries, &s.nextAttempt, &s.lateSuccess, &c.LateSuccessBy,
+		&s.failed, &c.FailReason, &s.deadLetterSeq, &s.answer, &s.answerAt,
+		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &s.keyRevised, &c.KeyRevisionNote, &c.KeyForm,
+		&s.deferredSeq, &s.due, &c.Postponements, &s.postponed, &c.SessionID}
+	return s
+}}
+
 func scanClaim(r sqlstore.Scanner) (*claim.Claim, error) {
-	var (
-		c                                      claim.Claim
-		owner, state, props, resolution, path  string
-		claimed, heartbeat                     string
-		processed, released, flagged, resolved sql.NullString
-		takenOver, nextAttempt, lateSuccess    sql.NullString
-		previousOwner                          sql.NullString
-		failed, answerAt, keyRevised           sql.NullString
-		deadLetterSeq, deferredSeq             sql.NullInt64
-		answer                                 *string
-		due, postponed                         sql.NullString
-	)
-	err := r.Scan(&c.ID, &c.MessageID, &c.Consumer, &owner, &state, &c.Entity, &c.Subject, &c.ContentType,
-		&props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &claimed,
-		&heartbeat, &processed, &released, &c.Attempts, &c.LastError, &flagged,
-		&c.FlagReason, &resolved, &c.ResolvedBy, &resolution, &c.ResolutionNote,
-		&c.Route, &c.Fingerprint, &c.TakeOvers, &takenOver, &path, &c.TakeOverReason,
-		&previousOwner, &c.PreviousHolder, &c.Recoveries, &nextAttempt, &lateSuccess, &c.LateSuccessBy,
-		&failed, &c.FailReason, &deadLetterSeq, &answer, &answerAt,
-		&c.KeyRevision, &c.EffectKey, &c.KeyRevisedBy, &keyRevised, &c.KeyRevisionNote, &c.KeyForm,
-		&deferredSeq, &due, &c.Postponements, &postponed, &c.SessionID)
-	if err != nil {
+	s := scans.Get().(*scanned)
+	defer scans.Put(s)
+	// Every destination is overwritten by the scan; the claim's other
+	// fields are set below, on the copy, never on the scratch.
+	if err := r.Scan(s.dest...); err != nil {
 		return nil, err
 	}
-	if deferredSeq.Valid {
-		c.DeferredSeq = &deferredSeq.Int64
-	}
-	if deadLetterSeq.Valid {
-		c.DeadLetterSeq = &deadLetterSeq.Int64
-	}
-	if c.Answer, err = sqlstore.DecodeAnswer(answer); err != nil {
+	c := new(claim.Claim)
+	*c = s.c
+	s.c = claim.Claim{} // the pooled scratch keeps no payload alive
+	if err := s.fill(c); err != nil {
 		return nil, fmt.Errorf("claim %d: %w", c.ID, err)
 	}
-	if c.Owner, err = uuid.Parse(owner); err != nil {
-		return nil, fmt.Errorf("claim %d: owner: %w", c.ID, err)
+	return c, nil
+}
+
+// fill sets c's fields that need converting from the scratch.
+func (s *scanned) fill(c *claim.Claim) error {
+	var err error
+	if s.deferredSeq.Valid {
+		seq := s.deferredSeq.Int64
+		c.DeferredSeq = &seq
 	}
-	if previousOwner.Valid {
-		if c.PreviousOwner, err = uuid.Parse(previousOwner.String); err != nil {
-			return nil, fmt.Errorf("claim %d: previous owner: %w", c.ID, err)
+	if s.deadLetterSeq.Valid {
+		seq := s.deadLetterSeq.Int64
+		c.DeadLetterSeq = &seq
+	}
+	if c.Answer, err = sqlstore.DecodeAnswer(s.answer); err != nil {
+		return err
+	}
+	if c.Owner, err = uuid.Parse(s.owner); err != nil {
+		return fmt.Errorf("owner: %w", err)
+	}
+	if s.previousOwner.Valid {
+		if c.PreviousOwner, err = uuid.Parse(s.previousOwner.String); err != nil {
+			return fmt.Errorf("previous owner: %w", err)
 		}
 	}
-	c.State, c.Resolution, c.TakeOverPath = claim.State(state), claim.Resolution(resolution), claim.TakeOverPath(path)
-	if c.Properties, err = sqlstore.DecodeProperties(props); err != nil {
-		return nil, fmt.Errorf("claim %d: %w", c.ID, err)
+	c.State, c.Resolution, c.TakeOverPath = claim.State(s.state), claim.Resolution(s.resolution), claim.TakeOverPath(s.path)
+	if c.Properties, err = sqlstore.DecodeProperties(s.props); err != nil {
+		return err
 	}
-	var errs []error
-	c.ClaimedAt, err = parseTime(claimed)
-	errs = append(errs, err)
-	c.HeartbeatAt, err = parseTime(heartbeat)
-	errs = append(errs, err)
-	for _, p := range []struct {
+	if c.ClaimedAt, err = parseTime(s.claimed); err != nil {
+		return err
+	}
+	if c.HeartbeatAt, err = parseTime(s.heartbeat); err != nil {
+		return err
+	}
+	for _, p := range [...]struct {
 		dst **time.Time
-		src sql.NullString
-	}{{&c.ProcessedAt, processed}, {&c.ReleasedAt, released}, {&c.FlaggedAt, flagged}, {&c.ResolvedAt, resolved},
-		{&c.TakenOverAt, takenOver}, {&c.NextAttemptAt, nextAttempt}, {&c.LateSuccessAt, lateSuccess},
-		{&c.FailedAt, failed}, {&c.AnswerAt, answerAt}, {&c.KeyRevisedAt, keyRevised},
-		{&c.DueAt, due}, {&c.PostponedAt, postponed}} {
-		*p.dst, err = parseNullTime(p.src)
-		errs = append(errs, err)
+		src *sql.NullString
+	}{{&c.ProcessedAt, &s.processed}, {&c.ReleasedAt, &s.released}, {&c.FlaggedAt, &s.flagged}, {&c.ResolvedAt, &s.resolved},
+		{&c.TakenOverAt, &s.takenOver}, {&c.NextAttemptAt, &s.nextAttempt}, {&c.LateSuccessAt, &s.lateSuccess},
+		{&c.FailedAt, &s.failed}, {&c.AnswerAt, &s.answerAt}, {&c.KeyRevisedAt, &s.keyRevised},
+		{&c.DueAt, &s.due}, {&c.PostponedAt, &s.postponed}} {
+		if *p.dst, err = parseNullTime(*p.src); err != nil {
+			return err
+		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("claim %d: %w", c.ID, err)
-	}
-	return &c, nil
+	return nil
 }
 
 func parseTime(s string) (time.Time, error) {
@@ -284,12 +327,11 @@ func (s *Store) insertClaims(ctx context.Context, tx *sql.Tx, host string, plan 
 	if state == claim.StateProcessed {
 		processed = nowSQL
 	}
-	var (
-		q    strings.Builder
-		args []any
-	)
-	q.WriteString("INSERT INTO claims (" + insertColumns + ") VALUES ")
-	for n, i := range plan.First {
+	// The state (?1) and the host (?2) once; each row's own values as the
+	// VALUES' columns 1 to 15 (the session id last).
+	args := make([]any, 0, 2+15*len(plan.First))
+	args = append(args, string(state), host)
+	for _, i := range plan.First {
 		c := &plan.Claims[i]
 		props, err := sqlstore.EncodeProperties(c.Properties)
 		if err != nil {
@@ -299,30 +341,46 @@ func (s *Store) insertClaims(ctx context.Context, tx *sql.Tx, host string, plan 
 		if state == claim.StateProcessed {
 			payload = nil
 		}
-		if n > 0 {
-			q.WriteString(", ")
-		}
-		q.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, " + nowSQL + ", " + nowSQL + ", " + processed + ", ?)")
-		args = append(args, c.MessageID, c.Consumer, c.Owner.String(), string(state), c.Entity, c.Subject,
+		args = append(args, c.MessageID, c.Consumer, c.Owner.String(), c.Entity, c.Subject,
 			c.ContentType, props, c.PayloadHash, nullBytes(payload), c.DeliveryCount, c.Route, c.Fingerprint,
-			string(sqlstore.FormOf(c)), sqlstore.EffectKeyOf(c), host, c.SessionID)
+			string(sqlstore.FormOf(c)), sqlstore.EffectKeyOf(c), c.SessionID)
 	}
-	q.WriteString(" ON CONFLICT (message_id, consumer) DO NOTHING RETURNING " + columns)
+	key := textKey{what: "insert", a: processed, n: len(plan.First)}
+	text, ok := texts.get(key)
+	if !ok {
+		var q strings.Builder
+		q.Grow(len(insertSQL) + len(processed) + 49*len(plan.First) + len(columns) + 112)
+		q.WriteString(insertSQL)
+		q.WriteString(processed)
+		q.WriteString(", column15 FROM (VALUES ")
+		for n := range plan.First {
+			if n > 0 {
+				q.WriteString(", ")
+			}
+			q.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+		}
+		// WHERE true: an INSERT ... SELECT followed by ON CONFLICT needs a
+		// WHERE (SQLite's parser would otherwise read ON as a join's).
+		q.WriteString(") WHERE true ON CONFLICT (message_id, consumer) DO NOTHING RETURNING " + columns)
+		text = texts.put(key, q.String())
+	}
 
 	won = make(map[sqlstore.Key]*claim.Claim, len(plan.First))
-	if err := queryClaims(ctx, tx, q.String(), args, func(c *claim.Claim) { won[sqlstore.KeyOf(c)] = c }); err != nil {
+	if err := queryClaims(ctx, tx, text, args, func(c *claim.Claim) { won[sqlstore.KeyOf(c)] = c }); err != nil {
 		return nil, nil, fmt.Errorf("claim batch: insert: %w", err)
 	}
+	ids := make([]int64, 0, len(won))
 	for _, c := range won {
-		if err := writeHistory(ctx, tx, c.ID, claim.ChangeClaimed, "''", host, "''"); err != nil {
-			return nil, nil, fmt.Errorf("claim batch: %w", err)
-		}
+		ids = append(ids, c.ID)
+	}
+	if err := s.writeHistory(ctx, tx, ids, claim.ChangeClaimed, "''", host, "''"); err != nil {
+		return nil, nil, fmt.Errorf("claim batch: %w", err)
 	}
 	if len(won) == len(plan.First) {
 		return won, nil, nil
 	}
 
-	q.Reset()
+	var q strings.Builder
 	args = args[:0]
 	q.WriteString("SELECT " + columns + " FROM claims WHERE (message_id, consumer) IN (VALUES ")
 	n := 0
@@ -346,23 +404,127 @@ func (s *Store) insertClaims(ctx context.Context, tx *sql.Tx, host string, plan 
 	return won, existing, nil
 }
 
-// writeHistory appends the history row of a change the guarded write in
-// the same transaction made to claim id: from and reason are SQL
-// expressions over the changed row; by is who ("" for the claim's
-// holder). Take-overs record their path and the previous owner.
-func writeHistory(ctx context.Context, tx *sql.Tx, id int64, what claim.Change, from, by, reason string) error {
-	_, err := tx.ExecContext(ctx, `INSERT INTO claim_history (claim_id, at_utc, what, from_state, to_state, by_whom, path, reason,
-		previous_owner, owner, idempotency_key)
-		SELECT id, `+nowSQL+`, ?1, `+from+`, state, coalesce(nullif(?2, ''), claimed_by),
-			CASE WHEN ?1 IN ('taken over', 'redriven', 'retried') THEN take_over_path ELSE '' END,
-			substr(`+reason+`, 1, `+fmt.Sprint(claim.MaxHistoryReason)+`),
-			CASE WHEN ?1 IN ('taken over', 'redriven', 'retried') THEN previous_owner END,
-			owner, CASE WHEN effect_key <> '' THEN effect_key ELSE message_id END
-		FROM claims WHERE id = ?3`, string(what), by, id)
-	if err != nil {
-		return fmt.Errorf("history of claim %d: %w", id, translate(err))
+// writeHistory appends the history rows of a change the guarded write in
+// the same transaction made to the claims ids, in one statement: from and
+// reason are SQL expressions over the changed row; by is who ("" for the
+// claim's holder). Take-overs record their path and the previous owner.
+func (s *Store) writeHistory(ctx context.Context, tx *sql.Tx, ids []int64, what claim.Change, from, by, reason string) error {
+	if len(ids) == 0 || s.noHistory.Load() {
+		return nil
+	}
+	text := historyText(what, from, by, reason, len(ids) == 1)
+	if len(ids) == 1 {
+		if _, err := tx.ExecContext(ctx, text, string(what), by, ids[0]); err != nil {
+			return fmt.Errorf("history of claim %d: %w", ids[0], translate(err))
+		}
+		return nil
+	}
+	// The ids go as one JSON array: one parameter to bind and parse,
+	// whatever their number.
+	list := make([]byte, 0, 1+8*len(ids))
+	list = append(list, '[')
+	for i, id := range ids {
+		if i > 0 {
+			list = append(list, ',')
+		}
+		list = strconv.AppendInt(list, id, 10)
+	}
+	list = append(list, ']')
+	if _, err := tx.ExecContext(ctx, text, string(what), by, string(list)); err != nil {
+		return fmt.Errorf("history of %d claims: %w", len(ids), translate(err))
 	}
 	return nil
+}
+
+// texts holds the statement texts the batch paths build from a few small
+// inputs (the expressions of a kind of change, the number of rows), so
+// that a batch does not build its statement anew each time.
+var texts textCache
+
+// textKey names a statement text: what statement, its expressions a and
+// b, and its number of rows n.
+type textKey struct {
+	what, a, b string
+	n          int
+}
+
+// maxCachedRows bounds the rows of a cached text (bigger batches are
+// rare: their texts are built each time).
+const maxCachedRows = 64
+
+type textCache struct {
+	mu sync.RWMutex
+	m  map[textKey]string
+}
+
+func (c *textCache) get(k textKey) (string, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	t, ok := c.m[k]
+	return t, ok
+}
+
+// put keeps text for k (unless k has too many rows) and returns it.
+func (c *textCache) put(k textKey, text string) string {
+	if k.n > maxCachedRows {
+		return text
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = make(map[textKey]string)
+	}
+	c.m[k] = text
+	return text
+}
+
+// historyText is the history INSERT of a change (what) whose from and
+// reason are SQL expressions over the changed row: ?1 is what, ?2 who
+// (unused when by is "": the claim's holder), ?3 the ids (a JSON array).
+// What is constant for the statement is decided here, not per row: the
+// take-over path and previous owner of a take-over, redrive or retry
+// (else an empty path and no owner), the holder as who, an empty reason.
+// The database clock is read once for all the rows (t.now). For one claim
+// (single), ?3 is its id and the statement a plain INSERT ... SELECT of
+// its row.
+func historyText(what claim.Change, from, by, reason string, single bool) string {
+	takeOver := what == claim.ChangeTakenOver || what == claim.ChangeRedriven || what == claim.ChangeRetried
+	key := textKey{what: "history", a: from, b: reason}
+	if takeOver {
+		key.n |= 1
+	}
+	if by == "" {
+		key.n |= 2
+	}
+	if single {
+		key.n |= 4
+	}
+	if t, ok := texts.get(key); ok {
+		return t
+	}
+	who, path, previous := "?2", "''", "NULL"
+	if by == "" {
+		who = "claimed_by"
+	}
+	if takeOver {
+		path, previous = "take_over_path", "previous_owner"
+	}
+	if reason != "''" {
+		reason = "substr(" + reason + ", 1, " + strconv.Itoa(claim.MaxHistoryReason) + ")"
+	}
+	if single {
+		return texts.put(key, `INSERT INTO claim_history (claim_id, at_utc, what, from_state, to_state, by_whom, path, reason,
+		previous_owner, owner, idempotency_key)
+		SELECT id, `+nowSQL+`, ?1, `+from+`, state, `+who+`, `+path+`, `+reason+`, `+previous+`,
+			owner, CASE WHEN effect_key <> '' THEN effect_key ELSE message_id END
+		FROM claims WHERE id = ?3`)
+	}
+	return texts.put(key, `WITH t (now) AS MATERIALIZED (SELECT `+nowSQL+`)
+		INSERT INTO claim_history (claim_id, at_utc, what, from_state, to_state, by_whom, path, reason,
+		previous_owner, owner, idempotency_key)
+		SELECT id, t.now, ?1, `+from+`, state, `+who+`, `+path+`, `+reason+`, `+previous+`,
+			owner, CASE WHEN effect_key <> '' THEN effect_key ELSE message_id END
+		FROM claims, t WHERE id IN (SELECT value FROM json_each(?3))`)
 }
 
 // change runs a guarded write and its history row in one transaction
@@ -378,10 +540,8 @@ func (s *Store) change(ctx context.Context, op string, write func(tx *sql.Tx) ([
 	if err != nil {
 		return err
 	}
-	for _, id := range ids {
-		if err := writeHistory(ctx, tx, id, what, from, by, reason); err != nil {
-			return fmt.Errorf("%s: %w", op, err)
-		}
+	if err := s.writeHistory(ctx, tx, ids, what, from, by, reason); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("%s: commit: %w", op, translate(err))
@@ -618,44 +778,44 @@ func (s *Store) Heartbeat(ctx context.Context, params *claim.HeartbeatParams) er
 	return s.execWrite(ctx, claim.OutcomeWrite{Heartbeat: params})
 }
 
-// MarkProcessed moves a claimed claim held by Owner to processed.
+// MarkProcessed moves a claimed claim held by Owner to processed, with its
+// follow-ups (the outbox) in the same transaction when the guard held.
 func (s *Store) MarkProcessed(ctx context.Context, params *claim.MarkProcessedParams) error {
-	w := claim.OutcomeWrite{MarkProcessed: params}
-	if len(params.FollowUps) == 0 {
-		return s.execWrite(ctx, w)
-	}
-	// Its follow-ups in the same transaction, only when the guard held.
-	if err := claim.ValidateNumbered(params.ID, params.FollowUps); err != nil {
-		return err
-	}
-	query, args, err := outcomeSQL(w)
-	if err != nil {
-		return err
-	}
-	what, reason, _ := outcomeHistory(w.Kind())
-	return s.change(ctx, "mark processed", func(tx *sql.Tx) ([]int64, error) {
-		if err := sqlstore.ExecGuarded(ctx, tx, translate, "mark processed", params.ID, query, args...); err != nil {
-			return nil, err
+	if len(params.FollowUps) > 0 {
+		if err := claim.ValidateNumbered(params.ID, params.FollowUps); err != nil {
+			return err
 		}
-		if err := insertFollowUps(ctx, tx, params.ID, params.FollowUps); err != nil {
-			return nil, fmt.Errorf("mark processed claim %d: %w", params.ID, err)
-		}
-		return []int64{params.ID}, nil
-	}, what, "'claimed'", "", reason)
+	}
+	return s.execWrite(ctx, claim.OutcomeWrite{MarkProcessed: params})
 }
 
-// execWrite runs one outcome write on its own (an implicit transaction).
+// execWrite runs one outcome write: a heartbeat on its own (an implicit
+// transaction), a change with its history row in one transaction.
 func (s *Store) execWrite(ctx context.Context, w claim.OutcomeWrite) error {
-	query, args, err := outcomeSQL(w)
-	if err != nil {
+	if err := claim.CheckBatch([]claim.OutcomeWrite{w}); err != nil {
 		return err
 	}
 	id, _ := w.Target()
-	what, reason, ok := outcomeHistory(w.Kind())
-	if !ok {
-		return s.execGuarded(ctx, w.Kind().String(), id, query, args...) // a heartbeat is no change
+	var q sqlstore.Querier = s.db
+	var tx *sql.Tx
+	if w.Kind() != claim.WriteHeartbeat {
+		var err error
+		if tx, err = s.db.BeginTx(ctx, nil); err != nil {
+			return fmt.Errorf("%s claim %d: begin: %w", w.Kind(), id, translate(err))
+		}
+		defer tx.Rollback()
+		q = tx
 	}
-	return s.changeOne(ctx, w.Kind().String(), id, what, "'claimed'", "", reason, query, args...)
+	done, err := s.writeOutcomes(ctx, q, tx, []claim.OutcomeWrite{w})
+	if err != nil {
+		return fmt.Errorf("%s claim %d: %w", w.Kind(), id, err)
+	}
+	if tx != nil {
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("%s claim %d: commit: %w", w.Kind(), id, translate(err))
+		}
+	}
+	return sqlstore.BatchResults([]claim.OutcomeWrite{w}, done)[0]
 }
 
 // outcomeHistory is the history an outcome write records (ok false: a
@@ -672,34 +832,126 @@ func outcomeHistory(k claim.WriteKind) (what claim.Change, reason string, ok boo
 	return "", "", false
 }
 
-// outcomeSQL is the guarded UPDATE of one outcome write, shared by the
-// single writes and WriteOutcomes.
-func outcomeSQL(w claim.OutcomeWrite) (string, []any, error) {
-	v := sqlstore.ValuesOf(w)
-	answer, err := sqlstore.EncodeAnswer(v.Answer)
-	if err != nil {
-		return "", nil, fmt.Errorf("%s claim %d: %w", w.Kind(), v.ID, err)
+// outcomeKinds are the kinds of outcome write, in the order WriteOutcomes
+// writes them (a batch has at most one write per claim, so the order
+// changes nothing).
+var outcomeKinds = [...]claim.WriteKind{claim.WriteHeartbeat, claim.WriteRecordAttempt, claim.WriteRelease, claim.WriteMarkProcessed}
+
+// outcomeSets is the SET clause of each kind's guarded UPDATE over the
+// batch's rows v: v.column3 is the error, v.column4 the answer (NULL
+// keeps the claim's), v.column5 the next attempt's strftime modifier
+// (NULL: none; see later).
+var outcomeSets = func() map[claim.WriteKind]string {
+	answer := `answer = coalesce(v.column4, answer), answer_utc = CASE WHEN v.column4 IS NULL THEN answer_utc ELSE ` + nowSQL + ` END`
+	next := func(keep string) string {
+		return `CASE WHEN v.column5 IS NULL THEN ` + keep + ` ELSE strftime('%Y-%m-%dT%H:%M:%f',coalesce(sbclaim_now(),'now'),v.column5) END`
 	}
-	const guard = ` WHERE id = ?2 AND owner = ?3 AND state = 'claimed'`
-	args := []any{v.Error, v.ID, v.Owner.String(), answer}
-	switch w.Kind() {
-	case claim.WriteHeartbeat:
-		return `UPDATE claims SET heartbeat_utc = ` + nowSQL + guard, args, nil
-	case claim.WriteMarkProcessed:
-		return `UPDATE claims SET state = 'processed', processed_utc = ` + nowSQL + `, payload = NULL, ` + setAnswer(4) + guard, args, nil
-	case claim.WriteRelease:
-		next, args := nextAttempt(args, v.NextAttemptIn, "NULL")
-		return `UPDATE claims SET state = 'released', released_utc = ` + nowSQL + `, heartbeat_utc = ` + nowSQL + `, last_error = ?1,
-		next_attempt_utc = ` + next + `, due_utc = NULL, ` + setAnswer(4) + guard, args, nil
-	case claim.WriteRecordAttempt:
-		next, args := nextAttempt(args, v.NextAttemptIn, "next_attempt_utc")
-		return `UPDATE claims SET attempts = attempts + 1, last_error = ?1, next_attempt_utc = ` + next + `, ` + setAnswer(4) + guard, args, nil
+	return map[claim.WriteKind]string{
+		claim.WriteHeartbeat:     `heartbeat_utc = ` + nowSQL,
+		claim.WriteMarkProcessed: `state = 'processed', processed_utc = ` + nowSQL + `, payload = NULL, ` + answer,
+		claim.WriteRelease: `state = 'released', released_utc = ` + nowSQL + `, heartbeat_utc = ` + nowSQL + `, last_error = v.column3,
+		next_attempt_utc = ` + next("NULL") + `, due_utc = NULL, ` + answer,
+		claim.WriteRecordAttempt: `attempts = attempts + 1, last_error = v.column3, next_attempt_utc = ` + next("next_attempt_utc") + `, ` + answer,
 	}
-	return "", nil, fmt.Errorf("%w: a write sets no single kind", claim.ErrBadBatch)
+}()
+
+// outcomeText is the guarded UPDATE of n writes of kind (see outcomeSets).
+func outcomeText(kind claim.WriteKind, n int) string {
+	key := textKey{what: "outcome", a: kind.String(), n: n}
+	if t, ok := texts.get(key); ok {
+		return t
+	}
+	if n == 1 {
+		// One write: a plain guarded UPDATE, its values ?1 to ?5.
+		return texts.put(key, "UPDATE claims SET "+strings.ReplaceAll(outcomeSets[kind], "v.column", "?")+
+			" WHERE id = ?1 AND owner = ?2 AND state = 'claimed' RETURNING id")
+	}
+	var b strings.Builder
+	b.Grow(len(outcomeSets[kind]) + 160 + 17*n)
+	b.WriteString("UPDATE claims SET ")
+	b.WriteString(outcomeSets[kind])
+	b.WriteString(" FROM (VALUES ")
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("(?, ?, ?, ?, ?)")
+	}
+	b.WriteString(") AS v WHERE claims.id = v.column1 AND claims.owner = v.column2 AND claims.state = 'claimed' RETURNING id")
+	return texts.put(key, b.String())
 }
 
-// WriteOutcomes performs a batch of outcome writes in one transaction,
-// one statement per write, with one commit (see claim.BatchWriter).
+// writeOutcomes writes a checked batch of outcome writes on q (tx, when
+// not nil, is q's transaction, which the history rows join): one guarded
+// UPDATE ... FROM (VALUES ...) per kind present, and one history INSERT
+// for the claims each changed. It returns the ids of the claims changed.
+func (s *Store) writeOutcomes(ctx context.Context, q sqlstore.Querier, tx *sql.Tx, writes []claim.OutcomeWrite) (map[int64]bool, error) {
+	done := make(map[int64]bool, len(writes))
+	var (
+		args []any
+		ids  []int64
+	)
+	for _, kind := range outcomeKinds {
+		args, ids = args[:0], ids[:0]
+		for _, w := range writes {
+			if w.Kind() != kind {
+				continue
+			}
+			v := sqlstore.ValuesOf(w)
+			answer, err := sqlstore.EncodeAnswer(v.Answer)
+			if err != nil {
+				return nil, fmt.Errorf("%s claim %d: %w", kind, v.ID, err)
+			}
+			var next any
+			if v.NextAttemptIn > 0 {
+				next = later(v.NextAttemptIn)
+			}
+			args = append(args, v.ID, v.Owner.String(), v.Error, answer, next)
+		}
+		if len(args) == 0 {
+			continue
+		}
+		rows, err := q.QueryContext(ctx, outcomeText(kind, len(args)/5), args...)
+		if err != nil {
+			return nil, translate(err)
+		}
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return nil, translate(err)
+			}
+			ids = append(ids, id)
+			done[id] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, translate(err)
+		}
+		if what, reason, ok := outcomeHistory(kind); ok && tx != nil {
+			if err := s.writeHistory(ctx, tx, ids, what, "'claimed'", "", reason); err != nil {
+				return nil, err
+			}
+		}
+		if kind == claim.WriteMarkProcessed && tx != nil {
+			// The follow-ups of the claims it marked processed (the
+			// outbox), in the same transaction: only where the guard held.
+			for _, w := range writes {
+				if mp := w.MarkProcessed; mp != nil && len(mp.FollowUps) > 0 && done[mp.ID] {
+					if err := insertFollowUps(ctx, tx, mp.ID, mp.FollowUps); err != nil {
+						return nil, fmt.Errorf("mark processed claim %d: %w", mp.ID, err)
+					}
+				}
+			}
+		}
+	}
+	return done, nil
+}
+
+// WriteOutcomes performs a batch of outcome writes in one transaction: one
+// statement per kind of write present, and one for the history rows of
+// each kind that records history, whatever the batch's size (see
+// claim.BatchWriter).
 func (s *Store) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) ([]error, error) {
 	if err := claim.CheckBatch(writes); err != nil {
 		return nil, err
@@ -712,32 +964,14 @@ func (s *Store) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) 
 		return nil, fmt.Errorf("write %d outcomes: begin: %w", len(writes), translate(err))
 	}
 	defer tx.Rollback()
-	errs := make([]error, len(writes))
-	for i, w := range writes {
-		query, args, err := outcomeSQL(w)
-		if err != nil {
-			return nil, err
-		}
-		id, _ := w.Target()
-		errs[i] = sqlstore.ExecGuarded(ctx, tx, translate, w.Kind().String(), id, query, args...)
-		if errs[i] != nil && !errors.Is(errs[i], claim.ErrStateChanged) {
-			return nil, fmt.Errorf("write %d outcomes: %w", len(writes), errs[i])
-		}
-		if what, reason, ok := outcomeHistory(w.Kind()); ok && errs[i] == nil {
-			if err := writeHistory(ctx, tx, id, what, "'claimed'", "", reason); err != nil {
-				return nil, fmt.Errorf("write %d outcomes: %w", len(writes), err)
-			}
-		}
-		if w.MarkProcessed != nil && errs[i] == nil {
-			if err := insertFollowUps(ctx, tx, id, w.MarkProcessed.FollowUps); err != nil {
-				return nil, fmt.Errorf("write %d outcomes: %w", len(writes), err)
-			}
-		}
+	done, err := s.writeOutcomes(ctx, tx, tx, writes)
+	if err != nil {
+		return nil, fmt.Errorf("write %d outcomes: %w", len(writes), err)
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("write %d outcomes: commit: %w", len(writes), translate(err))
 	}
-	return errs, nil
+	return sqlstore.BatchResults(writes, done), nil
 }
 
 // setAnswer is the SET clause that records the answer in parameter ?n:
@@ -782,16 +1016,6 @@ func (s *Store) TakeDeadLetter(ctx context.Context, params *claim.TakeDeadLetter
 		}
 	}
 	return err
-}
-
-// nextAttempt returns the SQL and arguments for NextAttemptAt after a write
-// with NextAttemptIn d (parameter ?5; ?4 is the answer): now + d, or keep
-// (the column itself, or NULL) for d <= 0.
-func nextAttempt(args []any, d time.Duration, keep string) (string, []any) {
-	if d <= 0 {
-		return keep, args
-	}
-	return laterSQL(5), append(args, later(d))
 }
 
 // Release moves a claimed claim held by Owner to released.

@@ -91,7 +91,10 @@ type BenchParams struct {
 	// Tracing (two-phase only) runs the processor with tracing on: the
 	// OpenTelemetry SDK, always-on sampler, batching into memory.
 	Tracing bool
-	Logger  *slog.Logger
+	// NoHistory (physical limit only) turns the store's history writes
+	// off (claim.HistorySwitch), to measure what they cost.
+	NoHistory bool
+	Logger    *slog.Logger
 }
 
 // BenchResult is what one cell measured.
@@ -485,6 +488,14 @@ func runWorkers(ctx context.Context, p BenchParams, workers, step int, res *Benc
 // straight on the store (see VariantPhysical).
 func benchPhysical(ctx context.Context, p BenchParams, run string, res *BenchResult) error {
 	var trips atomic.Int64
+	if p.NoHistory {
+		sw, ok := p.DB.Store.(claim.HistorySwitch)
+		if !ok {
+			return fmt.Errorf("%T cannot turn its history off", p.DB.Store)
+		}
+		sw.SetHistoryForBench(false)
+		defer sw.SetHistoryForBench(true)
+	}
 	st := CountingStore(p.DB.Store, &trips)
 	bw := st.(claim.BatchWriter)
 	consumer := "bench-" + run

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -63,6 +64,32 @@ func BenchmarkVariants(b *testing.B) {
 						})
 					}
 				}
+			}
+		})
+	}
+}
+
+// BenchmarkPhysicalHistory measures the physical limit (f) with the
+// store's history writes on and off.
+func BenchmarkPhysicalHistory(b *testing.B) {
+	for _, name := range []string{"sqlite", "postgres", "sqlserver"} {
+		url, ok := benchDatabases(b)[name]
+		if !ok {
+			continue
+		}
+		b.Run(name, func(b *testing.B) {
+			db := openBenchDB(b, url)
+			for _, history := range []bool{true, false} {
+				b.Run(fmt.Sprintf("history=%t", history), func(b *testing.B) {
+					res, err := RunBench(context.Background(), BenchParams{Variant: VariantPhysical, DB: db, Messages: b.N, NoHistory: !history})
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.ReportMetric(res.PerSecond(), "msg/s")
+					b.ReportMetric(res.AllocPerMessage(), "alloc-bytes/msg")
+					b.ReportMetric(float64(res.CPUPerMessage().Nanoseconds()), "cpu-ns/msg")
+					b.ReportMetric(0, "ns/op")
+				})
 			}
 		})
 	}
@@ -140,5 +167,29 @@ func TestBenchScanRuns(t *testing.T) {
 	}
 	if len(res) != 2 || res[0].Rows != 1000 || res[1].Rows != 3000 || res[0].Median <= 0 {
 		t.Fatalf("results %+v", res)
+	}
+}
+
+// The benchmark table's targets include the allocations per message and
+// the cost of history (no figure is asserted: the machines are shared).
+func TestRunBenchmarksTargets(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a small benchmark matrix")
+	}
+	var out strings.Builder
+	err := RunBenchmarks(context.Background(), BenchConfig{SQLite: true, Concurrencies: []int{64}, Latencies: []time.Duration{0},
+		NoScan: true, CellDuration: 100 * time.Millisecond}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"- sqlite, 0s, conc 64: (a) allocates ",
+		"target <= 27.0 KiB: ",
+		"- sqlite: (f) with history = ",
+		"x (f) without (",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("no %q in the table:\n%s", want, out.String())
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claim/sqlstore"
 	"github.com/sbclaim/sbclaim/internal/claimdb"
 )
@@ -95,10 +96,22 @@ func RunBenchmarks(ctx context.Context, cfg BenchConfig, w io.Writer) error {
 	}
 	var scans []scanRow
 	var traced []tracingRow
+	var histories []historyRow
 	for _, url := range dbs {
 		db, err := OpenDatabase(ctx, url)
 		if err != nil {
 			return err
+		}
+		// What history costs the store: the physical limit with history
+		// on and off, each the best of three, once per database (it
+		// depends on neither the latency nor the concurrency).
+		if h, err := benchHistory(ctx, db, cfg); err != nil {
+			db.Close()
+			return fmt.Errorf("%s history cost: %w", db.Dialect, err)
+		} else if h != nil {
+			fmt.Fprintf(progress, "bench %-8s physical limit with history %.0f msg/s, without %.0f msg/s, ratio %.2f\n",
+				db.Dialect, h.on.PerSecond(), h.off.PerSecond(), h.ratio())
+			histories = append(histories, *h)
 		}
 		for _, lat := range cfg.Latencies {
 			for _, conc := range cfg.Concurrencies {
@@ -237,6 +250,18 @@ func RunBenchmarks(ctx context.Context, cfg BenchConfig, w io.Writer) error {
 			fmt.Fprintf(w, "- %s, 20 ms, conc 64, pool %d: (a) = %.2f x (d), target >= 3: %s\n", r.dialect, TxPoolSize, ad, hit(ad >= 3))
 		}
 	}
+	for _, r := range rows {
+		if r.conc == 64 {
+			a := r.res[VariantTwoPhase].AllocPerMessage()
+			fmt.Fprintf(w, "- %s, %s, conc 64: (a) allocates %s per message, target <= %s: %s\n",
+				r.dialect, r.latency, bytesText(a), bytesText(MaxAllocPerMessage), hit(a <= MaxAllocPerMessage))
+		}
+	}
+	for _, h := range histories {
+		fmt.Fprintf(w, "- %s: (f) with history = %.2f x (f) without (%.0f vs %.0f msg/s; CPU per message %s vs %s), target >= 0.8: %s\n",
+			h.dialect, h.ratio(), h.on.PerSecond(), h.off.PerSecond(), h.on.CPUPerMessage().Round(time.Microsecond),
+			h.off.CPUPerMessage().Round(time.Microsecond), hit(h.ratio() >= 0.8))
+	}
 	for _, t := range traced {
 		if t.latency == 20*time.Millisecond && t.conc == 64 {
 			fmt.Fprintf(w, "- %s, 20 ms, conc 64: (a) with tracing on (always-on sampler) = %.2f x tracing off, target >= 0.9: %s\n", t.dialect, t.cost.Ratio(), hit(t.cost.Ratio() >= 0.9))
@@ -271,4 +296,45 @@ func bytesText(b float64) string {
 		return fmt.Sprintf("%.1f KiB", b/(1<<10))
 	}
 	return fmt.Sprintf("%.0f B", b)
+}
+
+// MaxAllocPerMessage is the target of the processor's (a) allocations per
+// message in the concurrency-64 cells.
+const MaxAllocPerMessage = 27 << 10
+
+// historyRow is the physical limit of one database with the store's
+// history writes on and off.
+type historyRow struct {
+	dialect claimdb.Dialect
+	on, off *BenchResult
+}
+
+func (h *historyRow) ratio() float64 { return h.on.PerSecond() / h.off.PerSecond() }
+
+// benchHistory measures the physical limit with history on and off, the
+// best of three of each, interleaved (on, off, on, ...) so that a shared
+// machine's load weighs on both alike; nil when the store has no history
+// switch (claim.HistorySwitch).
+func benchHistory(ctx context.Context, db *Database, cfg BenchConfig) (*historyRow, error) {
+	if _, ok := db.Store.(claim.HistorySwitch); !ok {
+		return nil, nil
+	}
+	h := &historyRow{dialect: db.Dialect}
+	for range 3 {
+		for _, off := range []bool{false, true} {
+			r, err := RunBench(ctx, BenchParams{Variant: VariantPhysical, DB: db, Concurrency: 1,
+				Messages: cellMessages(VariantPhysical, 1, 0), MaxDuration: cfg.CellDuration, NoHistory: off, Logger: cfg.Logger})
+			if err != nil {
+				return nil, err
+			}
+			best := &h.on
+			if off {
+				best = &h.off
+			}
+			if *best == nil || r.PerSecond() > (*best).PerSecond() {
+				*best = r
+			}
+		}
+	}
+	return h, nil
 }
