@@ -39,7 +39,7 @@ func (s *gateStore) Defer(ctx context.Context, p *claim.DeferParams) error {
 	if err != nil {
 		return err
 	}
-	return d.Defer(ctx, p)
+	return s.land("Defer", p.ID, p.Owner, d.Defer(ctx, p))
 }
 
 func (s *gateStore) SetDue(ctx context.Context, p *claim.SetDueParams) error {

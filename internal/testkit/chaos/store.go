@@ -273,7 +273,7 @@ func GateStore(inner claim.Store, gate func(ctx context.Context, op string, id i
 }
 
 // GateStoreLanded is GateStore that also reports every owner write that
-// landed (Heartbeat, RecordAttempt, Release, MarkProcessed, Fail; alone
+// landed (Heartbeat, RecordAttempt, Release, MarkProcessed, Fail, Defer; alone
 // or in a batch of writes) with its claim id and owner token: the
 // simulation checks each take-over against the last sign of life of the
 // owner it took the claim from, and each outcome against the owner the
