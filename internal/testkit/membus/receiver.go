@@ -190,41 +190,54 @@ func (r *Receiver) PeekMessages(ctx context.Context, maxMessageCount int, option
 	return out, nil
 }
 
-// CompleteMessage removes the message from the queue.
-func (r *Receiver) CompleteMessage(ctx context.Context, message *azservicebus.ReceivedMessage, _ *azservicebus.CompleteMessageOptions) error {
-	return r.settle(ctx, "complete", message, func(q *Queue, e *entry) {
-		if !q.forget {
-			q.completed = append(q.completed, e.msg.MessageID)
-		}
-		q.stats.Completed++
-		q.notifyLocked()
-	})
+// completeEntry, abandonEntry and deadLetterEntry are what a settlement
+// does to a locked entry, for both kinds of receiver (the queue's lock
+// held).
+func completeEntry(q *Queue, e *entry) {
+	if !q.forget {
+		q.completed = append(q.completed, e.msg.MessageID)
+	}
+	q.stats.Completed++
+	q.notifyLocked()
 }
 
-// AbandonMessage makes the message available again at once; the next
-// delivery has DeliveryCount+1, or the message is dead-lettered with
-// ReasonMaxDeliveryCountExceeded when this was its last allowed delivery.
-func (r *Receiver) AbandonMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.AbandonMessageOptions) error {
-	return r.settle(ctx, "abandon", message, func(q *Queue, e *entry) {
+func abandonEntry(options *azservicebus.AbandonMessageOptions) func(*Queue, *entry) {
+	return func(q *Queue, e *entry) {
 		if options != nil {
 			e.msg.ApplicationProperties = mergeProps(e.msg.ApplicationProperties, options.PropertiesToModify)
 		}
 		q.stats.Abandoned++
 		q.releaseLocked(e)
-	})
+	}
 }
 
-// DeadLetterMessage moves the message to the dead-letter queue with
-// options.Reason and options.ErrorDescription.
-func (r *Receiver) DeadLetterMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.DeadLetterOptions) error {
-	return r.settle(ctx, "dead-letter", message, func(q *Queue, e *entry) {
+func deadLetterEntry(options *azservicebus.DeadLetterOptions) func(*Queue, *entry) {
+	return func(q *Queue, e *entry) {
 		var reason, desc string
 		if options != nil {
 			reason, desc = deref(options.Reason), deref(options.ErrorDescription)
 			e.msg.ApplicationProperties = mergeProps(e.msg.ApplicationProperties, options.PropertiesToModify)
 		}
 		q.deadLetterLocked(e, reason, desc)
-	})
+	}
+}
+
+// CompleteMessage removes the message from the queue.
+func (r *Receiver) CompleteMessage(ctx context.Context, message *azservicebus.ReceivedMessage, _ *azservicebus.CompleteMessageOptions) error {
+	return r.settle(ctx, "complete", message, completeEntry)
+}
+
+// AbandonMessage makes the message available again at once; the next
+// delivery has DeliveryCount+1, or the message is dead-lettered with
+// ReasonMaxDeliveryCountExceeded when this was its last allowed delivery.
+func (r *Receiver) AbandonMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.AbandonMessageOptions) error {
+	return r.settle(ctx, "abandon", message, abandonEntry(options))
+}
+
+// DeadLetterMessage moves the message to the dead-letter queue with
+// options.Reason and options.ErrorDescription.
+func (r *Receiver) DeadLetterMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.DeadLetterOptions) error {
+	return r.settle(ctx, "dead-letter", message, deadLetterEntry(options))
 }
 
 // RenewMessageLock extends the delivery's lock by the queue's lock duration

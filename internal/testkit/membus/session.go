@@ -263,38 +263,19 @@ func (r *SessionReceiver) PeekMessages(ctx context.Context, maxMessageCount int,
 
 // CompleteMessage removes the message from the queue.
 func (r *SessionReceiver) CompleteMessage(ctx context.Context, message *azservicebus.ReceivedMessage, _ *azservicebus.CompleteMessageOptions) error {
-	return r.settle(ctx, "complete", message, func(q *Queue, e *entry) {
-		if !q.forget {
-			q.completed = append(q.completed, e.msg.MessageID)
-		}
-		q.stats.Completed++
-		q.notifyLocked()
-	})
+	return r.settle(ctx, "complete", message, completeEntry)
 }
 
 // AbandonMessage puts the message back at its place in the session, or
 // dead-letters it when this was its last allowed delivery.
 func (r *SessionReceiver) AbandonMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.AbandonMessageOptions) error {
-	return r.settle(ctx, "abandon", message, func(q *Queue, e *entry) {
-		if options != nil {
-			e.msg.ApplicationProperties = mergeProps(e.msg.ApplicationProperties, options.PropertiesToModify)
-		}
-		q.stats.Abandoned++
-		q.releaseLocked(e)
-	})
+	return r.settle(ctx, "abandon", message, abandonEntry(options))
 }
 
 // DeadLetterMessage moves the message to the dead-letter queue with
 // options.Reason and options.ErrorDescription.
 func (r *SessionReceiver) DeadLetterMessage(ctx context.Context, message *azservicebus.ReceivedMessage, options *azservicebus.DeadLetterOptions) error {
-	return r.settle(ctx, "dead-letter", message, func(q *Queue, e *entry) {
-		var reason, desc string
-		if options != nil {
-			reason, desc = deref(options.Reason), deref(options.ErrorDescription)
-			e.msg.ApplicationProperties = mergeProps(e.msg.ApplicationProperties, options.PropertiesToModify)
-		}
-		q.deadLetterLocked(e, reason, desc)
-	})
+	return r.settle(ctx, "dead-letter", message, deadLetterEntry(options))
 }
 
 // RenewSessionLock extends the session lock (and the locks of the
