@@ -478,6 +478,7 @@ func (w *world) startReplica() {
 		NoPayload:          r.noPayload,
 		MaxDeliveryCount:   maxDeliveryCount,
 		DeferPollInterval:  15 * time.Second,
+		DeferGrace:         5 * time.Minute, // scaled down with the other windows (1 h in production)
 		SettleTimeout:      5 * time.Second,
 		StoreTimeout:       10 * time.Second,
 		ShutdownTimeout:    30 * time.Second,
