@@ -144,16 +144,20 @@ func (r lifetimeRouter) Route(msg *azservicebus.ReceivedMessage) (sideeffects.Ha
 // for 24h, a redelivery does not take over a claim older than that (its
 // holder silent with an unknown outcome, or released): it flags it, with
 // a reason naming the lifetime, and repeats nothing. A younger claim is
-// taken over as usual.
+// taken over as usual. Without a stored payload the flagged claim has
+// only its message to keep the body: the redelivery is dead-lettered
+// ClaimFlagged instead of completed.
 func TestKeyLifetimeFlagsTheTakeOver(t *testing.T) {
 	for _, tt := range []struct {
-		name  string
-		first error // the first attempt's outcome
-		age   time.Duration
+		name      string
+		first     error // the first attempt's outcome
+		age       time.Duration
+		noPayload bool
 	}{
-		{"silent holder, 25h", errPerformedThenLost, 25 * time.Hour},
-		{"released, 25h", sideeffects.Retryable(errString("503")), 25 * time.Hour},
-		{"silent holder, 23h", errPerformedThenLost, 23 * time.Hour},
+		{"silent holder, 25h", errPerformedThenLost, 25 * time.Hour, false},
+		{"released, 25h", sideeffects.Retryable(errString("503")), 25 * time.Hour, false},
+		{"silent holder, 23h", errPerformedThenLost, 23 * time.Hour, false},
+		{"silent holder, 25h, no payload", errPerformedThenLost, 25 * time.Hour, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, be string) {
@@ -168,6 +172,7 @@ func TestKeyLifetimeFlagsTheTakeOver(t *testing.T) {
 				st.shift.Store(int64(tt.age))
 				opts := b.options()
 				opts.Store, opts.Router, opts.Metrics = st, lifetimeRouter{router: b.router, lifetime: 24 * time.Hour}, processor.NewMetrics(nil)
+				opts.StorePayload = !tt.noPayload
 				b.start(opts)
 				b.send("m1", "pay", `{}`, nil)
 				b.waitIdle()
@@ -182,7 +187,13 @@ func TestKeyLifetimeFlagsTheTakeOver(t *testing.T) {
 				if c.State != claim.StateFlagged || c.FlagReason != want || b.eff.Calls("m1") != 1 || c.TakeOvers != 0 {
 					t.Errorf("claim %s (%q), calls %d, take-overs %d; want flagged (%q), never repeated", c.State, c.FlagReason, b.eff.Calls("m1"), c.TakeOvers, want)
 				}
-				if countCompleted(b.q, "m1") != 1 || len(b.q.DeadLetters()) != 0 {
+				switch {
+				case tt.noPayload:
+					if got := b.deadLetterReasons()["m1"]; got != processor.ReasonClaimFlagged || countCompleted(b.q, "m1") != 0 {
+						t.Errorf("dead-letter reason %q, completed %d; want the redelivery dead-lettered %s (the claim keeps no body)",
+							got, countCompleted(b.q, "m1"), processor.ReasonClaimFlagged)
+					}
+				case countCompleted(b.q, "m1") != 1 || len(b.q.DeadLetters()) != 0:
 					t.Errorf("completed %d, dead letters %d; want the redelivery completed", countCompleted(b.q, "m1"), len(b.q.DeadLetters()))
 				}
 				b.eventually("the flagged outcome", func() bool { return outcomes(opts.Metrics, processor.ResultFlagged) == 1 })
