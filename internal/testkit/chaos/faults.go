@@ -264,7 +264,22 @@ func replicaDeadError(id int, what string) error {
 // CodeClosed, settlements and renewals fail with CodeConnectionLost (the
 // locks the replica held run out, like a crashed process's).
 type killReceiver struct {
-	r   *membus.Receiver
+	killSettle
+	r *membus.Receiver
+}
+
+// messageSettler settles a delivery: a queue's receiver or a session's.
+type messageSettler interface {
+	CompleteMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.CompleteMessageOptions) error
+	AbandonMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.AbandonMessageOptions) error
+	DeadLetterMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.DeadLetterOptions) error
+}
+
+// killSettle is the settlement of a replica that may be killed, for both
+// kinds of receiver: once the replica is dead every call fails at once
+// and does nothing; each settlement is noted, and a completion checked.
+type killSettle struct {
+	set messageSettler
 	rep *replica
 }
 
@@ -272,7 +287,7 @@ func (k *killReceiver) closed() error {
 	return fmt.Errorf("%w: %w", replicaDeadError(k.rep.id, "receive"), &azservicebus.Error{Code: azservicebus.CodeClosed})
 }
 
-func (k *killReceiver) lost(op string) error {
+func (k killSettle) lost(op string) error {
 	return fmt.Errorf("%w: %w", replicaDeadError(k.rep.id, op), &azservicebus.Error{Code: azservicebus.CodeConnectionLost})
 }
 
@@ -295,12 +310,12 @@ func (k *killReceiver) ReceiveMessages(ctx context.Context, n int, o *azserviceb
 	return msgs, err
 }
 
-func (k *killReceiver) CompleteMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.CompleteMessageOptions) error {
+func (k killSettle) CompleteMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.CompleteMessageOptions) error {
 	if k.rep.dead.Load() {
 		return k.lost("complete")
 	}
 	sent := time.Now()
-	err := k.r.CompleteMessage(ctx, m, o)
+	err := k.set.CompleteMessage(ctx, m, o)
 	k.rep.settled(m, "complete", err)
 	if err == nil {
 		k.rep.h.checkCompletion(m, k.rep.host, sent)
@@ -308,20 +323,20 @@ func (k *killReceiver) CompleteMessage(ctx context.Context, m *azservicebus.Rece
 	return err
 }
 
-func (k *killReceiver) AbandonMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.AbandonMessageOptions) error {
+func (k killSettle) AbandonMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.AbandonMessageOptions) error {
 	if k.rep.dead.Load() {
 		return k.lost("abandon")
 	}
-	err := k.r.AbandonMessage(ctx, m, o)
+	err := k.set.AbandonMessage(ctx, m, o)
 	k.rep.settled(m, "abandon", err)
 	return err
 }
 
-func (k *killReceiver) DeadLetterMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.DeadLetterOptions) error {
+func (k killSettle) DeadLetterMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.DeadLetterOptions) error {
 	if k.rep.dead.Load() {
 		return k.lost("dead-letter")
 	}
-	err := k.r.DeadLetterMessage(ctx, m, o)
+	err := k.set.DeadLetterMessage(ctx, m, o)
 	k.rep.settled(m, "dead-letter", err)
 	return err
 }

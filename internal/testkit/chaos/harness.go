@@ -779,7 +779,8 @@ func (r *replica) newReceiver(ctx context.Context) (sbclaim.Receiver, error) {
 		<-ctx.Done() // a dead process opens nothing
 		return nil, ctx.Err()
 	}
-	return &killReceiver{r: r.h.queue.NewReceiver(), rep: r}, nil
+	mr := r.h.queue.NewReceiver()
+	return &killReceiver{killSettle: killSettle{set: mr, rep: r}, r: mr}, nil
 }
 
 // die kills the replica and schedules its replacement.

@@ -131,7 +131,7 @@ func (r *replica) acceptSession(ctx context.Context) (sbclaim.SessionReceiver, e
 		}
 		return nil, err
 	}
-	return &killSessionReceiver{s: s, rep: r}, nil
+	return &killSessionReceiver{killSettle: killSettle{set: s, rep: r}, s: s}, nil
 }
 
 // killSessionReceiver is a session receiver of a replica that may be
@@ -139,12 +139,8 @@ func (r *replica) acceptSession(ctx context.Context) (sbclaim.SessionReceiver, e
 // Close does not release the session (a dead process closes nothing: the
 // session lock runs out).
 type killSessionReceiver struct {
-	s   *membus.SessionReceiver
-	rep *replica
-}
-
-func (k *killSessionReceiver) lost(op string) error {
-	return fmt.Errorf("%w: %w", replicaDeadError(k.rep.id, op), &azservicebus.Error{Code: azservicebus.CodeConnectionLost})
+	killSettle
+	s *membus.SessionReceiver
 }
 
 func (k *killSessionReceiver) SessionID() string      { return k.s.SessionID() }
@@ -167,37 +163,6 @@ func (k *killSessionReceiver) ReceiveMessages(ctx context.Context, n int, o *azs
 		k.rep.received(m)
 	}
 	return msgs, err
-}
-
-func (k *killSessionReceiver) CompleteMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.CompleteMessageOptions) error {
-	if k.rep.dead.Load() {
-		return k.lost("complete")
-	}
-	sent := time.Now()
-	err := k.s.CompleteMessage(ctx, m, o)
-	k.rep.settled(m, "complete", err)
-	if err == nil {
-		k.rep.h.checkCompletion(m, k.rep.host, sent)
-	}
-	return err
-}
-
-func (k *killSessionReceiver) AbandonMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.AbandonMessageOptions) error {
-	if k.rep.dead.Load() {
-		return k.lost("abandon")
-	}
-	err := k.s.AbandonMessage(ctx, m, o)
-	k.rep.settled(m, "abandon", err)
-	return err
-}
-
-func (k *killSessionReceiver) DeadLetterMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.DeadLetterOptions) error {
-	if k.rep.dead.Load() {
-		return k.lost("dead-letter")
-	}
-	err := k.s.DeadLetterMessage(ctx, m, o)
-	k.rep.settled(m, "dead-letter", err)
-	return err
 }
 
 func (k *killSessionReceiver) PeekMessages(ctx context.Context, n int, o *azservicebus.PeekMessagesOptions) ([]*azservicebus.ReceivedMessage, error) {

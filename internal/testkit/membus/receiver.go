@@ -35,13 +35,11 @@ type Receiver struct {
 // message arrived it returns ctx.Err(); messages already gathered are
 // returned with a nil error. Calls on one Receiver must not overlap.
 func (r *Receiver) ReceiveMessages(ctx context.Context, maxMessages int, options *azservicebus.ReceiveMessagesOptions) ([]*azservicebus.ReceivedMessage, error) {
-	if maxMessages <= 0 || maxMessages > maxMessagesLimit {
-		return nil, fmt.Errorf("membus: maxMessages must be in 1..%d, got %d", maxMessagesLimit, maxMessages)
+	done, err := startReceive(&r.receiving, maxMessages)
+	if err != nil {
+		return nil, err
 	}
-	if !r.receiving.CompareAndSwap(false, true) {
-		return nil, errors.New("membus: receiver is already receiving messages. ReceiveMessages() cannot be called concurrently")
-	}
-	defer r.receiving.Store(false)
+	defer done()
 	if err := r.checkOpen(); err != nil {
 		return nil, err
 	}
@@ -178,16 +176,34 @@ func (r *Receiver) PeekMessages(ctx context.Context, maxMessageCount int, option
 		if *e.msg.SequenceNumber < from {
 			continue
 		}
-		m := *e.msg
-		m.Body = slices.Clone(e.msg.Body)
-		m.ApplicationProperties = maps.Clone(e.msg.ApplicationProperties)
-		m.LockToken, m.LockedUntil = [16]byte{}, nil
-		if e.deferred {
-			m.State = azservicebus.MessageStateDeferred
-		}
-		out = append(out, &m)
+		out = append(out, peeked(e))
 	}
 	return out, nil
+}
+
+// peeked is what a peek returns of e: a copy, with no lock, State saying
+// whether it is deferred.
+func peeked(e *entry) *azservicebus.ReceivedMessage {
+	m := *e.msg
+	m.Body = slices.Clone(e.msg.Body)
+	m.ApplicationProperties = maps.Clone(e.msg.ApplicationProperties)
+	m.LockToken, m.LockedUntil = [16]byte{}, nil
+	if e.deferred {
+		m.State = azservicebus.MessageStateDeferred
+	}
+	return &m
+}
+
+// startReceive checks a ReceiveMessages call's arguments and that no
+// other call of the receiver is receiving; done ends the call.
+func startReceive(receiving *atomic.Bool, maxMessages int) (done func(), err error) {
+	if maxMessages <= 0 || maxMessages > maxMessagesLimit {
+		return nil, fmt.Errorf("membus: maxMessages must be in 1..%d, got %d", maxMessagesLimit, maxMessages)
+	}
+	if !receiving.CompareAndSwap(false, true) {
+		return nil, errors.New("membus: receiver is already receiving messages. ReceiveMessages() cannot be called concurrently")
+	}
+	return func() { receiving.Store(false) }, nil
 }
 
 // completeEntry, abandonEntry and deadLetterEntry are what a settlement

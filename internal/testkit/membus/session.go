@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -197,13 +196,11 @@ func (r *SessionReceiver) checkOpen() error {
 // Receiver.ReceiveMessages. It fails with CodeLockLost once the session
 // lock is lost. Calls must not overlap.
 func (r *SessionReceiver) ReceiveMessages(ctx context.Context, maxMessages int, options *azservicebus.ReceiveMessagesOptions) ([]*azservicebus.ReceivedMessage, error) {
-	if maxMessages <= 0 || maxMessages > maxMessagesLimit {
-		return nil, fmt.Errorf("membus: maxMessages must be in 1..%d, got %d", maxMessagesLimit, maxMessages)
+	done, err := startReceive(&r.receiving, maxMessages)
+	if err != nil {
+		return nil, err
 	}
-	if !r.receiving.CompareAndSwap(false, true) {
-		return nil, errors.New("membus: receiver is already receiving messages. ReceiveMessages() cannot be called concurrently")
-	}
-	defer r.receiving.Store(false)
+	defer done()
 	if err := r.checkOpen(); err != nil {
 		return nil, err
 	}
@@ -252,11 +249,7 @@ func (r *SessionReceiver) PeekMessages(ctx context.Context, maxMessageCount int,
 		if *e.msg.SessionID != r.s.id {
 			continue
 		}
-		m := *e.msg
-		m.Body = slices.Clone(e.msg.Body)
-		m.ApplicationProperties = maps.Clone(e.msg.ApplicationProperties)
-		m.LockToken, m.LockedUntil = [16]byte{}, nil
-		out = append(out, &m)
+		out = append(out, peeked(e))
 	}
 	return out, nil
 }
