@@ -1009,3 +1009,73 @@ func TestCopyOfAPayloadlessClaimRunsWhenItsDeferredMessageIsGone(t *testing.T) {
 		}
 	})
 }
+
+// peekFailing is a receiver whose peeks fail while fail is set.
+type peekFailing struct {
+	*membus.Receiver
+	fail  *atomic.Bool
+	peeks *atomic.Int64
+}
+
+func (r peekFailing) PeekMessages(ctx context.Context, n int, o *azservicebus.PeekMessagesOptions) ([]*azservicebus.ReceivedMessage, error) {
+	if o != nil && o.FromSequenceNumber != nil {
+		r.peeks.Add(1)
+		if r.fail.Load() {
+			return nil, &azservicebus.Error{Code: azservicebus.CodeConnectionLost}
+		}
+	}
+	return r.Receiver.PeekMessages(ctx, n, o)
+}
+
+// TestCopyOfAPayloadlessClaimIsKeptWhileItsMessageIsUnsure: a copy of a
+// payloadless claim whose message is deferred elsewhere cannot tell
+// whether that message is still at the broker (the peek fails): it waits,
+// looking again, and at the end of its watch is given back, never
+// completed — it may be the only body left. Once a peek finds the
+// deferred message, the next delivery of the copy completes.
+func TestCopyOfAPayloadlessClaimIsKeptWhileItsMessageIsUnsure(t *testing.T) {
+	b := setup(t, "sqlite", membus.QueueOptions{})
+	var down, fail atomic.Bool
+	var peeks atomic.Int64
+	down.Store(true)
+	b.eff.behave = func(_, _ string, _ int) error {
+		if down.Load() {
+			return sideeffects.Retryable(errors.New("downstream 503"))
+		}
+		return nil
+	}
+	opts := b.deferOptions()
+	b.router.backoff = sideeffects.Backoff{First: time.Hour, Factor: 1, Max: time.Hour, Horizon: 24 * time.Hour}
+	opts.StorePayload = false
+	opts.MaxLockRenewal = time.Second // the least the take-over window allows
+	opts.Retry.Budget = 500 * time.Millisecond
+	opts.NewReceiver = func(context.Context) (processor.Receiver, error) {
+		return peekFailing{Receiver: b.q.NewReceiver(), fail: &fail, peeks: &peeks}, nil
+	}
+	b.start(opts)
+	b.send("m1", "pay", `{}`, nil)
+	b.eventually("the message is deferred for an hour", func() bool {
+		for _, c := range b.claims() {
+			if c.MessageID == "m1" && c.DeferredSeq != nil && c.DueAt != nil {
+				return true
+			}
+		}
+		return false
+	})
+	down.Store(false)
+
+	fail.Store(true)
+	b.send("m1", "pay", `{}`, nil) // a copy, its carrier unsure
+	b.eventually("the copy given back at the end of its watch", func() bool { return b.q.Stats().Abandoned >= 1 })
+	if got := countCompleted(b.q, "m1"); got != 0 {
+		t.Fatalf("completed %d while the claim's message could not be found for sure, want 0", got)
+	}
+	if peeks.Load() < 2 {
+		t.Fatalf("%d peeks: the copy did not look again while it waited", peeks.Load())
+	}
+	fail.Store(false)
+	b.waitCompleted(b.q, "m1", 1) // the redelivery peeks, finds the deferred message and completes
+	if calls := b.eff.Calls("m1"); calls != 1 {
+		t.Fatalf("calls %d, want 1 (the refused one): the copy must not run beside its deferred message", calls)
+	}
+}
