@@ -135,7 +135,7 @@ func (p *Processor) handleBatch(ctx, work context.Context, lr *liveReceiver, msg
 			continue
 		}
 		if d.handler.TxEffect != nil {
-			run(d, func() verdict { return p.runTx(d.traced(work), d) })
+			run(d, func() verdict { return p.runTx(ctx, d.traced(work), d) })
 			continue
 		}
 		batch = append(batch, d)
@@ -168,7 +168,9 @@ func (p *Processor) handleBatch(ctx, work context.Context, lr *liveReceiver, msg
 		// owner tokens, so the redelivery's claim finds it (an orphan row
 		// whose holder shows no life is taken over after TakeoverAfter).
 		for _, d := range batch {
-			run(d, func() verdict { return p.claimWhenStoreBack(ctx, d.traced(work), d, err) })
+			run(d, func() verdict {
+				return p.whenStoreBack(ctx, d, err, "claim failed", func() verdict { return p.claimOne(ctx, d.traced(work), d) })
+			})
 		}
 	default:
 		// The store answered but refused the batch (one bad row fails a
@@ -183,27 +185,43 @@ func (p *Processor) handleBatch(ctx, work context.Context, lr *liveReceiver, msg
 	}
 }
 
-// claimWhenStoreBack handles a delivery whose claim failed with err. A
-// store-wide refusal (an outage, a failover) pauses receiving; the
-// delivery keeps its message locked (its lock is renewed) and claims it
-// again once the store accepts writes, for as long as its lock may be
-// renewed: an abandon now would spend one of the message's deliveries on
-// an outage, and a few outages would dead-letter it. Any other error, or
-// an outage that outlasts the lock's renewal, gives the message back.
-func (p *Processor) claimWhenStoreBack(ctx, work context.Context, d *delivery, err error) verdict {
+// whenStoreBack handles a delivery whose claim (alone, in a batch, or in
+// a transactional effect's transaction) failed with err before anything
+// was recorded. A store-wide refusal (an outage, a failover) pauses
+// receiving; the delivery keeps its message locked (its lock is renewed)
+// and runs again — the same owner token, so a row a lost COMMIT answer
+// hid is recognised as its own — once the store accepts writes, for as
+// long as its lock may be renewed: an abandon now would spend one of the
+// message's deliveries on an outage, and a few outages would dead-letter
+// it. Any other error, or an outage that outlasts the lock's renewal,
+// gives the message back (why says what failed).
+func (p *Processor) whenStoreBack(ctx context.Context, d *delivery, err error, why string, again func() verdict) verdict {
 	if !claim.StoreWide(err) {
-		return abandoned(ResultAbandoned, "why", "claim failed", "error", err)
+		return abandoned(ResultAbandoned, "why", why, "error", err)
 	}
 	wait := time.NewTimer(time.Until(p.watchUntil(d)))
 	defer wait.Stop()
-	select {
-	case <-p.breaker.closed():
+	// The receive loop probes the store only between receives, and a
+	// receive on a quiet entity blocks: probe here too, with backoff.
+	probe := 100 * time.Millisecond
+	for {
+		select {
+		case <-p.breaker.closed():
+		case <-time.After(probe):
+			if p.probeStore(ctx) != nil {
+				probe = min(2*probe, 5*time.Second)
+				continue
+			}
+			if p.breaker.isOpen() {
+				p.storeBack()
+			}
+		case <-wait.C:
+			return abandoned(ResultAbandoned, "why", why+", and the claim store still refuses work at the end of the lock's renewal", "error", err)
+		case <-ctx.Done():
+			return abandoned(ResultAbandoned, "why", "shutting down while the claim store refuses work", "error", err)
+		}
 		d.log.Info("claim store accepts writes again: claiming the message it refused", "error", err)
-		return p.claimOne(ctx, work, d)
-	case <-wait.C:
-		return abandoned(ResultAbandoned, "why", "claim failed, and the claim store still refuses work at the end of the lock's renewal", "error", err)
-	case <-ctx.Done():
-		return abandoned(ResultAbandoned, "why", "shutting down while the claim store refuses work", "error", err)
+		return again()
 	}
 }
 
@@ -219,7 +237,7 @@ func (p *Processor) claimOne(ctx, work context.Context, d *delivery) verdict {
 	}
 	if err != nil {
 		p.storeErr(err)
-		return abandoned(ResultAbandoned, "why", "claim failed", "error", err)
+		return p.whenStoreBack(ctx, d, err, "claim failed", func() verdict { return p.claimOne(ctx, work, d) })
 	}
 	return p.afterClaim(ctx, work, d, results[0])
 }
@@ -798,15 +816,15 @@ func (p *Processor) lost(work context.Context, d *delivery, c *claim.Claim, eo s
 
 // runTx is the one-phase path: the marker and the effect's writes commit in
 // one transaction.
-func (p *Processor) runTx(work context.Context, d *delivery) verdict {
+func (p *Processor) runTx(ctx, work context.Context, d *delivery) verdict {
 	if work.Err() != nil {
 		return abandoned(ResultAbandoned, "why", "shutting down")
 	}
-	ctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
+	sctx, cancel := context.WithTimeout(work, p.opts.StoreTimeout)
 	defer cancel()
 	start := time.Now()
 	published := false
-	res, err := p.opts.Store.ClaimTx(ctx, &claim.ClaimTxParams{Host: p.opts.Host, Claim: p.claimParams(d)},
+	res, err := p.opts.Store.ClaimTx(sctx, &claim.ClaimTxParams{Host: p.opts.Host, Claim: p.claimParams(d)},
 		func(ctx context.Context, tx *sql.Tx) (err error) {
 			defer func() {
 				if r := recover(); r != nil {
@@ -833,6 +851,12 @@ func (p *Processor) runTx(work context.Context, d *delivery) verdict {
 		if claim.StoreWide(err) {
 			eo = sideeffects.OutcomeRetryable
 			p.storeErr(err)
+			p.metrics.EffectSeconds.WithLabelValues(d.handler.Name, eo.String()).Observe(time.Since(start).Seconds())
+			d.log.Warn("transactional effect rolled back: the claim store refuses work", "error", err)
+			// Nothing was committed (or a lost COMMIT answer hid a row
+			// the rerun finds as its own): run it again once the store
+			// is back, keeping the message.
+			return p.whenStoreBack(ctx, d, err, "transactional effect rolled back", func() verdict { return p.runTx(ctx, work, d) })
 		}
 		p.metrics.EffectSeconds.WithLabelValues(d.handler.Name, eo.String()).Observe(time.Since(start).Seconds())
 		d.log.Warn("transactional effect rolled back", "error", err, "effect_outcome", eo)

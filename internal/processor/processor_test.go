@@ -1217,3 +1217,33 @@ func TestAFailedLookWhileWatchingKeepsWatching(t *testing.T) {
 		}
 	})
 }
+
+// TestStoreOutageHoldsATransactionalEffect: a transactional effect whose
+// claim transaction the store refuses store-wide keeps its message, as a
+// plain claim does, and runs once the store is back: one ledger row, no
+// delivery spent.
+func TestStoreOutageHoldsATransactionalEffect(t *testing.T) {
+	b := setup(t, "sqlite", membus.QueueOptions{})
+	db := b.store.(dbStore).DB()
+	b.router.tx = ledgerEffect(t, db, "sqlite")
+	fs := &flakyStore{Store: b.store}
+	opts := b.options()
+	opts.Store = fs
+	b.start(opts)
+	b.eventually("the start-up store probe", func() bool { return fs.probed.Load() >= 1 })
+	fs.down.Store(true)
+	b.send("t1", "tx", "credit", nil)
+	b.eventually("the transaction refused and the message held", func() bool { return fs.fails.Load() >= 2 && b.q.Stats().Locked == 1 })
+	fs.down.Store(false)
+	b.waitIdle()
+	var n int
+	if err := db.QueryRow(`SELECT COUNT(*) FROM ledger WHERE message_id = 't1'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || countCompleted(b.q, "t1") != 1 {
+		t.Fatalf("ledger rows %d, completed %d; want 1 and 1", n, countCompleted(b.q, "t1"))
+	}
+	if s := b.q.Stats(); s.Abandoned != 0 || s.Redeliveries != 0 {
+		t.Fatalf("abandoned %d, redelivered %d: an outage must not spend deliveries\n%s", s.Abandoned, s.Redeliveries, b.logs.tail(12))
+	}
+}

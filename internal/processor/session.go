@@ -372,7 +372,7 @@ func (p *Processor) sessionMessage(ctx, work context.Context, lr *liveReceiver, 
 		if reason, desc := p.validate(d); reason != "" {
 			v = deadLettered(ResultDeadLettered, reason, desc)
 		} else if d.handler.TxEffect != nil {
-			v = p.runTx(d.traced(work), d)
+			v = p.runTx(ctx, d.traced(work), d)
 		} else {
 			v = p.claimOne(ctx, d.traced(work), d)
 		}
