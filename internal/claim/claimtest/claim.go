@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -47,6 +48,54 @@ func (s *suite) claimWinsAndRoundTrips(t *testing.T) {
 	c2 := mustWin(t, st, p2)
 	if got := mustGet(t, st, c2.ID); got.Payload != nil {
 		t.Fatalf("payload stored although nil: %q", got.Payload)
+	}
+}
+
+// claimReturnsItsRow: the claims a batch (and ClaimTx) returns as won
+// are exactly the rows Get reads back, field for field, whatever the
+// batch's mix: every optional value set or not, a payload stored or not, a
+// raw key, a session, a key twice in the batch and a key already claimed.
+// (A store may build the won claim from what it inserted instead of reading
+// every column back.)
+func (s *suite) claimReturnsItsRow(t *testing.T) {
+	st := s.h.NewStore(t)
+	ctx := ctxT(t)
+	full := msg("", "billing", `{"amount":42}`)
+	full.DeliveryCount, full.SessionID = 4, "session-1"
+	bare := msg("", "billing", "x")
+	bare.Payload, bare.Properties, bare.Subject, bare.ContentType, bare.Entity = nil, nil, "", "", ""
+	bare.Route, bare.Fingerprint = "", ""
+	raw := msg("", "billing", "y")
+	raw.KeyForm = claim.KeyFormRaw
+	taken := mustWin(t, st, msg("", "billing", "z"))
+	again := msg(taken.MessageID, "billing", "z")
+	twice := msg("", "other", "w")
+	batch := []claim.ClaimParams{full, bare, again, twice, raw, twice}
+	res, err := st.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "host-b", Claims: batch})
+	if err != nil {
+		t.Fatalf("ClaimBatch: %v", err)
+	}
+	won := 0
+	for i, r := range res {
+		if r.Outcome != claim.OutcomeWon {
+			continue
+		}
+		won++
+		if got := mustGet(t, st, r.Claim.ID); !reflect.DeepEqual(r.Claim, got) {
+			t.Errorf("message %d (%s): ClaimBatch returned\n%+v\nGet reads\n%+v", i, batch[i].MessageID, r.Claim, got)
+		}
+	}
+	if won != 4 {
+		t.Fatalf("won %d of the batch, want 4 (the key already claimed and the second copy are not): %+v", won, res)
+	}
+
+	tx := msg("", "billing", "t")
+	r, err := st.ClaimTx(ctx, &claim.ClaimTxParams{Host: "host-c", Claim: tx}, func(context.Context, *sql.Tx) error { return nil })
+	if err != nil || r.Outcome != claim.OutcomeWon {
+		t.Fatalf("ClaimTx = %+v, %v", r, err)
+	}
+	if got := mustGet(t, st, r.Claim.ID); !reflect.DeepEqual(r.Claim, got) {
+		t.Errorf("ClaimTx returned\n%+v\nGet reads\n%+v", r.Claim, got)
 	}
 }
 

@@ -129,6 +129,7 @@ func Exercise(t *testing.T, h Harness) {
 		fn   func(t *testing.T)
 	}{
 		{"ClaimWinsAndRoundTrips", s.claimWinsAndRoundTrips},
+		{"ClaimBatchReturnsTheRowItWrote", s.claimReturnsItsRow},
 		{"InvalidClaimIsRejected", s.invalidClaim},
 		{"ConcurrentClaimsOfOneKeyHaveOneWinner", s.concurrentClaims},
 		{"SameKeyUnderTwoConsumersIsTwoClaims", s.twoConsumers},

@@ -170,12 +170,11 @@ func guardedSQL(update, what, from, by, reason string) string {
 
 // scanned is the scratch of one scan: the claim's scanned columns, the
 // NULL-able values they come as, and the Scan destinations pointing at
-// them (dest[0] is the inserted flag of claimSQL's rows). It is pooled: a
+// them. It is pooled: a
 // scan allocates the claim it returns, and what the driver hands over,
 // but no destinations.
 type scanned struct {
 	c                                      claim.Claim
-	inserted                               bool
 	state, props, resolution, path         string
 	processed, released, flagged, resolved sql.NullTime
 	takenOver, nextAttempt, lateSuccess    sql.NullTime
@@ -190,7 +189,7 @@ type scanned struct {
 var scans = sync.Pool{New: func() any {
 	s := &scanned{}
 	c := &s.c
-	s.dest = []any{&s.inserted, &c.ID, &c.MessageID, &c.Consumer, &c.Owner, &s.state, &c.Entity, &c.Subject, &c.ContentType,
+	s.dest = []any{&c.ID, &c.MessageID, &c.Consumer, &c.Owner, &s.state, &c.Entity, &c.Subject, &c.ContentType,
 		&s.props, &c.PayloadHash, &c.Payload, &c.DeliveryCount, &c.ClaimedBy, &c.ClaimedAt,
 		&c.HeartbeatAt, &s.processed, &s.released, &c.Attempts, &c.LastError, &s.flagged,
 		&c.FlagReason, &s.resolved, &c.ResolvedBy, &s.resolution, &c.ResolutionNote,
@@ -204,30 +203,20 @@ var scans = sync.Pool{New: func() any {
 
 // scanClaim reads a claim's columns.
 func scanClaim(r sqlstore.Scanner) (*claim.Claim, error) {
-	c, _, err := scanRow(r, false)
-	return c, err
-}
-
-// scanRow reads a claim's columns, after the inserted flag of claimSQL's
-// rows when withInserted.
-func scanRow(r sqlstore.Scanner, withInserted bool) (c *claim.Claim, inserted bool, err error) {
 	s := scans.Get().(*scanned)
 	defer scans.Put(s)
-	dest := s.dest[1:]
-	if withInserted {
-		dest = s.dest
-	}
 	// Every destination is overwritten by the scan; the claim's other
 	// fields are set below, on the copy, never on the scratch.
-	if err := r.Scan(dest...); err != nil {
-		return nil, false, err
+	if err := r.Scan(s.dest...); err != nil {
+		return nil, err
 	}
-	c = new(claim.Claim)
+	c := new(claim.Claim)
 	*c = s.c
 	s.c = claim.Claim{} // the pooled scratch keeps no payload alive
+	var err error
 	if s.answer.Valid {
 		if c.Answer, err = sqlstore.DecodeAnswer(&s.answer.String); err != nil {
-			return nil, false, fmt.Errorf("claim %d: %w", c.ID, err)
+			return nil, fmt.Errorf("claim %d: %w", c.ID, err)
 		}
 	}
 	if s.deadLetterSeq.Valid {
@@ -241,7 +230,7 @@ func scanRow(r sqlstore.Scanner, withInserted bool) (c *claim.Claim, inserted bo
 	c.DueAt, c.PostponedAt = utc(s.due), utc(s.postponed)
 	c.State, c.Resolution, c.TakeOverPath = claim.State(s.state), claim.Resolution(s.resolution), claim.TakeOverPath(s.path)
 	if c.Properties, err = sqlstore.DecodeProperties(s.props); err != nil {
-		return nil, false, fmt.Errorf("claim %d: %w", c.ID, err)
+		return nil, fmt.Errorf("claim %d: %w", c.ID, err)
 	}
 	if s.previousOwner.Valid {
 		c.PreviousOwner = s.previousOwner.UUID
@@ -250,7 +239,7 @@ func scanRow(r sqlstore.Scanner, withInserted bool) (c *claim.Claim, inserted bo
 	c.ProcessedAt, c.ReleasedAt, c.FlaggedAt, c.ResolvedAt = utc(s.processed), utc(s.released), utc(s.flagged), utc(s.resolved)
 	c.TakenOverAt, c.NextAttemptAt, c.LateSuccessAt = utc(s.takenOver), utc(s.nextAttempt), utc(s.lateSuccess)
 	c.FailedAt, c.AnswerAt, c.KeyRevisedAt = utc(s.failed), utc(s.answerAt), utc(s.keyRevised)
-	return c, s.inserted, nil
+	return c, nil
 }
 
 func utc(t sql.NullTime) *time.Time {
@@ -267,7 +256,10 @@ func secs(d time.Duration) float64 { return d.Seconds() }
 
 // claimSQL inserts the batch and returns, in one statement, the rows it
 // inserted (inserted = true) and the existing rows of the keys it did not
-// insert that the statement's snapshot can see (inserted = false).
+// insert that the statement's snapshot can see (inserted = false): their
+// key, id and clock columns only (insertedCols). An inserted row holds the
+// insert's values (sqlstore.Inserted); an existing row, rare (a
+// redelivery), is read whole by a second statement.
 var claimSQL, claimSQLNoHistory = claimStatement(true), claimStatement(false)
 
 func claimStatement(history bool) string {
@@ -289,11 +281,18 @@ func claimStatement(history bool) string {
 ), h AS (
 	` + maybeHistory(history, historySQL("ins", "'"+string(claim.ChangeClaimed)+"'", "''", "ins.claimed_by", "''", "''", "NULL")) + `
 )
-SELECT true, ` + cols("ins.") + ` FROM ins
+SELECT true, ` + insertedCols("ins.") + ` FROM ins
 UNION ALL
-SELECT false, ` + cols("c.") + `
+SELECT false, ` + insertedCols("c.") + `
 FROM claims c JOIN input i ON c.message_id = i.message_id AND c.consumer = i.consumer
 WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.message_id = i.message_id AND ins.consumer = i.consumer)`
+}
+
+// insertedCols are the columns claimSQL returns of each row, after the
+// inserted flag.
+func insertedCols(prefix string) string {
+	return prefix + "id, " + prefix + "message_id, " + prefix + "consumer, " + prefix + "claimed_utc, " +
+		prefix + "heartbeat_utc, " + prefix + "processed_utc"
 }
 
 // maybeHistory is insert, or with history off a SELECT in its place (a
@@ -373,21 +372,43 @@ func (s *Store) insertClaims(ctx context.Context, q sqlstore.Querier, host strin
 		if err != nil {
 			return nil, nil, fmt.Errorf("claim batch: %w", translate(err))
 		}
+		var (
+			inserted               bool
+			id                     int64
+			mid, consumer          string
+			claimedAt, heartbeatAt time.Time
+			processedAt            sql.NullTime
+			hint                   int
+			found                  []int64
+		)
 		for rows.Next() {
-			c, inserted, err := scanRow(rows, true)
-			if err != nil {
+			if err := rows.Scan(&inserted, &id, &mid, &consumer, &claimedAt, &heartbeatAt, &processedAt); err != nil {
 				rows.Close()
 				return nil, nil, fmt.Errorf("claim batch: %w", translate(err))
 			}
-			if inserted {
-				won[sqlstore.KeyOf(c)] = c
-			} else {
-				existing[sqlstore.KeyOf(c)] = c
+			if !inserted {
+				found = append(found, id)
+				continue
 			}
+			i := plan.FirstOf(&hint, mid, consumer)
+			if i < 0 {
+				rows.Close()
+				return nil, nil, fmt.Errorf("claim batch: claim %d: inserted %s/%s, which the batch does not hold", id, mid, consumer)
+			}
+			p := &plan.Claims[i]
+			won[sqlstore.Key{MessageID: p.MessageID, Consumer: p.Consumer}] = sqlstore.Inserted(p, id, state, host, claimedAt.UTC(), heartbeatAt.UTC(), utc(processedAt))
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
 			return nil, nil, fmt.Errorf("claim batch: %w", translate(err))
+		}
+		if len(found) > 0 {
+			// The existing rows, whole. One that is gone by now (purged)
+			// is neither won nor found: its key is tried again below.
+			if err := queryClaims(ctx, q, `SELECT `+cols("")+` FROM claims WHERE id = ANY($1)`, []any{found},
+				func(c *claim.Claim) { existing[sqlstore.KeyOf(c)] = c }); err != nil {
+				return nil, nil, fmt.Errorf("claim batch: read existing: %w", err)
+			}
 		}
 		var next []int
 		for _, i := range pending {

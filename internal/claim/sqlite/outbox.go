@@ -55,7 +55,7 @@ func scanFollowUp(r sqlstore.Scanner) (*claim.StoredFollowUp, error) {
 
 // insertFollowUps writes claim id's follow-ups in tx; a position already
 // written is kept (the insert is idempotent).
-func insertFollowUps(ctx context.Context, tx *sql.Tx, id int64, fus []claim.FollowUp) error {
+func insertFollowUps(ctx context.Context, tx *stx, id int64, fus []claim.FollowUp) error {
 	if err := claim.ValidateNumbered(id, fus); err != nil {
 		return err
 	}

@@ -33,6 +33,8 @@ type Store struct {
 	lockKey string
 	// noHistory turns the history writes off (SetHistoryForBench).
 	noHistory atomic.Bool
+	// stmts keeps the message path's statements prepared.
+	stmts stmtCache
 }
 
 // SetHistoryForBench turns the history writes on or off (on by default).
@@ -303,7 +305,7 @@ func (s *Store) ClaimBatch(ctx context.Context, params *claim.ClaimBatchParams) 
 	if len(plan.First) == 0 {
 		return nil, nil
 	}
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("claim batch: begin: %w", translate(err))
 	}
@@ -322,7 +324,7 @@ func (s *Store) ClaimBatch(ctx context.Context, params *claim.ClaimBatchParams) 
 // insertClaims inserts the plan's distinct keys in state (claimed, or
 // processed for ClaimTx) and returns the rows it inserted and the rows
 // that already existed for the other keys.
-func (s *Store) insertClaims(ctx context.Context, tx *sql.Tx, host string, plan *sqlstore.Plan, state claim.State) (won, existing map[sqlstore.Key]*claim.Claim, err error) {
+func (s *Store) insertClaims(ctx context.Context, tx *stx, host string, plan *sqlstore.Plan, state claim.State) (won, existing map[sqlstore.Key]*claim.Claim, err error) {
 	processed := "NULL"
 	if state == claim.StateProcessed {
 		processed = nowSQL
@@ -361,12 +363,12 @@ func (s *Store) insertClaims(ctx context.Context, tx *sql.Tx, host string, plan 
 		}
 		// WHERE true: an INSERT ... SELECT followed by ON CONFLICT needs a
 		// WHERE (SQLite's parser would otherwise read ON as a join's).
-		q.WriteString(") WHERE true ON CONFLICT (message_id, consumer) DO NOTHING RETURNING " + columns)
+		q.WriteString(") WHERE true ON CONFLICT (message_id, consumer) DO NOTHING RETURNING " + insertedColumns)
 		text = texts.put(key, q.String())
 	}
 
 	won = make(map[sqlstore.Key]*claim.Claim, len(plan.First))
-	if err := queryClaims(ctx, tx, text, args, func(c *claim.Claim) { won[sqlstore.KeyOf(c)] = c }); err != nil {
+	if err := s.scanInserted(ctx, tx, text, args, plan, state, host, won); err != nil {
 		return nil, nil, fmt.Errorf("claim batch: insert: %w", err)
 	}
 	ids := make([]int64, 0, len(won))
@@ -404,11 +406,57 @@ func (s *Store) insertClaims(ctx context.Context, tx *sql.Tx, host string, plan 
 	return won, existing, nil
 }
 
+// insertedColumns are what a claim insert returns of each row it
+// inserted: the row's key and what the database chose; the rest is the
+// insert's own values (sqlstore.Inserted).
+const insertedColumns = `id, message_id, consumer, claimed_utc, heartbeat_utc, processed_utc`
+
+// scanInserted runs a claim insert (text, args) and puts the rows it
+// inserted into won.
+func (s *Store) scanInserted(ctx context.Context, tx *stx, text string, args []any, plan *sqlstore.Plan, state claim.State, host string, won map[sqlstore.Key]*claim.Claim) error {
+	rows, err := tx.QueryContext(ctx, text, args...)
+	if err != nil {
+		return translate(err)
+	}
+	defer rows.Close()
+	var (
+		id                 int64
+		mid, consumer      string
+		claimed, heartbeat string
+		processed          sql.NullString
+		next               int
+	)
+	for rows.Next() {
+		if err := rows.Scan(&id, &mid, &consumer, &claimed, &heartbeat, &processed); err != nil {
+			return translate(err)
+		}
+		i := plan.FirstOf(&next, mid, consumer)
+		if i < 0 {
+			return fmt.Errorf("claim %d: inserted %s/%s, which the batch does not hold", id, mid, consumer)
+		}
+		p := &plan.Claims[i]
+		claimedAt, err := parseTime(claimed)
+		if err != nil {
+			return fmt.Errorf("claim %d: %w", id, err)
+		}
+		heartbeatAt, err := parseTime(heartbeat)
+		if err != nil {
+			return fmt.Errorf("claim %d: %w", id, err)
+		}
+		processedAt, err := parseNullTime(processed)
+		if err != nil {
+			return fmt.Errorf("claim %d: %w", id, err)
+		}
+		won[sqlstore.Key{MessageID: p.MessageID, Consumer: p.Consumer}] = sqlstore.Inserted(p, id, state, host, claimedAt, heartbeatAt, processedAt)
+	}
+	return translate(rows.Err())
+}
+
 // writeHistory appends the history rows of a change the guarded write in
 // the same transaction made to the claims ids, in one statement: from and
 // reason are SQL expressions over the changed row; by is who ("" for the
 // claim's holder). Take-overs record their path and the previous owner.
-func (s *Store) writeHistory(ctx context.Context, tx *sql.Tx, ids []int64, what claim.Change, from, by, reason string) error {
+func (s *Store) writeHistory(ctx context.Context, tx *stx, ids []int64, what claim.Change, from, by, reason string) error {
 	if len(ids) == 0 || s.noHistory.Load() {
 		return nil
 	}
@@ -530,8 +578,8 @@ func historyText(what claim.Change, from, by, reason string, single bool) string
 // change runs a guarded write and its history row in one transaction
 // (BEGIN IMMEDIATE: the store's one connection writes alone). write
 // returns the ids of the claims it changed; each gets a history row.
-func (s *Store) change(ctx context.Context, op string, write func(tx *sql.Tx) ([]int64, error), what claim.Change, from, by, reason string) error {
-	tx, err := s.db.BeginTx(ctx, nil)
+func (s *Store) change(ctx context.Context, op string, write func(tx *stx) ([]int64, error), what claim.Change, from, by, reason string) error {
+	tx, err := s.begin(ctx)
 	if err != nil {
 		return fmt.Errorf("%s: begin: %w", op, translate(err))
 	}
@@ -552,7 +600,7 @@ func (s *Store) change(ctx context.Context, op string, write func(tx *sql.Tx) ([
 // changeOne runs a guarded UPDATE of claim id (without RETURNING) and its
 // history row in one transaction; ErrStateChanged when it changed no row.
 func (s *Store) changeOne(ctx context.Context, op string, id int64, what claim.Change, from, by, reason, query string, args ...any) error {
-	return s.change(ctx, op, func(tx *sql.Tx) ([]int64, error) {
+	return s.change(ctx, op, func(tx *stx) ([]int64, error) {
 		if err := sqlstore.ExecGuarded(ctx, tx, translate, op, id, query, args...); err != nil {
 			return nil, err
 		}
@@ -568,9 +616,9 @@ func (s *Store) changeClaims(ctx context.Context, op string, what claim.Change, 
 
 // changeClaimsThen is changeClaims that also runs then in the same
 // transaction when the UPDATE changed a claim.
-func (s *Store) changeClaimsThen(ctx context.Context, op string, what claim.Change, from, by, reason string, then func(tx *sql.Tx) error, query string, args ...any) ([]*claim.Claim, error) {
+func (s *Store) changeClaimsThen(ctx context.Context, op string, what claim.Change, from, by, reason string, then func(tx *stx) error, query string, args ...any) ([]*claim.Claim, error) {
 	var out []*claim.Claim
-	err := s.change(ctx, op, func(tx *sql.Tx) ([]int64, error) {
+	err := s.change(ctx, op, func(tx *stx) ([]int64, error) {
 		var ids []int64
 		if err := queryClaims(ctx, tx, query, args, func(c *claim.Claim) { out, ids = append(out, c), append(ids, c.ID) }); err != nil {
 			return nil, fmt.Errorf("%s: %w", op, err)
@@ -607,7 +655,7 @@ func (s *Store) ClaimTx(ctx context.Context, params *claim.ClaimTxParams, fn fun
 	if err != nil {
 		return claim.ClaimResult{}, err
 	}
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.begin(ctx)
 	if err != nil {
 		return claim.ClaimResult{}, fmt.Errorf("claim tx: begin: %w", translate(err))
 	}
@@ -625,7 +673,7 @@ func (s *Store) ClaimTx(ctx context.Context, params *claim.ClaimTxParams, fn fun
 		return res[0], nil // the deferred rollback ends the transaction
 	}
 	fctx, sink := claim.CollectFollowUps(ctx)
-	if err := fn(claim.WithTxClaim(fctx, res[0].Claim), tx); err != nil {
+	if err := fn(claim.WithTxClaim(fctx, res[0].Claim), tx.Tx); err != nil {
 		return claim.ClaimResult{}, err
 	}
 	c := res[0].Claim
@@ -796,11 +844,11 @@ func (s *Store) execWrite(ctx context.Context, w claim.OutcomeWrite) error {
 		return err
 	}
 	id, _ := w.Target()
-	var q sqlstore.Querier = s.db
-	var tx *sql.Tx
+	var q sqlstore.Querier = sdb{s.db, &s.stmts}
+	var tx *stx
 	if w.Kind() != claim.WriteHeartbeat {
 		var err error
-		if tx, err = s.db.BeginTx(ctx, nil); err != nil {
+		if tx, err = s.begin(ctx); err != nil {
 			return fmt.Errorf("%s claim %d: begin: %w", w.Kind(), id, translate(err))
 		}
 		defer tx.Rollback()
@@ -885,7 +933,7 @@ func outcomeText(kind claim.WriteKind, n int) string {
 // not nil, is q's transaction, which the history rows join): one guarded
 // UPDATE ... FROM (VALUES ...) per kind present, and one history INSERT
 // for the claims each changed. It returns the ids of the claims changed.
-func (s *Store) writeOutcomes(ctx context.Context, q sqlstore.Querier, tx *sql.Tx, writes []claim.OutcomeWrite) (map[int64]bool, error) {
+func (s *Store) writeOutcomes(ctx context.Context, q sqlstore.Querier, tx *stx, writes []claim.OutcomeWrite) (map[int64]bool, error) {
 	done := make(map[int64]bool, len(writes))
 	var (
 		args []any
@@ -959,7 +1007,7 @@ func (s *Store) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) 
 	if len(writes) == 0 {
 		return nil, nil
 	}
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("write %d outcomes: begin: %w", len(writes), translate(err))
 	}
@@ -1161,7 +1209,7 @@ func (s *Store) Resolve(ctx context.Context, params *claim.ResolveParams) (*clai
 	}
 	out, err := s.changeClaimsThen(ctx, fmt.Sprintf("resolve claim %d", params.ID), claim.ChangeResolved, from, params.By,
 		"resolution || CASE WHEN resolution_note <> '' THEN ': ' || resolution_note ELSE '' END",
-		func(tx *sql.Tx) error { return insertFollowUps(ctx, tx, params.ID, params.FollowUps) },
+		func(tx *stx) error { return insertFollowUps(ctx, tx, params.ID, params.FollowUps) },
 		`UPDATE claims SET state = 'resolved', resolved_utc = `+nowSQL+`,
 		resolved_by = ?1, resolution = ?2, resolution_note = ?3,
 		processed_utc = CASE WHEN ?2 = 'redriven' THEN `+nowSQL+` ELSE processed_utc END,
@@ -1195,7 +1243,7 @@ func (s *Store) PurgeProcessed(ctx context.Context, params *claim.PurgeParams) (
 		AND NOT EXISTS (SELECT 1 FROM claim_followups f WHERE f.claim_id = claims.id AND f.state = 'pending')`
 	)
 	// A claim's history goes with it, in the same transaction.
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("purge claims: begin: %w", translate(err))
 	}
@@ -1311,7 +1359,10 @@ func (s *Store) Ping(ctx context.Context) error {
 }
 
 // Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Store) Close() error {
+	s.stmts.close()
+	return s.db.Close()
+}
 
 // claimsUniqueColumns is how SQLite names the claims unique index in a
 // constraint error ("UNIQUE constraint failed: claims.message_id,

@@ -118,6 +118,45 @@ func NewPlan(claims []claim.ClaimParams) (*Plan, error) {
 	return p, nil
 }
 
+// Inserted is the claim row an insert of p wrote, built from p and what
+// the database chose (the id and the clock's times), so that a claim batch
+// returns the rows it inserted without reading every column back: a row
+// just inserted holds p's values and every other column's default. It
+// shares p's slices and map. The conformance suite compares it with the
+// row read back (claimtest: ClaimBatchReturnsTheRowItWrote).
+func Inserted(p *claim.ClaimParams, id int64, state claim.State, host string, claimedAt, heartbeatAt time.Time, processedAt *time.Time) *claim.Claim {
+	c := &claim.Claim{
+		ID: id, MessageID: p.MessageID, Consumer: p.Consumer, Owner: p.Owner, State: state,
+		Entity: p.Entity, SessionID: p.SessionID, Subject: p.Subject, ContentType: p.ContentType,
+		PayloadHash: p.PayloadHash, DeliveryCount: p.DeliveryCount, ClaimedBy: host,
+		Route: p.Route, Fingerprint: p.Fingerprint, ClaimedAt: claimedAt, HeartbeatAt: heartbeatAt,
+		ProcessedAt: processedAt, KeyForm: FormOf(p), EffectKey: EffectKeyOf(p),
+	}
+	if len(p.Properties) > 0 {
+		c.Properties = p.Properties
+	}
+	if state != claim.StateProcessed {
+		c.Payload = p.Payload // nil: none stored (a NULL)
+	}
+	return c
+}
+
+// FirstOf returns the index in the plan's Claims of key's first message
+// (-1 when the plan has no such key). It looks from *next on, round the
+// plan's keys, and leaves *next after the key found: rows that come back
+// in the order they were sent are each found at the first look.
+func (p *Plan) FirstOf(next *int, messageID, consumer string) int {
+	n := len(p.First)
+	for k := range n {
+		pos := (*next + k) % n
+		if i := p.First[pos]; p.Claims[i].MessageID == messageID && p.Claims[i].Consumer == consumer {
+			*next = pos + 1
+			return i
+		}
+	}
+	return -1
+}
+
 // Results classifies every message of the batch, in input order. won holds
 // the rows this call inserted, existing the rows that were already there;
 // every distinct key must be in one of them. An existing row that carries

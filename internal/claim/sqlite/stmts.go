@@ -1,0 +1,137 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"sync"
+)
+
+// maxPrepared bounds the statements a store keeps prepared. The texts the
+// message path runs are a few hundred at most (a text per kind of write
+// and per batch size up to maxCachedRows); a text seen once the cache is
+// full is parsed each time it runs, as every text was before.
+const maxPrepared = 256
+
+// stmtCache keeps the statements the message path runs prepared on the
+// store's connection, so that SQLite parses each text once, not on every
+// claim batch and outcome write (parsing was a fifth of the CPU of the
+// message path, and it ran while the one connection was held). A text is
+// prepared before the next transaction begins, never inside one: on a
+// one-connection database, preparing from inside a transaction would wait
+// for the connection that transaction holds.
+type stmtCache struct {
+	mu      sync.Mutex
+	ready   map[string]*sql.Stmt
+	pending map[string]struct{}
+}
+
+// get returns text's prepared statement, or nil: then text is noted, to be
+// prepared before the next transaction (prepare).
+func (c *stmtCache) get(text string) *sql.Stmt {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if st, ok := c.ready[text]; ok {
+		return st
+	}
+	if len(c.ready)+len(c.pending) < maxPrepared {
+		if c.pending == nil {
+			c.pending = make(map[string]struct{})
+		}
+		c.pending[text] = struct{}{}
+	}
+	return nil
+}
+
+// prepare prepares the texts noted since the last call, on db. A text that
+// fails to prepare (a cancelled ctx, a busy connection) is dropped: it
+// runs unprepared, and is noted again the next time it runs.
+func (c *stmtCache) prepare(ctx context.Context, db *sql.DB) {
+	c.mu.Lock()
+	if len(c.pending) == 0 {
+		c.mu.Unlock()
+		return
+	}
+	texts := make([]string, 0, len(c.pending))
+	for t := range c.pending {
+		texts = append(texts, t)
+	}
+	clear(c.pending)
+	c.mu.Unlock()
+	for _, t := range texts {
+		st, err := db.PrepareContext(ctx, t)
+		if err != nil {
+			continue
+		}
+		c.mu.Lock()
+		if c.ready == nil {
+			c.ready = make(map[string]*sql.Stmt)
+		}
+		if _, ok := c.ready[t]; ok {
+			st.Close() // prepared by a concurrent call
+		} else {
+			c.ready[t] = st
+		}
+		c.mu.Unlock()
+	}
+}
+
+// close closes the prepared statements.
+func (c *stmtCache) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for t, st := range c.ready {
+		st.Close()
+		delete(c.ready, t)
+	}
+}
+
+// stx is a transaction of the store whose statements run prepared when
+// their text is (ExecContext and QueryContext); it is the store's
+// transaction type inside the package. A caller's own statements (ClaimTx's
+// fn) get the plain *sql.Tx.
+type stx struct {
+	*sql.Tx
+	c *stmtCache
+}
+
+// begin prepares the texts noted since the last transaction, then begins
+// one.
+func (s *Store) begin(ctx context.Context) (*stx, error) {
+	s.stmts.prepare(ctx, s.db)
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &stx{Tx: tx, c: &s.stmts}, nil
+}
+
+// ExecContext runs text in the transaction, prepared when it is.
+func (t *stx) ExecContext(ctx context.Context, text string, args ...any) (sql.Result, error) {
+	if st := t.c.get(text); st != nil {
+		return t.Tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+	}
+	return t.Tx.ExecContext(ctx, text, args...)
+}
+
+// QueryContext runs text in the transaction, prepared when it is.
+func (t *stx) QueryContext(ctx context.Context, text string, args ...any) (*sql.Rows, error) {
+	if st := t.c.get(text); st != nil {
+		return t.Tx.StmtContext(ctx, st).QueryContext(ctx, args...)
+	}
+	return t.Tx.QueryContext(ctx, text, args...)
+}
+
+// sdb runs the store's statements outside a transaction, prepared when
+// their text is.
+type sdb struct {
+	db *sql.DB
+	c  *stmtCache
+}
+
+// QueryContext runs text, prepared when it is.
+func (d sdb) QueryContext(ctx context.Context, text string, args ...any) (*sql.Rows, error) {
+	if st := d.c.get(text); st != nil {
+		return st.QueryContext(ctx, args...)
+	}
+	return d.db.QueryContext(ctx, text, args...)
+}
