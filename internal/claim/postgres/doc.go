@@ -4,11 +4,14 @@
 // The claims unique index ux_claims_message_consumer is the only arbiter of
 // duplicates: ClaimBatch sends the whole batch in one statement
 // (INSERT ... SELECT FROM unnest(...) ON CONFLICT (message_id, consumer)
-// DO NOTHING RETURNING, with a CTE that also reads the existing rows of the
-// keys that did not insert). An insert that waited for a concurrent
-// claimer's commit skips the row but cannot see it in the statement's
-// snapshot; only then a second statement reads those rows, so a batch costs
-// one round trip except under a race on the same key.
+// DO NOTHING RETURNING, with a CTE that also finds the existing rows of the
+// keys that did not insert). It returns each row's id, key and clock
+// columns only: an inserted row is built from the batch's own values
+// (sqlstore.Inserted), and the existing rows, when there are any (a
+// redelivery), are read whole by a second statement. An insert that
+// waited for a concurrent claimer's commit skips the row but cannot see it
+// in the statement's snapshot; only then the key is tried again. So a
+// batch of new keys costs one round trip, and one with existing keys two.
 //
 // All times come from now() (transaction start, UTC). Guarded updates keep
 // their staleness and state predicates in the UPDATE's own WHERE, so READ
