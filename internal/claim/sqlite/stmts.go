@@ -6,11 +6,17 @@ import (
 	"sync"
 )
 
-// maxPrepared bounds the statements a store keeps prepared. The texts the
-// message path runs are a few hundred at most (a text per kind of write
-// and per batch size up to maxCachedRows); a text seen once the cache is
-// full is parsed each time it runs, as every text was before.
-const maxPrepared = 256
+// Bounds of the statements a store keeps prepared: their number, the size
+// of their texts together, and the size of one text. The message path's
+// texts are a few hundred at most (a text per kind of write and per batch
+// size up to maxCachedRows), of a few KiB each; a bigger batch's text, or
+// one seen once the cache is full, is parsed each time it runs, as every
+// text was before. (A prepared statement's memory grows with its text.)
+const (
+	maxPrepared      = 512
+	maxPreparedBytes = 2 << 20
+	maxPreparedText  = 8 << 10
+)
 
 // stmtCache keeps the statements the message path runs prepared on the
 // store's connection, so that SQLite parses each text once, not on every
@@ -23,6 +29,7 @@ type stmtCache struct {
 	mu      sync.Mutex
 	ready   map[string]*sql.Stmt
 	pending map[string]struct{}
+	bytes   int // of the texts ready and pending
 }
 
 // get returns text's prepared statement, or nil: then text is noted, to be
@@ -33,11 +40,15 @@ func (c *stmtCache) get(text string) *sql.Stmt {
 	if st, ok := c.ready[text]; ok {
 		return st
 	}
-	if len(c.ready)+len(c.pending) < maxPrepared {
+	if _, ok := c.pending[text]; ok {
+		return nil
+	}
+	if len(text) <= maxPreparedText && c.bytes+len(text) <= maxPreparedBytes && len(c.ready)+len(c.pending) < maxPrepared {
 		if c.pending == nil {
 			c.pending = make(map[string]struct{})
 		}
 		c.pending[text] = struct{}{}
+		c.bytes += len(text)
 	}
 	return nil
 }
@@ -60,6 +71,9 @@ func (c *stmtCache) prepare(ctx context.Context, db *sql.DB) {
 	for _, t := range texts {
 		st, err := db.PrepareContext(ctx, t)
 		if err != nil {
+			c.mu.Lock()
+			c.bytes -= len(t)
+			c.mu.Unlock()
 			continue
 		}
 		c.mu.Lock()
@@ -68,6 +82,7 @@ func (c *stmtCache) prepare(ctx context.Context, db *sql.DB) {
 		}
 		if _, ok := c.ready[t]; ok {
 			st.Close() // prepared by a concurrent call
+			c.bytes -= len(t)
 		} else {
 			c.ready[t] = st
 		}
@@ -82,6 +97,7 @@ func (c *stmtCache) close() {
 	for t, st := range c.ready {
 		st.Close()
 		delete(c.ready, t)
+		c.bytes -= len(t)
 	}
 }
 
