@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sbclaim/sbclaim"
+	"github.com/sbclaim/sbclaim/prommetrics"
 )
 
 func main() {
@@ -155,9 +156,9 @@ func serve(ctx context.Context, cfg *Config, logger *slog.Logger, getenv func(st
 			Disabled: !cfg.GroupCommit,
 			MaxBatch: cfg.GroupCommitMaxBatch, MaxInFlight: cfg.GroupCommitMaxInFlight, Window: cfg.GroupCommitWindow,
 		},
-		Logger:     logger,
-		Registerer: reg,
-		Outbox:     outboxConfig(routes, client, logger),
+		Logger:  logger,
+		Metrics: prommetrics.New(reg),
+		Outbox:  outboxConfig(routes, client, logger),
 	})
 	if err != nil {
 		return err

@@ -21,6 +21,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claimdb"
+	"github.com/sbclaim/sbclaim/internal/metricreg"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
 	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
@@ -313,7 +314,7 @@ func runTwoPhase(ctx context.Context, d *Database, cfg ScenarioConfig) (*Scenari
 	if cfg.wrapStore != nil {
 		store = cfg.wrapStore(store)
 	}
-	metrics := processor.NewMetrics(nil)
+	metrics := metricreg.ProcessorMetrics(nil)
 	var (
 		mu    sync.Mutex
 		lines []string
