@@ -26,6 +26,7 @@ import (
 
 	"github.com/sbclaim/sbclaim"
 	"github.com/sbclaim/sbclaim/prommetrics"
+	"github.com/sbclaim/sbclaim/routesfile"
 )
 
 func main() {
@@ -84,7 +85,7 @@ func serve(ctx context.Context, cfg *Config, logger *slog.Logger, getenv func(st
 	}
 	defer flush()
 	logger.Info("OpenTelemetry", "export", tel)
-	routes, err := sbclaim.LoadRoutesFile(cfg.Routes, &sbclaim.RoutesFileOptions{Getenv: getenv, Logger: logger})
+	routes, err := routesfile.Load(cfg.Routes, &routesfile.Options{Getenv: getenv, Logger: logger})
 	if err != nil {
 		return fmt.Errorf("SBCLAIM_ROUTES: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/metricreg"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/sideeffects/routesfile"
 	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
 	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
@@ -31,7 +32,7 @@ func TestReplayedStoredFailureIsFlaggedAtOnce(t *testing.T) {
 		fake := fakedownstream.New(fakedownstream.Options{ConflictStyle: fakedownstream.ConflictStripe})
 		srv := httptest.NewServer(fake)
 		t.Cleanup(srv.Close)
-		router, err := sideeffects.ParseRoutes([]byte(`version: 1
+		router, err := routesfile.Parse([]byte(`version: 1
 routes:
   - name: payments
     match: {subject: "*"}

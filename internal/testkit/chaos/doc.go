@@ -39,7 +39,7 @@
 // (processor.WithHooks), its metrics through prommetrics (one registry for
 // the run, a label per replica; the report sums them). Config.Handler
 // (-handler) picks the effect: the routes file's HTTP route
-// (sbclaim.ParseRoutesFile with the replica's killable HTTP client) or a
+// (routesfile.Parse with the replica's killable HTTP client) or a
 // Go sbclaim.HandlerFunc that calls the same downstream through that
 // client with the delivery's idempotency key and maps its answers to the
 // outcome wrappers. The reconciler's recovery and the operators' redrives
