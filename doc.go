@@ -53,8 +53,9 @@
 // A Router picks each message's Route by name and Match (MatchSubject,
 // MatchProperty, or a function); each route says whether its downstream
 // honours the key (RecoveryAuto) or not (RecoveryManual). A routes file
-// (LoadRoutesFile: HTTP calls configured in YAML) is one entry among Go
-// routes.
+// (HTTP calls configured in YAML, read by package routesfile: Load and
+// Parse, which were LoadRoutesFile and ParseRoutesFile) is one entry among
+// Go routes (Router.AddRoutesFile).
 //
 // # Running it
 //
@@ -70,8 +71,13 @@
 // with Service Bus's delivery semantics, a SQLite store in the test's
 // directory, short delays, and crashes.
 //
-// Package otelsetup installs OpenTelemetry's exporters from OTEL_*; this
-// package uses only the OpenTelemetry API.
+// What not every program needs is in packages of its own, so that this
+// one links none of their libraries: the stores (store/sqlite,
+// store/postgres, store/sqlserver), package prommetrics (the processor's
+// metrics for a Prometheus registry: ProcessorConfig.Metrics, which
+// replaced ProcessorConfig.Registerer), package routesfile (YAML, JSON
+// Schema, otelhttp) and package otelsetup (OpenTelemetry's exporters from
+// OTEL_*; this package uses only the OpenTelemetry API).
 //
 // The protocol, the claim states and why they are shaped so are in
 // docs/design.md; running and operating it in the guides (docs/README.md).

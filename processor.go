@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
-	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
@@ -173,9 +172,10 @@ type ProcessorConfig struct {
 	// name).
 	Host   string
 	Logger *slog.Logger
-	// Registerer, when set, gets the processor's Prometheus metrics
-	// (sbclaim_messages_total, ...).
-	Registerer prometheus.Registerer
+	// Metrics, when set, gets the processor's metrics
+	// (sbclaim_messages_total, ...): prommetrics.New(registry) exports them
+	// to Prometheus. nil: none recorded.
+	Metrics *Metrics
 	// TracerProvider makes the processor's OpenTelemetry spans (a process
 	// span per delivery, with its claim, effect attempts, outcome write and
 	// settlement; see docs/tracing.md); nil: the global provider
@@ -253,7 +253,7 @@ func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
 		NoGroupCommit:  cfg.GroupCommit.Disabled,
 		Host:           cfg.Host,
 		Logger:         cfg.Logger,
-		Metrics:        processor.NewMetrics(cfg.Registerer),
+		Metrics:        cfg.Metrics.internal(),
 		TracerProvider: cfg.TracerProvider,
 		MeterProvider:  cfg.MeterProvider,
 		Outbox:         cfg.Outbox.internal(),

@@ -6,9 +6,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"log/slog"
-	"net/http"
-	"os"
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
@@ -221,67 +218,12 @@ func (g goRoute) Route(msg *azservicebus.ReceivedMessage) (sideeffects.Handler, 
 
 // RoutesFile is a routes file's HTTP routes: for users who do not write
 // Go, each route calls an HTTP API with the message (or a request mapped
-// from its JSON body) and the idempotency key. See docs/routes.md for
-// the format.
+// from its JSON body) and the idempotency key. Package routesfile reads
+// one (routesfile.Load, routesfile.Parse); Router.AddRoutesFile registers
+// it. See docs/routes.md for the format.
 type RoutesFile struct {
 	path string
 	r    *sideeffects.HTTPRouter
-}
-
-// RoutesFileOptions tune LoadRoutesFile and ParseRoutesFile. The zero
-// value is usable.
-type RoutesFileOptions struct {
-	// Getenv reads the variables headers name with fromEnv (default
-	// os.Getenv).
-	Getenv func(string) string
-	// Logger receives warnings about the file (default: discarded).
-	Logger *slog.Logger
-	// HTTPClient sends the routes' requests (default: a client of the
-	// routes' own). Its transport, proxy and TLS settings are used as
-	// they are; redirects are never followed, whatever its CheckRedirect,
-	// and each request is bounded by its route's timeout.
-	HTTPClient *http.Client
-}
-
-func (o *RoutesFileOptions) withDefaults() RoutesFileOptions {
-	var out RoutesFileOptions
-	if o != nil {
-		out = *o
-	}
-	if out.Getenv == nil {
-		out.Getenv = os.Getenv
-	}
-	if out.Logger == nil {
-		out.Logger = slog.New(slog.DiscardHandler)
-	}
-	return out
-}
-
-// LoadRoutesFile reads and checks a routes file. Every problem is
-// reported at once, naming the route and field; secrets are redacted.
-func LoadRoutesFile(path string, opts *RoutesFileOptions) (*RoutesFile, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("routes file: %w", err)
-	}
-	o := opts.withDefaults()
-	r, err := sideeffects.ParseRoutes(data, o.Getenv, o.HTTPClient, o.Logger)
-	if err != nil {
-		return nil, fmt.Errorf("routes file %s: %w", path, err)
-	}
-	return &RoutesFile{path: path, r: r}, nil
-}
-
-// ParseRoutesFile checks a routes file's content (YAML) as
-// LoadRoutesFile does, for a program that holds it in memory (embedded,
-// generated, or fetched from its configuration store).
-func ParseRoutesFile(data []byte, opts *RoutesFileOptions) (*RoutesFile, error) {
-	o := opts.withDefaults()
-	r, err := sideeffects.ParseRoutes(data, o.Getenv, o.HTTPClient, o.Logger)
-	if err != nil {
-		return nil, fmt.Errorf("routes file: %w", err)
-	}
-	return &RoutesFile{path: "(parsed)", r: r}, nil
 }
 
 // Names returns the names of the file's routes, in file order.

@@ -17,6 +17,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/claimdb"
 	"github.com/sbclaim/sbclaim/internal/testkit/testdb"
 	"github.com/sbclaim/sbclaim/operator"
+	"github.com/sbclaim/sbclaim/prommetrics"
 	"github.com/sbclaim/sbclaim/sbclaimtest"
 )
 
@@ -374,7 +375,7 @@ func TestOneRegistryServesEveryPart(t *testing.T) {
 	q := sbclaimtest.NewQueue(nil)
 	for _, consumer := range []string{"billing", "notifications"} {
 		if _, err := sbclaim.NewProcessor(sbclaim.ProcessorConfig{Consumer: consumer, Store: st, Router: router,
-			NewReceiver: q.NewReceiver, Registerer: reg}); err != nil {
+			NewReceiver: q.NewReceiver, Metrics: prommetrics.New(reg)}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -20,6 +20,7 @@ func init() {
 	bridge.NewRouter = func(r sideeffects.Router) any {
 		return &Router{entries: []sideeffects.Router{r}, names: map[string]bool{}}
 	}
+	bridge.NewRoutesFile = func(path string, r *sideeffects.HTTPRouter) any { return &RoutesFile{path: path, r: r} }
 }
 
 // Store is the claims table: SQL Server, PostgreSQL or SQLite. It is safe

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/sideeffects/routesfile"
 )
 
 const appAPIVersion = "2025-07-01"
@@ -380,7 +380,7 @@ func TestExampleParameters(t *testing.T) {
 		t.Fatalf("routesYaml: %v", err)
 	}
 	getenv := func(string) string { return "example-value" }
-	if _, err := sideeffects.ParseRoutes([]byte(routes), getenv, nil, slog.New(slog.DiscardHandler)); err != nil {
+	if _, err := routesfile.Parse([]byte(routes), getenv, nil, slog.New(slog.DiscardHandler)); err != nil {
 		t.Errorf("the example routesYaml does not load: %v", err)
 	}
 }

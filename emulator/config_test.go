@@ -22,6 +22,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/sideeffects/routesfile"
 )
 
 // Limits of the Service Bus emulator, from its documentation and its
@@ -649,7 +650,7 @@ func TestComposeRoutes(t *testing.T) {
 		}
 
 		// The processor's own loader: schema, URLs, headers.
-		router, err := sideeffects.LoadRoutes(file, os.Getenv, logger)
+		router, err := routesfile.Load(file, os.Getenv, logger)
 		if err != nil {
 			t.Errorf("service %s: %v", name, err)
 			continue

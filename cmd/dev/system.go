@@ -20,6 +20,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/console"
 	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
 	ops "github.com/sbclaim/sbclaim/operator"
+	"github.com/sbclaim/sbclaim/routesfile"
 	"github.com/sbclaim/sbclaim/sbclaimtest"
 )
 
@@ -132,7 +133,7 @@ func runSystem(ctx context.Context, cfg config, logger *slog.Logger, logPath str
 	if err := os.WriteFile(routesPath, []byte(routesYAML), 0o644); err != nil {
 		return err
 	}
-	routes, err := sbclaim.ParseRoutesFile([]byte(routesYAML), &sbclaim.RoutesFileOptions{Logger: logger,
+	routes, err := routesfile.Parse([]byte(routesYAML), &routesfile.Options{Logger: logger,
 		HTTPClient: downstreamClient(fakeLn.Addr().String())})
 	if err != nil {
 		return err

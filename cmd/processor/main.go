@@ -25,6 +25,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sbclaim/sbclaim"
+	"github.com/sbclaim/sbclaim/prommetrics"
+	"github.com/sbclaim/sbclaim/routesfile"
 )
 
 func main() {
@@ -83,7 +85,7 @@ func serve(ctx context.Context, cfg *Config, logger *slog.Logger, getenv func(st
 	}
 	defer flush()
 	logger.Info("OpenTelemetry", "export", tel)
-	routes, err := sbclaim.LoadRoutesFile(cfg.Routes, &sbclaim.RoutesFileOptions{Getenv: getenv, Logger: logger})
+	routes, err := routesfile.Load(cfg.Routes, &routesfile.Options{Getenv: getenv, Logger: logger})
 	if err != nil {
 		return fmt.Errorf("SBCLAIM_ROUTES: %w", err)
 	}
@@ -155,9 +157,9 @@ func serve(ctx context.Context, cfg *Config, logger *slog.Logger, getenv func(st
 			Disabled: !cfg.GroupCommit,
 			MaxBatch: cfg.GroupCommitMaxBatch, MaxInFlight: cfg.GroupCommitMaxInFlight, Window: cfg.GroupCommitWindow,
 		},
-		Logger:     logger,
-		Registerer: reg,
-		Outbox:     outboxConfig(routes, client, logger),
+		Logger:  logger,
+		Metrics: prommetrics.New(reg),
+		Outbox:  outboxConfig(routes, client, logger),
 	})
 	if err != nil {
 		return err

@@ -18,6 +18,7 @@ import (
 	"github.com/sbclaim/sbclaim"
 	"github.com/sbclaim/sbclaim/internal/redact"
 	ops "github.com/sbclaim/sbclaim/operator"
+	"github.com/sbclaim/sbclaim/routesfile"
 )
 
 // cmdRun is the daemon: the tick on the cron schedule, and /healthz,
@@ -162,7 +163,7 @@ func (e *env) routes() (map[string]*sbclaim.Router, error) {
 	}
 	routers := map[string]*sbclaim.Router{}
 	for consumer, path := range paths {
-		f, err := sbclaim.LoadRoutesFile(path, &sbclaim.RoutesFileOptions{Getenv: e.getenv, Logger: e.logger})
+		f, err := routesfile.Load(path, &routesfile.Options{Getenv: e.getenv, Logger: e.logger})
 		if err != nil {
 			return nil, fmt.Errorf("load routes from SBCLAIM_ROUTES (%s): %w", path, err)
 		}

@@ -1,8 +1,9 @@
 // Command sqliteonly is the smallest deployment of sbclaim: one consumer
 // process with its claims table in a SQLite file, one Go handler, the
 // processor on a Service Bus queue, until SIGTERM. It imports the root
-// package and the SQLite store only, so it links no other database driver
-// and no OpenTelemetry exporter (its test pins what it reaches).
+// package and the SQLite store only, so it links no other database driver,
+// no OpenTelemetry exporter, no Prometheus client and no routes-file
+// parser (its test pins what it reaches).
 //
 //	SBCLAIM_DATABASE_URL=sqlite:/var/lib/orders/claims.db \
 //	SBCLAIM_SERVICEBUS_CONNECTION_STRING='Endpoint=sb://...' SBCLAIM_QUEUE=orders \

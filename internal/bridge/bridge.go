@@ -1,12 +1,14 @@
 // Package bridge lets the module's own tools (the chaos harness, the
-// operator console, package operator) reach the internal value behind a
-// public sbclaim handle, and wrap an internal value in one, without
-// widening the public API. The root package fills the functions in its init; importing
-// github.com/sbclaim/sbclaim is enough to have them set.
+// operator console, packages operator, prommetrics and routesfile) reach
+// the internal value behind a public sbclaim handle, and wrap an internal
+// value in one, without widening the public API. The root package fills
+// the functions in its init; importing github.com/sbclaim/sbclaim is
+// enough to have them set.
 package bridge
 
 import (
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
 )
 
@@ -24,4 +26,10 @@ var (
 	// NewRouter wraps a router (a fault-injecting wrapper of RouterOf's,
 	// say) in an *sbclaim.Router that routes every message through it.
 	NewRouter func(r sideeffects.Router) any
+	// NewRoutesFile wraps a routes file's router, read from path, in an
+	// *sbclaim.RoutesFile, for package routesfile.
+	NewRoutesFile func(path string, r *sideeffects.HTTPRouter) any
+	// NewMetrics wraps a processor's instruments in an *sbclaim.Metrics,
+	// for package prommetrics.
+	NewMetrics func(m *processor.Metrics) any
 )

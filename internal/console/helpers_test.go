@@ -23,6 +23,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/console"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/sideeffects/routesfile"
 	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
 	"github.com/sbclaim/sbclaim/internal/testkit/testissuer"
 )
@@ -75,7 +76,7 @@ func setup(t *testing.T, edit func(*console.Options)) *fixture {
 	fake := fakedownstream.New(fakedownstream.Options{})
 	down := httptest.NewServer(fake)
 	t.Cleanup(down.Close)
-	router, err := sideeffects.ParseRoutes([]byte(fmt.Sprintf(`version: 1
+	router, err := routesfile.Parse([]byte(fmt.Sprintf(`version: 1
 routes:
   - name: payments
     key: raw

@@ -36,7 +36,6 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/cenkalti/backoff/v5"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
@@ -306,16 +305,6 @@ func Write(ctx context.Context, storeTimeout, window time.Duration, write func(c
 		return last // not the context's error: what the store said
 	}
 	return err
-}
-
-// NewTakeOversCounter is sbclaim_takeovers_total, by path (redelivery,
-// reconciler, operator): the processor counts redeliveries, the reconciler
-// its recoveries and operators' redrives.
-func NewTakeOversCounter() *prometheus.CounterVec {
-	return prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sbclaim_takeovers_total",
-		Help: "Claims taken over from their previous holder, by path (redelivery, reconciler, operator).",
-	}, []string{"path"})
 }
 
 // KeyExpired reports whether the idempotency key of claim c is older than

@@ -1,8 +1,11 @@
-// Package metricreg registers Prometheus collectors that several parts of
-// one program may register on one registry: a processor and a reconciler
-// in the same binary both count take-overs (sbclaim_takeovers_total, by
-// path), and two processors share every processor metric. The second
-// registration reuses the first collector instead of panicking.
+// Package metricreg holds the processor's Prometheus collectors
+// (ProcessorMetrics, behind package prommetrics: the processor itself
+// records to small interfaces and links no metrics library) and registers
+// collectors that several parts of one program may register on one
+// registry: a processor and a reconciler in the same binary both count
+// take-overs (sbclaim_takeovers_total, by path), and two processors share
+// every processor metric. The second registration reuses the first
+// collector instead of panicking.
 package metricreg
 
 import (

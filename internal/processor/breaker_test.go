@@ -8,9 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
-
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/metricreg"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
@@ -71,7 +70,7 @@ func TestBreakerStopsReceivingWhileTheStoreRefuses(t *testing.T) {
 			opts.Store = st
 			opts.MaxConcurrentCalls = 2
 			opts.BrokerProbeInterval = 20 * time.Millisecond
-			opts.Metrics = processor.NewMetrics(nil)
+			opts.Metrics = metricreg.ProcessorMetrics(nil)
 			p, _ := b.start(opts)
 			b.send("before", "pay", `{}`, nil)
 			b.eventually("the first message processed", func() bool { return outcomes(opts.Metrics, processor.ResultProcessed) == 1 })
@@ -82,7 +81,7 @@ func TestBreakerStopsReceivingWhileTheStoreRefuses(t *testing.T) {
 			for i := range 6 {
 				b.send(fmt.Sprintf("during-%d", i), "pay", `{}`, nil)
 			}
-			b.eventually("the breaker to open", func() bool { return testutil.ToFloat64(opts.Metrics.StoreBreakerOpen) == 1 })
+			b.eventually("the breaker to open", func() bool { return metricValue(opts.Metrics.StoreBreakerOpen) == 1 })
 			if p.Ready() {
 				t.Error("ready while the store refuses writes")
 			}
@@ -96,7 +95,7 @@ func TestBreakerStopsReceivingWhileTheStoreRefuses(t *testing.T) {
 			if got := b.q.Stats().Deliveries; got != delivered {
 				t.Errorf("deliveries went from %d to %d while the breaker was open: receiving was not paused", delivered, got)
 			}
-			if got := testutil.ToFloat64(opts.Metrics.StoreBreakerTrips.WithLabelValues(class.String())); got != 1 {
+			if got := metricValue(opts.Metrics.StoreBreakerTrips.With(class.String())); got != 1 {
 				t.Errorf("sbclaim_store_breaker_trips_total{class=%s} = %v, want 1 (one trip, however many calls failed)", class, got)
 			}
 
@@ -109,7 +108,7 @@ func TestBreakerStopsReceivingWhileTheStoreRefuses(t *testing.T) {
 					t.Errorf("%s: %s after delivery %d; want processed, at most one delivery burnt", k, c.State, c.DeliveryCount)
 				}
 			}
-			if got := testutil.ToFloat64(opts.Metrics.StoreBreakerOpen); got != 0 {
+			if got := metricValue(opts.Metrics.StoreBreakerOpen); got != 0 {
 				t.Errorf("breaker gauge %v after the store recovered", got)
 			}
 		})
@@ -125,7 +124,7 @@ func TestReadinessFollowsServiceBus(t *testing.T) {
 	opts := b.options()
 	opts.BrokerProbeInterval = 20 * time.Millisecond
 	opts.BrokerProbeTimeout = 50 * time.Millisecond
-	opts.Metrics = processor.NewMetrics(nil)
+	opts.Metrics = metricreg.ProcessorMetrics(nil)
 	p, _ := b.start(opts)
 	b.eventually("ready (the first probe answered)", p.Ready)
 	b.q.SetUnreachable(true)
@@ -133,7 +132,7 @@ func TestReadinessFollowsServiceBus(t *testing.T) {
 	if r := p.NotReadyReason(); r == "" {
 		t.Error("no reason given for not being ready")
 	}
-	if got := testutil.ToFloat64(opts.Metrics.BrokerReachable); got != 0 {
+	if got := metricValue(opts.Metrics.BrokerReachable); got != 0 {
 		t.Errorf("sbclaim_servicebus_reachable = %v while unreachable", got)
 	}
 	b.q.SetUnreachable(false)

@@ -161,11 +161,11 @@ func (p *Processor) perform(work context.Context, d *delivery, c *claim.Claim, d
 		if crashed(p.opts.Hooks.AfterDeferRecorded, work, d) {
 			return verdict{result: ResultCrashed}
 		}
-		p.metrics.Postponed.WithLabelValues(d.handler.Name).Inc()
+		p.metrics.Postponed.With(d.handler.Name).Inc()
 		d.deferral = &claim.SetDueParams{ID: c.ID, Owner: c.Owner, Seq: *d.msg.SequenceNumber, DueIn: dec.Wait}
 	case protocol.HandOff:
 		if res != nil {
-			p.metrics.Postponed.WithLabelValues(d.handler.Name).Inc()
+			p.metrics.Postponed.With(d.handler.Name).Inc()
 		}
 	case protocol.Fail:
 		if crashed(p.opts.Hooks.AfterFail, work, d) {
@@ -174,7 +174,7 @@ func (p *Processor) perform(work context.Context, d *delivery, c *claim.Claim, d
 	case protocol.Flag:
 		d.log.Warn("claim flagged for operators", "why", dec.Reason)
 	case protocol.Hold:
-		p.metrics.Postponed.WithLabelValues(d.handler.Name).Inc()
+		p.metrics.Postponed.With(d.handler.Name).Inc()
 	}
 	d.sess.decided(c, dec)
 	return p.verdictOf(d, dec, res)

@@ -190,10 +190,10 @@ func (p *Processor) fetchStranded(ctx, work context.Context, lr *liveReceiver, c
 	cancel()
 	switch {
 	case errors.Is(err, claim.ErrStateChanged):
-		p.metrics.StrandedMessages.WithLabelValues("guard").Inc()
+		p.metrics.StrandedMessages.With("guard").Inc()
 		return false
 	case err != nil:
-		p.metrics.StrandedMessages.WithLabelValues("error").Inc()
+		p.metrics.StrandedMessages.With("error").Inc()
 		p.storeErr(err)
 		log.Warn("taking a stranded deferred message failed", "error", err)
 		return false
@@ -205,13 +205,13 @@ func (p *Processor) fetchStranded(ctx, work context.Context, lr *liveReceiver, c
 		// Settled after all (the holder's settlement landed before its
 		// claim could forget the message), or expired: nothing to do
 		// but forget it.
-		p.metrics.StrandedMessages.WithLabelValues("gone").Inc()
+		p.metrics.StrandedMessages.With("gone").Inc()
 		if err := p.forget(ctx, c.ID, seq); err != nil {
 			log.Warn("forgetting a settled deferred message failed; looked at again later", "error", err)
 		}
 		return false
 	default:
-		p.metrics.StrandedMessages.WithLabelValues("error").Inc()
+		p.metrics.StrandedMessages.With("error").Inc()
 		log.Warn("fetching a stranded deferred message failed; looked at again once the claim is silent", "error", err)
 		return false
 	}
@@ -219,7 +219,7 @@ func (p *Processor) fetchStranded(ctx, work context.Context, lr *liveReceiver, c
 		log.Warn("the receiver was replaced while fetching a stranded deferred message; it is fetched again later")
 		return false
 	}
-	p.metrics.StrandedMessages.WithLabelValues("fetched").Inc()
+	p.metrics.StrandedMessages.With("fetched").Inc()
 	p.inflight.Add(1)
 	d := &delivery{msg: m, lr: lr, received: time.Now(), fetched: true,
 		log: p.log.With("message_id", m.MessageID, "delivery_count", m.DeliveryCount, "sequence_number", seq)}
@@ -311,16 +311,16 @@ func (p *Processor) fetch(ctx, work context.Context, lr *liveReceiver, c *claim.
 	cancel()
 	switch {
 	case errors.Is(err, claim.ErrStateChanged):
-		p.metrics.DeferredFetches.WithLabelValues("guard").Inc()
+		p.metrics.DeferredFetches.With("guard").Inc()
 		log.Debug("another replica took the due claim first (the guard refused this one)")
 		return false
 	case err != nil:
-		p.metrics.DeferredFetches.WithLabelValues("error").Inc()
+		p.metrics.DeferredFetches.With("error").Inc()
 		p.storeErr(err)
 		log.Warn("taking a due claim failed", "error", err)
 		return false
 	}
-	p.metrics.TakeOvers.WithLabelValues(string(claim.PathRedelivery)).Inc()
+	p.metrics.TakeOvers.With(string(claim.PathRedelivery)).Inc()
 
 	m, err := p.fetchBySeq(ctx, lr, seq)
 	step := protocol.FetchStep{Result: protocol.Found, State: protocol.State(c.State), Deferred: c.Deferred(),
@@ -341,7 +341,7 @@ func (p *Processor) fetch(ctx, work context.Context, lr *liveReceiver, c *claim.
 		step.Unrepeatable = p.repeatable(c, true)
 	}
 	dec := protocol.AfterFetch(step)
-	p.metrics.DeferredFetches.WithLabelValues(dec.Metric).Inc()
+	p.metrics.DeferredFetches.With(dec.Metric).Inc()
 	switch dec.Action {
 	case protocol.FetchFlag:
 		p.flagTaken(work, taken, seq, dec.Reason)

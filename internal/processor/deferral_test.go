@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/metricreg"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
@@ -31,12 +31,12 @@ func (b *bundle) deferOptions() processor.Options {
 	b.router.backoff = quickBackoff
 	opts := b.options()
 	opts.DeferPollInterval = 10 * time.Millisecond
-	opts.Metrics = processor.NewMetrics(nil)
+	opts.Metrics = metricreg.ProcessorMetrics(nil)
 	return opts
 }
 
 func fetches(m *processor.Metrics, result string) int {
-	return int(testutil.ToFloat64(m.DeferredFetches.WithLabelValues(result)))
+	return int(metricValue(m.DeferredFetches.With(result)))
 }
 
 // waitCompleted waits until id was completed n times.
@@ -82,7 +82,7 @@ func TestRetryableIsDeferredAndFetchedWhenDue(t *testing.T) {
 		if got := outcomes(opts.Metrics, processor.ResultPostponed); got != 3 {
 			t.Errorf("postponed outcomes %d, want 3", got)
 		}
-		if got := int(testutil.ToFloat64(opts.Metrics.Postponed.WithLabelValues("effect"))); got != 3 {
+		if got := int(metricValue(opts.Metrics.Postponed.With("effect"))); got != 3 {
 			t.Errorf("sbclaim_postponed_total{route=effect} = %d, want 3", got)
 		}
 		if got := fetches(opts.Metrics, "fetched"); got != 3 {
@@ -571,7 +571,7 @@ func TestStrandedMessageOfAProcessedClaimIsCompleted(t *testing.T) {
 		if c := b.claimOf("m1"); c.State != claim.StateProcessed {
 			t.Fatalf("claim: state %s, want processed", c.State)
 		}
-		if got := int(testutil.ToFloat64(opts.Metrics.StrandedMessages.WithLabelValues("fetched"))); got != 1 {
+		if got := int(metricValue(opts.Metrics.StrandedMessages.With("fetched"))); got != 1 {
 			t.Errorf("sbclaim_stranded_messages_total{result=fetched} = %d, want 1", got)
 		}
 	})

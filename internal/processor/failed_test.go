@@ -14,11 +14,12 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/google/uuid"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/metricreg"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/sideeffects/routesfile"
 	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
 	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
@@ -59,7 +60,7 @@ func TestRejectedAnswerFailsTheClaimAndIsDeadLetteredOnce(t *testing.T) {
 		b := setup(t, be, membus.QueueOptions{})
 		b.answering(func(ctx context.Context, _ string, _ int) error { return decline(ctx) })
 		opts := b.options()
-		opts.Metrics = processor.NewMetrics(nil)
+		opts.Metrics = metricreg.ProcessorMetrics(nil)
 		b.start(opts)
 		b.send("m1", "pay", `{"amount":1}`, nil)
 		b.waitIdle()
@@ -115,7 +116,7 @@ func TestCopiesRacingARejectionCompleteWithoutADeadLetter(t *testing.T) {
 		b.eff.gate = make(chan struct{})
 		b.eff.started = make(chan string, 1)
 		opts := b.options()
-		opts.Metrics = processor.NewMetrics(nil)
+		opts.Metrics = metricreg.ProcessorMetrics(nil)
 		b.start(opts)
 		b.send("m1", "pay", `{}`, nil)
 		<-b.eff.started
@@ -124,7 +125,7 @@ func TestCopiesRacingARejectionCompleteWithoutADeadLetter(t *testing.T) {
 			b.send("m1", "pay", `{}`, nil)
 		}
 		b.eventually("every copy to wait on the live holder", func() bool {
-			return testutil.ToFloat64(opts.Metrics.DuplicateWaits) == copies
+			return metricValue(opts.Metrics.DuplicateWaits) == copies
 		})
 		close(b.eff.gate)
 		b.waitIdle()
@@ -363,7 +364,7 @@ func TestRedeliveryUsesTheOperatorsNewKey(t *testing.T) {
 			t.Fatalf("redrive take-over: %+v %v", held, err)
 		}
 		opts := b.options()
-		opts.Metrics = processor.NewMetrics(nil)
+		opts.Metrics = metricreg.ProcessorMetrics(nil)
 		b.start(opts) // the redrive's holder never heartbeats: it is silent
 		b.send("m1", "pay", `{}`, nil)
 		b.waitIdle()
@@ -392,7 +393,7 @@ func TestPaymentAPIAnswersAcrossReplicas(t *testing.T) {
 		fake := fakedownstream.New(fakedownstream.Options{ConflictStyle: fakedownstream.ConflictStripe, Latency: 20 * time.Millisecond})
 		srv := httptest.NewServer(fake)
 		t.Cleanup(srv.Close)
-		router, err := sideeffects.ParseRoutes([]byte(`version: 1
+		router, err := routesfile.Parse([]byte(`version: 1
 routes:
   - name: payments
     key: raw
@@ -425,7 +426,7 @@ routes:
 				want[key] = ""
 			}
 		}
-		metrics := processor.NewMetrics(nil)
+		metrics := metricreg.ProcessorMetrics(nil)
 		for _, host := range []string{"replica-a", "replica-b"} {
 			opts := b.options()
 			opts.Router, opts.Host, opts.Metrics = router, host, metrics
@@ -479,7 +480,7 @@ routes:
 		}
 		// The copies raced their first: some met it while its effect ran
 		// and waited for its outcome (a failed claim among them).
-		if testutil.ToFloat64(metrics.DuplicateWaits) == 0 {
+		if metricValue(metrics.DuplicateWaits) == 0 {
 			t.Error("no copy met a live holder: the copies never raced")
 		}
 		raced := false

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
@@ -357,7 +358,7 @@ func countCompleted(q *membus.Queue, id string) int {
 }
 
 func outcomes(m *processor.Metrics, o processor.Result) int {
-	return int(testutil.ToFloat64(m.Messages.WithLabelValues(string(o))))
+	return int(metricValue(m.Messages.With(string(o))))
 }
 
 // syncBuffer collects log output from many goroutines.
@@ -443,7 +444,7 @@ func (f *flakyStore) Heartbeat(ctx context.Context, p *claim.HeartbeatParams) er
 	return err
 }
 
-func testutilCounter(m *processor.Metrics) float64 { return testutil.ToFloat64(m.Receivers) }
+func testutilCounter(m *processor.Metrics) float64 { return metricValue(m.Receivers) }
 
 // noDeferral turns delayed retries off: a retryable outcome releases the
 // claim and abandons the message (the behaviour of a store without
@@ -451,4 +452,10 @@ func testutilCounter(m *processor.Metrics) float64 { return testutil.ToFloat64(m
 func noDeferral(o processor.Options) processor.Options {
 	o.NoDeferral = true
 	return o
+}
+
+// metricValue reads an instrument of metricreg.ProcessorMetrics (a
+// Prometheus collector behind the processor's interfaces).
+func metricValue(instrument any) float64 {
+	return testutil.ToFloat64(instrument.(prometheus.Collector))
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/processor"
-	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/sideeffects/routesfile"
 	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
 	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
@@ -28,7 +28,7 @@ func TestTwoConsumersOfOneMessageBothPerformTheirEffect(t *testing.T) {
 		fake := fakedownstream.New(fakedownstream.Options{})
 		srv := httptest.NewServer(fake)
 		t.Cleanup(srv.Close)
-		router, err := sideeffects.ParseRoutes([]byte(`version: 1
+		router, err := routesfile.Parse([]byte(`version: 1
 routes:
   - name: payments
     match: {subject: "*"}

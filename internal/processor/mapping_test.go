@@ -8,6 +8,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/sideeffects/routesfile"
 	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
 	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
@@ -22,7 +23,7 @@ func TestRequestMappingDeadLettersBeforeTheClaim(t *testing.T) {
 		fake := fakedownstream.New(fakedownstream.Options{StripeRequests: true, ConflictStyle: fakedownstream.ConflictStripe})
 		srv := httptest.NewServer(fake)
 		t.Cleanup(srv.Close)
-		router, err := sideeffects.ParseRoutes([]byte(`version: 1
+		router, err := routesfile.Parse([]byte(`version: 1
 routes:
   - name: customers
     match: {subject: "*"}

@@ -601,7 +601,7 @@ func (p *Processor) takeOver(work context.Context, d *delivery, c *claim.Claim) 
 	})
 	endSpan(taken, err)
 	if err == nil {
-		p.metrics.TakeOvers.WithLabelValues(string(claim.PathRedelivery)).Inc()
+		p.metrics.TakeOvers.With(string(claim.PathRedelivery)).Inc()
 		d.log.Info("took the claim over", "from", c.ClaimedBy, "claim_state", string(c.State), "why", reason)
 	}
 	return taken, err
@@ -671,7 +671,7 @@ func (p *Processor) runHeld(work context.Context, d *delivery, c *claim.Claim) v
 		hp.Deadline = d.received.Add(p.opts.MaxLockRenewal)
 	}
 	res := held.Run(work, hp)
-	p.metrics.EffectSeconds.WithLabelValues(d.handler.Name, res.Outcome.String()).Observe(res.Duration.Seconds())
+	p.metrics.EffectSeconds.With(d.handler.Name, res.Outcome.String()).Observe(res.Duration.Seconds())
 	res = p.recordRoute(d, probe, res)
 	if res.Lost != nil {
 		return p.lost(work, d, c, res.Outcome)
@@ -697,11 +697,11 @@ func (p *Processor) recordRoute(d *delivery, probe bool, res held.Result) held.R
 	name := d.handler.Name
 	switch {
 	case closed:
-		p.metrics.RouteBreakerOpen.WithLabelValues(name).Set(0)
+		p.metrics.RouteBreakerOpen.With(name).Set(0)
 		d.log.Info("route breaker closed: the probe succeeded", "route", name)
 	case tripped != "":
-		p.metrics.RouteBreakerOpen.WithLabelValues(name).Set(1)
-		p.metrics.RouteBreakerTrips.WithLabelValues(name, tripped).Inc()
+		p.metrics.RouteBreakerOpen.With(name).Set(1)
+		p.metrics.RouteBreakerTrips.With(name, tripped).Inc()
 		d.log.Warn("route breaker open: its messages are postponed until a probe succeeds", "route", name, "reason", tripped, "why", why,
 			"probe_after", d.handler.Breaker.WithDefaults().ProbeAfter.String())
 	}
@@ -851,14 +851,14 @@ func (p *Processor) runTx(ctx, work context.Context, d *delivery) verdict {
 		if claim.StoreWide(err) {
 			eo = sideeffects.OutcomeRetryable
 			p.storeErr(err)
-			p.metrics.EffectSeconds.WithLabelValues(d.handler.Name, eo.String()).Observe(time.Since(start).Seconds())
+			p.metrics.EffectSeconds.With(d.handler.Name, eo.String()).Observe(time.Since(start).Seconds())
 			d.log.Warn("transactional effect rolled back: the claim store refuses work", "error", err)
 			// Nothing was committed (or a lost COMMIT answer hid a row
 			// the rerun finds as its own): run it again once the store
 			// is back, keeping the message.
 			return p.whenStoreBack(ctx, d, err, "transactional effect rolled back", func() verdict { return p.runTx(ctx, work, d) })
 		}
-		p.metrics.EffectSeconds.WithLabelValues(d.handler.Name, eo.String()).Observe(time.Since(start).Seconds())
+		p.metrics.EffectSeconds.With(d.handler.Name, eo.String()).Observe(time.Since(start).Seconds())
 		d.log.Warn("transactional effect rolled back", "error", err, "effect_outcome", eo)
 		if reason := held.FailReason(eo); reason != "" {
 			// A final answer; nothing was committed, so there is no claim
@@ -871,7 +871,7 @@ func (p *Processor) runTx(ctx, work context.Context, d *delivery) verdict {
 	d.at(res.Claim)
 	switch res.Outcome {
 	case claim.OutcomeWon:
-		p.metrics.EffectSeconds.WithLabelValues(d.handler.Name, sideeffects.OutcomeOK.String()).Observe(time.Since(start).Seconds())
+		p.metrics.EffectSeconds.With(d.handler.Name, sideeffects.OutcomeOK.String()).Observe(time.Since(start).Seconds())
 		if published {
 			p.followUpsRecorded(res.Claim.ID)
 		}
@@ -1052,7 +1052,7 @@ func (p *Processor) settle(d *delivery, v verdict) {
 			p.deferred(d)
 		}
 	case settleDeadLetter:
-		p.metrics.DeadLetters.WithLabelValues(v.reason).Inc()
+		p.metrics.DeadLetters.With(v.reason).Inc()
 		desc := deadLetterText(v.description)
 		what, err = "dead-letter", d.lr.r.DeadLetterMessage(ctx, d.msg, &azservicebus.DeadLetterOptions{
 			Reason: &v.reason, ErrorDescription: &desc})
@@ -1082,7 +1082,7 @@ func (p *Processor) settle(d *delivery, v verdict) {
 		d.log.Warn(what+" failed; the lock will expire and the broker redeliver", "error", err)
 	}
 
-	p.metrics.Messages.WithLabelValues(string(v.result)).Inc()
+	p.metrics.Messages.With(string(v.result)).Inc()
 	level := slog.LevelInfo
 	switch v.result {
 	case ResultUnknown, ResultConflict, ResultDeadLettered, ResultFailed, ResultFlagged, ResultAbandoned, ResultLost, ResultHandedOff:

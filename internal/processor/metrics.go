@@ -1,198 +1,111 @@
 package processor
 
-import (
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/sbclaim/sbclaim/internal/held"
-	"github.com/sbclaim/sbclaim/internal/metricreg"
+// The instruments the processor records to, as small as its call sites
+// need: a labelled family takes its label values as fixed arguments, so a
+// call passes strings, not a variadic slice, through the interface (the
+// adapter makes the one call the Prometheus client would have had).
+type (
+	// Counter only goes up.
+	Counter interface{ Inc() }
+	// Gauge is set, or moved by one.
+	Gauge interface {
+		Set(v float64)
+		Inc()
+		Dec()
+	}
+	// Observer records a sample (a histogram's).
+	Observer interface{ Observe(v float64) }
+	// CounterVec is a family of counters by one label.
+	CounterVec interface{ With(label string) Counter }
+	// CounterVec2 is a family of counters by two labels.
+	CounterVec2 interface{ With(a, b string) Counter }
+	// GaugeVec is a family of gauges by one label.
+	GaugeVec interface{ With(label string) Gauge }
+	// HistogramVec2 is a family of histograms by two labels.
+	HistogramVec2 interface{ With(a, b string) Observer }
 )
 
-// Metrics are the processor's Prometheus collectors.
+// Metrics are the processor's instruments, by the names of their
+// Prometheus metrics in internal/metricreg (ProcessorMetrics), or
+// NopMetrics; every field is set. The processor never imports a metrics
+// library itself, so a program that exports none links none.
 type Metrics struct {
-	Messages            *prometheus.CounterVec // outcome
-	DeadLetters         *prometheus.CounterVec // reason
-	EffectSeconds       *prometheus.HistogramVec
-	TakeOvers           *prometheus.CounterVec // path
-	LockRenewals        prometheus.Counter
-	LockRenewalFailures prometheus.Counter
-	LockLosses          prometheus.Counter
-	Heartbeats          prometheus.Counter
-	HeartbeatFailures   prometheus.Counter
-	DuplicateWaits      prometheus.Counter
-	LateEffects         prometheus.Counter
-	ClaimsInFlight      prometheus.Gauge
-	Receivers           prometheus.Counter
-	StoreBreakerOpen    prometheus.Gauge
-	StoreBreakerTrips   *prometheus.CounterVec // class
-	BrokerReachable     prometheus.Gauge
+	Messages            CounterVec    // outcome
+	DeadLetters         CounterVec    // reason
+	EffectSeconds       HistogramVec2 // route, outcome
+	TakeOvers           CounterVec    // path
+	LockRenewals        Counter
+	LockRenewalFailures Counter
+	LockLosses          Counter
+	Heartbeats          Counter
+	HeartbeatFailures   Counter
+	DuplicateWaits      Counter
+	LateEffects         Counter
+	ClaimsInFlight      Gauge
+	Receivers           Counter
+	StoreBreakerOpen    Gauge
+	StoreBreakerTrips   CounterVec // class
+	BrokerReachable     Gauge
 	// Delayed retries: postponements by route, the due claims the last
 	// poll found, and what became of each fetch of a deferred message
 	// (fetched, guard: another replica took it first, gone, error).
-	Postponed       *prometheus.CounterVec // route
-	DeferredDue     prometheus.Gauge
-	DeferredFetches *prometheus.CounterVec // result
+	Postponed       CounterVec // route
+	DeferredDue     Gauge
+	DeferredFetches CounterVec // result
 	// Stranded deferred messages: finished claims whose fetched message
 	// was never settled (its holder died), by result.
-	StrandedMessages *prometheus.CounterVec // result
+	StrandedMessages CounterVec // result
 	// A breaker per route: open (1) or closed (0), and its trips by
 	// reason (failures, probe, config).
-	RouteBreakerOpen  *prometheus.GaugeVec   // route
-	RouteBreakerTrips *prometheus.CounterVec // route, reason
+	RouteBreakerOpen  GaugeVec    // route
+	RouteBreakerTrips CounterVec2 // route, reason
 	// The outbox (outbox.go): follow-ups pending in the store and the age
 	// of the oldest (the sweep's last look), sends by result (sent,
 	// failed, lost: sent but the lease was lost before the mark), and
 	// resends (a send of a follow-up leased before: the earlier send may
 	// have reached Service Bus, which drops the copy by its MessageId).
-	FollowUpsPending      prometheus.Gauge
-	FollowUpOldestSeconds prometheus.Gauge
-	FollowUpSends         *prometheus.CounterVec // result
-	FollowUpResends       prometheus.Counter
+	FollowUpsPending      Gauge
+	FollowUpOldestSeconds Gauge
+	FollowUpSends         CounterVec // result
+	FollowUpResends       Counter
 	// Session mode: sessions held for an operator now (a failure on a
 	// route with HoldSessionOnFailure).
-	SessionsHeld prometheus.Gauge
+	SessionsHeld Gauge
 }
 
-// NewMetrics creates the collectors and registers them with reg (nil: not
-// registered, for tests).
-func NewMetrics(reg prometheus.Registerer) *Metrics {
-	m := &Metrics{
-		Messages: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sbclaim_messages_total",
-			Help: "Messages finished, by outcome (processed, duplicate, conflict, released, dead_lettered, failed, unknown, abandoned, lost, flagged).",
-		}, []string{"outcome"}),
-		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sbclaim_dead_letters_total",
-			Help: "Messages dead-lettered by the processor, by DeadLetterReason.",
-		}, []string{"reason"}),
-		EffectSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "sbclaim_effect_duration_seconds",
-			Help:    "Time spent in an effect including retries, by route and effect outcome.",
-			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
-		}, []string{"route", "outcome"}),
-		TakeOvers: held.NewTakeOversCounter(),
-		LockRenewals: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sbclaim_lock_renewals_total",
-			Help: "Message locks renewed.",
-		}),
-		LockRenewalFailures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sbclaim_lock_renewal_failures_total",
-			Help: "Message lock renewals that failed for another reason than a lost lock (retried before the lock expires).",
-		}),
-		LockLosses: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sbclaim_lock_losses_total",
-			Help: "Message locks lost while the processor still held the message.",
-		}),
-		Heartbeats: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sbclaim_claim_heartbeats_total",
-			Help: "Claim heartbeats written.",
-		}),
-		HeartbeatFailures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sbclaim_claim_heartbeat_failures_total",
-			Help: "Claim heartbeats that could not be written (the claim lost, or the store failing).",
-		}),
-		DuplicateWaits: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sbclaim_duplicate_waits_total",
-			Help: "Deliveries that found their claim held by a live attempt and waited for its outcome.",
-		}),
-		LateEffects: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sbclaim_late_effects_total",
-			Help: "Effects that succeeded after their claim was lost (taken over, flagged or resolved meanwhile); noted on the claim.",
-		}),
-		ClaimsInFlight: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "sbclaim_claims_in_flight",
-			Help: "Claims this replica holds whose effect is running.",
-		}),
-		Receivers: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sbclaim_receivers_opened_total",
-			Help: "Service Bus receivers opened (more than one means a receiver was recreated).",
-		}),
-		StoreBreakerOpen: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "sbclaim_store_breaker_open",
-			Help: "1 while the claim store refuses work store-wide and receiving is paused.",
-		}),
-		StoreBreakerTrips: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sbclaim_store_breaker_trips_total",
-			Help: "Times receiving was paused because the claim store refused work, by failure class (connection, busy, failover, timeout, read_only, no_space, permission).",
-		}, []string{"class"}),
-		BrokerReachable: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "sbclaim_servicebus_reachable",
-			Help: "1 while Service Bus answered the last receive or probe.",
-		}),
-		Postponed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sbclaim_postponed_total",
-			Help: "Messages deferred for a delayed retry (their effect not performed, or unknown on a recovery-auto route), by route.",
-		}, []string{"route"}),
-		DeferredDue: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "sbclaim_deferred_claims_due",
-			Help: "Claims of this consumer whose deferred message was due at the last poll (at most one page).",
-		}),
-		DeferredFetches: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sbclaim_deferred_fetches_total",
-			Help: "Due claims this replica tried to take and fetch, by result (fetched, guard: another replica took it first, gone: the message was not deferred any more, unsure: not found while its previous holder may still lock it, looked for again after the lock duration, error).",
-		}, []string{"result"}),
-		StrandedMessages: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sbclaim_stranded_messages_total",
-			Help: "Deferred messages of finished claims that a replica fetched and settled after their holder died before settling them, by result (fetched: fetched to be settled, gone: nothing left to settle, guard: another replica took it first, error).",
-		}, []string{"result"}),
-		RouteBreakerOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "sbclaim_route_breaker_open",
-			Help: "1 while the route's breaker is open: its messages are postponed without calling the effect, one probe at a time let through.",
-		}, []string{"route"}),
-		RouteBreakerTrips: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sbclaim_route_breaker_trips_total",
-			Help: "Times a route's breaker opened, by route and reason (failures: failing deliveries in a row; probe: a probe failed; config: a configuration answer such as 401).",
-		}, []string{"route", "reason"}),
-		FollowUpsPending: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "sbclaim_followups_pending",
-			Help: "Follow-up messages recorded and not yet sent (the outbox), at the relay's last sweep.",
-		}),
-		FollowUpOldestSeconds: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "sbclaim_followup_oldest_pending_seconds",
-			Help: "Age of the oldest follow-up message not yet sent, at the relay's last sweep (0: none).",
-		}),
-		FollowUpSends: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sbclaim_followup_sends_total",
-			Help: "Follow-up messages sent by the relay, by result (sent; failed: Service Bus refused it, retried with backoff; unmarked: sent, but its mark failed or its lease was lost: sent again with the same MessageId).",
-		}, []string{"result"}),
-		FollowUpResends: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sbclaim_followup_resends_total",
-			Help: "Follow-up messages sent again after an earlier lease of them (a crash, a failed send or mark): the same MessageId, which duplicate detection drops.",
-		}),
-		SessionsHeld: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "sbclaim_sessions_held",
-			Help: "Sessions this processor holds for an operator: a claim of theirs failed or was flagged on a route with HoldSessionOnFailure.",
-		}),
+// NopMetrics records nothing (a processor configured without metrics).
+func NopMetrics() *Metrics {
+	var (
+		c  nop
+		v  nopCounterVec
+		v2 nopCounterVec2
+	)
+	return &Metrics{
+		Messages: v, DeadLetters: v, EffectSeconds: nopHistogramVec2{}, TakeOvers: v,
+		LockRenewals: c, LockRenewalFailures: c, LockLosses: c, Heartbeats: c, HeartbeatFailures: c,
+		DuplicateWaits: c, LateEffects: c, ClaimsInFlight: c, Receivers: c,
+		StoreBreakerOpen: c, StoreBreakerTrips: v, BrokerReachable: c,
+		Postponed: v, DeferredDue: c, DeferredFetches: v, StrandedMessages: v,
+		RouteBreakerOpen: nopGaugeVec{}, RouteBreakerTrips: v2,
+		FollowUpsPending: c, FollowUpOldestSeconds: c, FollowUpSends: v, FollowUpResends: c,
+		SessionsHeld: c,
 	}
-	if reg != nil {
-		// Shared with other processors (and the reconciler's take-overs)
-		// registered on the same registry: see metricreg.
-		m.Messages = metricreg.Register(reg, m.Messages)
-		m.DeadLetters = metricreg.Register(reg, m.DeadLetters)
-		m.EffectSeconds = metricreg.Register(reg, m.EffectSeconds)
-		m.TakeOvers = metricreg.Register(reg, m.TakeOvers)
-		m.LockRenewals = metricreg.Register(reg, m.LockRenewals)
-		m.LockRenewalFailures = metricreg.Register(reg, m.LockRenewalFailures)
-		m.LockLosses = metricreg.Register(reg, m.LockLosses)
-		m.Heartbeats = metricreg.Register(reg, m.Heartbeats)
-		m.HeartbeatFailures = metricreg.Register(reg, m.HeartbeatFailures)
-		m.DuplicateWaits = metricreg.Register(reg, m.DuplicateWaits)
-		m.LateEffects = metricreg.Register(reg, m.LateEffects)
-		m.ClaimsInFlight = metricreg.Register(reg, m.ClaimsInFlight)
-		m.Receivers = metricreg.Register(reg, m.Receivers)
-		m.StoreBreakerOpen = metricreg.Register(reg, m.StoreBreakerOpen)
-		m.StoreBreakerTrips = metricreg.Register(reg, m.StoreBreakerTrips)
-		m.BrokerReachable = metricreg.Register(reg, m.BrokerReachable)
-		m.Postponed = metricreg.Register(reg, m.Postponed)
-		m.DeferredDue = metricreg.Register(reg, m.DeferredDue)
-		m.DeferredFetches = metricreg.Register(reg, m.DeferredFetches)
-		m.StrandedMessages = metricreg.Register(reg, m.StrandedMessages)
-		m.RouteBreakerOpen = metricreg.Register(reg, m.RouteBreakerOpen)
-		m.RouteBreakerTrips = metricreg.Register(reg, m.RouteBreakerTrips)
-		m.FollowUpsPending = metricreg.Register(reg, m.FollowUpsPending)
-		m.FollowUpOldestSeconds = metricreg.Register(reg, m.FollowUpOldestSeconds)
-		m.FollowUpSends = metricreg.Register(reg, m.FollowUpSends)
-		m.FollowUpResends = metricreg.Register(reg, m.FollowUpResends)
-		m.SessionsHeld = metricreg.Register(reg, m.SessionsHeld)
-	}
-	return m
 }
+
+// nop is every instrument, recording nothing; the nop families hand it out.
+type (
+	nop              struct{}
+	nopCounterVec    struct{}
+	nopCounterVec2   struct{}
+	nopGaugeVec      struct{}
+	nopHistogramVec2 struct{}
+)
+
+func (nop) Inc()                                      {}
+func (nop) Dec()                                      {}
+func (nop) Set(float64)                               {}
+func (nop) Observe(float64)                           {}
+func (nopCounterVec) With(string) Counter             { return nop{} }
+func (nopCounterVec2) With(string, string) Counter    { return nop{} }
+func (nopGaugeVec) With(string) Gauge                 { return nop{} }
+func (nopHistogramVec2) With(string, string) Observer { return nop{} }

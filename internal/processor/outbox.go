@@ -281,7 +281,7 @@ func (r *relay) send(ctx context.Context, f *claim.StoredFollowUp) error {
 	lease := claim.FollowUpLeaseParams{ClaimID: f.ClaimID, Position: f.Position, Owner: r.owner}
 	err := r.sendMessage(ctx, f)
 	if err != nil {
-		r.p.metrics.FollowUpSends.WithLabelValues("failed").Inc()
+		r.p.metrics.FollowUpSends.With("failed").Inc()
 		wait := r.backoff(f.Attempts)
 		log.Warn("outbox: sending a follow-up failed; retrying later", "attempt", f.Attempts, "retry_in", wait.Round(time.Millisecond).String(), "error", err)
 		wctx, cancel := context.WithTimeout(ctx, r.p.opts.StoreTimeout)
@@ -305,12 +305,12 @@ func (r *relay) send(ctx context.Context, f *claim.StoredFollowUp) error {
 	if err := r.store.MarkFollowUpSent(wctx, &lease); err != nil {
 		// Sent, not marked: it is sent again, with the same MessageId,
 		// once the lease runs out (or by the relay that holds it now).
-		r.p.metrics.FollowUpSends.WithLabelValues("unmarked").Inc()
+		r.p.metrics.FollowUpSends.With("unmarked").Inc()
 		r.p.storeErr(err)
 		log.Warn("outbox: a follow-up was sent but could not be marked; it will be sent again with the same MessageId", "error", err)
 		return nil
 	}
-	r.p.metrics.FollowUpSends.WithLabelValues("sent").Inc()
+	r.p.metrics.FollowUpSends.With("sent").Inc()
 	log.Debug("outbox: follow-up sent")
 	return nil
 }

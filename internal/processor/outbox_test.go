@@ -12,9 +12,9 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/google/uuid"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/metricreg"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
 	"github.com/sbclaim/sbclaim/internal/testkit/membus"
@@ -119,7 +119,7 @@ func TestOutboxSendsAPlainHandlersFollowUps(t *testing.T) {
 				return publish(ctx, "receipts", "audit of "+key)
 			}
 			o := b.options()
-			m := processor.NewMetrics(nil)
+			m := metricreg.ProcessorMetrics(nil)
 			o.Metrics = m
 			b.start(o)
 			b.send("pay-1", "", `{}`, nil)
@@ -139,7 +139,7 @@ func TestOutboxSendsAPlainHandlersFollowUps(t *testing.T) {
 			if got := string(sent[0].Body); got != "receipt of pay-1" || *sent[0].Subject != "payment.charged" || sent[0].ApplicationProperties["kind"] != "receipt" {
 				t.Fatalf("sent %q %+v", got, sent[0])
 			}
-			if n := testutil.ToFloat64(m.FollowUpSends.WithLabelValues("sent")); n != 2 {
+			if n := metricValue(m.FollowUpSends.With("sent")); n != 2 {
 				t.Fatalf("sends metric %v, want 2", n)
 			}
 		})
@@ -273,7 +273,7 @@ func TestOutboxResendsWhatWasSentButNotMarked(t *testing.T) {
 		return nil
 	}
 	b.ns.FailSends(1) // the first send fails: Service Bus refused it
-	m := processor.NewMetrics(nil)
+	m := metricreg.ProcessorMetrics(nil)
 	o.Metrics = m
 	b.start(o)
 	b.send("pay-3", "", `{}`, nil)
@@ -297,9 +297,9 @@ func TestOutboxResendsWhatWasSentButNotMarked(t *testing.T) {
 	if got := receivedIDs(t, b.receipts, 2); got[0] == got[1] {
 		t.Fatalf("the receipts queue got %v", got)
 	}
-	if testutil.ToFloat64(m.FollowUpSends.WithLabelValues("failed")) != 1 || testutil.ToFloat64(m.FollowUpResends) != 2 {
+	if metricValue(m.FollowUpSends.With("failed")) != 1 || metricValue(m.FollowUpResends) != 2 {
 		t.Fatalf("failed %v, resends %v: want 1 and 2 (after the failure, after the crash)",
-			testutil.ToFloat64(m.FollowUpSends.WithLabelValues("failed")), testutil.ToFloat64(m.FollowUpResends))
+			metricValue(m.FollowUpSends.With("failed")), metricValue(m.FollowUpResends))
 	}
 }
 
@@ -339,7 +339,7 @@ func TestOutboxSweepWaitsForServiceBus(t *testing.T) {
 	b.q.SetUnreachable(true)
 	o := b.options()
 	o.BrokerProbeInterval = 100 * time.Millisecond // an idle entity: the probe says when Service Bus answers again
-	m := processor.NewMetrics(nil)
+	m := metricreg.ProcessorMetrics(nil)
 	o.Metrics = m
 	b.start(o)
 	// Several sweep intervals pass (the sweep runs every 50ms) with
@@ -353,5 +353,5 @@ func TestOutboxSweepWaitsForServiceBus(t *testing.T) {
 	if got[0].MessageID != fus[0].MessageID {
 		t.Fatalf("sent %q", got[0].MessageID)
 	}
-	b.eventually("the pending gauge to read 0", func() bool { return testutil.ToFloat64(m.FollowUpsPending) == 0 })
+	b.eventually("the pending gauge to read 0", func() bool { return metricValue(m.FollowUpsPending) == 0 })
 }

@@ -143,7 +143,8 @@ type Options struct {
 	// Host is recorded as ClaimedBy. Default: os.Hostname.
 	Host string
 
-	Logger  *slog.Logger
+	Logger *slog.Logger
+	// Metrics are the instruments it records to (nil: NopMetrics).
 	Metrics *Metrics
 	// TracerProvider makes the processor's spans and MeterProvider its
 	// semantic-convention metrics; nil: the global ones (otel).
@@ -320,7 +321,7 @@ func New(opts Options) (*Processor, error) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	if opts.Metrics == nil {
-		opts.Metrics = NewMetrics(nil)
+		opts.Metrics = NopMetrics()
 	}
 	p := &Processor{
 		opts:     opts,
@@ -696,7 +697,7 @@ func (p *Processor) storeErr(err error) bool {
 	}
 	if p.breaker.trip(err) {
 		class := claim.ClassOf(err)
-		p.metrics.StoreBreakerTrips.WithLabelValues(class.String()).Inc()
+		p.metrics.StoreBreakerTrips.With(class.String()).Inc()
 		p.metrics.StoreBreakerOpen.Set(1)
 		p.storeWarn.reset()
 		p.storeWarn.due(p.opts.BrokerProbeInterval)

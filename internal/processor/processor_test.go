@@ -14,9 +14,9 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/google/uuid"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/metricreg"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
 	"github.com/sbclaim/sbclaim/internal/testkit/membus"
@@ -36,7 +36,7 @@ func TestSuccessPath(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, be string) {
 		b := setup(t, be, membus.QueueOptions{})
 		opts := b.options()
-		opts.Metrics = processor.NewMetrics(nil)
+		opts.Metrics = metricreg.ProcessorMetrics(nil)
 		b.start(opts)
 		b.send("m1", "pay", `{"amount":1}`, nil)
 		b.waitIdle()
@@ -69,7 +69,7 @@ func TestDuplicatePathCompletes(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, be string) {
 		b := setup(t, be, membus.QueueOptions{})
 		opts := b.options()
-		opts.Metrics = processor.NewMetrics(nil)
+		opts.Metrics = metricreg.ProcessorMetrics(nil)
 		b.start(opts)
 		b.send("m1", "pay", `{"a":1}`, nil)
 		b.waitIdle()
@@ -128,7 +128,7 @@ func TestRetryableReleasesAndRedeliveryTakesOver(t *testing.T) {
 		}
 		opts := b.options()
 		opts.NoDeferral = true // the abandon path: released, redelivered at once
-		opts.Metrics = processor.NewMetrics(nil)
+		opts.Metrics = metricreg.ProcessorMetrics(nil)
 		b.start(opts)
 		b.send("m1", "pay", `{}`, nil)
 		b.waitIdle()
@@ -201,7 +201,7 @@ func TestUnknownOutcomeIsRepeatedAfterTheHolderGoesSilent(t *testing.T) {
 		opts := b.options()
 		opts.NoDeferral = true // the abandon path: released, redelivered at once
 		opts.Retry = sideeffects.RetryPolicy{MaxAttempts: 3, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond, Budget: 5 * time.Second}
-		opts.Metrics = processor.NewMetrics(nil)
+		opts.Metrics = metricreg.ProcessorMetrics(nil)
 		b.start(opts)
 		b.send("m1", "pay", `{}`, nil)
 		b.waitIdle()
@@ -229,10 +229,10 @@ func TestUnknownOutcomeIsRepeatedAfterTheHolderGoesSilent(t *testing.T) {
 		b.eventually("one unknown and one processed outcome", func() bool {
 			return outcomes(opts.Metrics, processor.ResultUnknown) == 1 && outcomes(opts.Metrics, processor.ResultProcessed) == 1
 		})
-		if got := testutil.ToFloat64(opts.Metrics.TakeOvers.WithLabelValues("redelivery")); got != 1 {
+		if got := metricValue(opts.Metrics.TakeOvers.With("redelivery")); got != 1 {
 			t.Errorf("sbclaim_takeovers_total{path=redelivery} = %v, want 1", got)
 		}
-		if got := testutil.ToFloat64(opts.Metrics.DuplicateWaits); got != 1 {
+		if got := metricValue(opts.Metrics.DuplicateWaits); got != 1 {
 			t.Errorf("sbclaim_duplicate_waits_total = %v, want 1", got)
 		}
 	})
@@ -248,7 +248,7 @@ func TestUnknownOutcomeOnAManualRouteIsNeverRepeated(t *testing.T) {
 	b.eff.behave = func(_, _ string, _ int) error { return errPerformedThenLost }
 	opts := b.options()
 	opts.Retry = sideeffects.RetryPolicy{MaxAttempts: 5, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond, Budget: 5 * time.Second}
-	opts.Metrics = processor.NewMetrics(nil)
+	opts.Metrics = metricreg.ProcessorMetrics(nil)
 	b.start(opts)
 	b.send("m1", "manual", `{}`, nil)
 	b.waitIdle()
@@ -337,7 +337,7 @@ func TestStoreOutageHoldsThenRecovers(t *testing.T) {
 		fs := &flakyStore{Store: b.store}
 		opts := b.options()
 		opts.Store = fs
-		opts.Metrics = processor.NewMetrics(nil)
+		opts.Metrics = metricreg.ProcessorMetrics(nil)
 		b.start(opts)
 		// Once the start-up store probe has passed, the processor receives.
 		b.eventually("the start-up store probe", func() bool { return fs.probed.Load() >= 1 })
@@ -387,7 +387,7 @@ func TestStoreOutageLongerThanTheRenewalAbandons(t *testing.T) {
 	opts.MaxLockRenewal = time.Second // the least the take-over window allows
 	opts.Retry.Budget = 500 * time.Millisecond
 
-	opts.Metrics = processor.NewMetrics(nil)
+	opts.Metrics = metricreg.ProcessorMetrics(nil)
 	b.start(opts)
 	b.eventually("the start-up store probe", func() bool { return fs.probed.Load() >= 1 })
 	fs.down.Store(true)
@@ -539,7 +539,7 @@ func TestLockRenewal(t *testing.T) {
 			b := setup(t, "sqlite", membus.QueueOptions{LockDuration: lock})
 			b.eff.delay = 3 * lock
 			opts := b.options()
-			opts.Metrics = processor.NewMetrics(nil)
+			opts.Metrics = metricreg.ProcessorMetrics(nil)
 			if !renew {
 				opts.MaxLockRenewal = -1
 				opts.LockDuration = lock
@@ -665,7 +665,7 @@ func TestShutdownTimeoutCancelsEffects(t *testing.T) {
 func TestReceiverRecreatedOnConnectionLoss(t *testing.T) {
 	b := setup(t, "sqlite", membus.QueueOptions{})
 	opts := b.options()
-	opts.Metrics = processor.NewMetrics(nil)
+	opts.Metrics = metricreg.ProcessorMetrics(nil)
 	b.q.FailReceives(2, azservicebus.CodeConnectionLost)
 	p, _ := b.start(opts)
 	b.send("m1", "pay", `{}`, nil)
@@ -887,7 +887,7 @@ func TestMarkProcessedAnswerLost(t *testing.T) {
 	ls := &lossyStore{Store: b.store}
 	opts := b.options()
 	opts.Store = ls
-	opts.Metrics = processor.NewMetrics(nil)
+	opts.Metrics = metricreg.ProcessorMetrics(nil)
 	b.start(opts)
 	b.send("m1", "pay", `{}`, nil)
 	b.waitIdle()
@@ -918,7 +918,7 @@ func TestReleaseFailureKeepsClaim(t *testing.T) {
 	}
 	opts := b.options()
 	opts.Store = ls
-	opts.Metrics = processor.NewMetrics(nil)
+	opts.Metrics = metricreg.ProcessorMetrics(nil)
 	b.start(opts)
 	b.send("m1", "pay", `{}`, nil)
 	b.eventually("an unknown outcome", func() bool { return outcomes(opts.Metrics, processor.ResultUnknown) == 1 })
@@ -1015,7 +1015,7 @@ func TestEffectFinishingAfterFlag(t *testing.T) {
 			}
 			opts := b.options()
 			opts.HeartbeatInterval = 50 * time.Millisecond
-			opts.Metrics = processor.NewMetrics(nil)
+			opts.Metrics = metricreg.ProcessorMetrics(nil)
 			b.start(opts)
 			b.send("late", "pay", `{}`, nil)
 			<-b.eff.started
@@ -1050,7 +1050,7 @@ func TestEffectFinishingAfterFlag(t *testing.T) {
 			if got := b.eff.Calls("late"); got != 1 {
 				t.Errorf("effect called %d times, want 1 (no retry after the claim was lost)", got)
 			}
-			late := testutil.ToFloat64(opts.Metrics.LateEffects)
+			late := metricValue(opts.Metrics.LateEffects)
 			if tc.ignoreCtx {
 				if c.LateSuccessAt == nil || !strings.Contains(c.LateSuccessBy, held.Owner.String()) || late != 1 {
 					t.Errorf("late success at %v by %q, metric %v; want recorded with the lost owner's token and counted", c.LateSuccessAt, c.LateSuccessBy, late)
@@ -1194,13 +1194,13 @@ func TestAFailedLookWhileWatchingKeepsWatching(t *testing.T) {
 		st := &lookFailStore{Store: b.store}
 		opts := b.options()
 		opts.Store = st
-		opts.Metrics = processor.NewMetrics(nil)
+		opts.Metrics = metricreg.ProcessorMetrics(nil)
 		b.start(opts)
 		b.send("m1", "pay", `{}`, nil)
 		<-holding
 		b.send("m1", "pay", `{}`, nil) // a copy: it watches the live holder
 		b.eventually("the copy waits for the holder", func() bool {
-			return testutil.ToFloat64(opts.Metrics.DuplicateWaits) == 1
+			return metricValue(opts.Metrics.DuplicateWaits) == 1
 		})
 		st.fails.Store(3)
 		b.eventually("the copy's looks fail", func() bool { return st.failed.Load() == 3 })

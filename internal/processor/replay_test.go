@@ -12,8 +12,10 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/metricreg"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/sideeffects/routesfile"
 	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
 	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
@@ -30,7 +32,7 @@ func TestReplayedStoredFailureIsFlaggedAtOnce(t *testing.T) {
 		fake := fakedownstream.New(fakedownstream.Options{ConflictStyle: fakedownstream.ConflictStripe})
 		srv := httptest.NewServer(fake)
 		t.Cleanup(srv.Close)
-		router, err := sideeffects.ParseRoutes([]byte(`version: 1
+		router, err := routesfile.Parse([]byte(`version: 1
 routes:
   - name: payments
     match: {subject: "*"}
@@ -60,7 +62,7 @@ routes:
 		}
 
 		opts := b.options()
-		opts.Router, opts.Metrics = router, processor.NewMetrics(nil)
+		opts.Router, opts.Metrics = router, metricreg.ProcessorMetrics(nil)
 		opts.Retry = sideeffects.RetryPolicy{MaxAttempts: 5, InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond}
 		b.start(opts)
 		b.send("pay-1", "payment", `{"amount":1000}`, nil)
@@ -171,7 +173,7 @@ func TestKeyLifetimeFlagsTheTakeOver(t *testing.T) {
 				st := &clockAhead{Store: b.store}
 				st.shift.Store(int64(tt.age))
 				opts := b.options()
-				opts.Store, opts.Router, opts.Metrics = st, lifetimeRouter{router: b.router, lifetime: 24 * time.Hour}, processor.NewMetrics(nil)
+				opts.Store, opts.Router, opts.Metrics = st, lifetimeRouter{router: b.router, lifetime: 24 * time.Hour}, metricreg.ProcessorMetrics(nil)
 				opts.StorePayload = !tt.noPayload
 				b.start(opts)
 				b.send("m1", "pay", `{}`, nil)

@@ -8,20 +8,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
-
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/metricreg"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
 	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
 
 func trips(m *processor.Metrics, route, reason string) int {
-	return int(testutil.ToFloat64(m.RouteBreakerTrips.WithLabelValues(route, reason)))
+	return int(metricValue(m.RouteBreakerTrips.With(route, reason)))
 }
 
 func breakerOpen(m *processor.Metrics, route string) float64 {
-	return testutil.ToFloat64(m.RouteBreakerOpen.WithLabelValues(route))
+	return metricValue(m.RouteBreakerOpen.With(route))
 }
 
 // namedRouter lists the default route as the router's only route, so
@@ -192,7 +191,7 @@ func TestRouteBreakerMisconfiguredWithoutDeferral(t *testing.T) {
 			return nil
 		}
 		opts := noDeferral(b.options())
-		opts.Metrics = processor.NewMetrics(nil)
+		opts.Metrics = metricreg.ProcessorMetrics(nil)
 		b.router.breaker = sideeffects.Breaker{ProbeAfter: time.Millisecond}
 		b.start(opts)
 		b.send("m1", "pay", `{}`, nil)

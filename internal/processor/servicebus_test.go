@@ -15,6 +15,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/sideeffects/routesfile"
 	"github.com/sbclaim/sbclaim/internal/testkit"
 	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
 	"github.com/sbclaim/sbclaim/internal/testkit/testdb"
@@ -67,7 +68,7 @@ func TestServiceBus(t *testing.T) {
 	down := fakedownstream.New(fakedownstream.Options{Latency: 20 * time.Millisecond})
 	srv := httptest.NewServer(down)
 	t.Cleanup(srv.Close)
-	router, err := sideeffects.ParseRoutes([]byte(fmt.Sprintf(`
+	router, err := routesfile.Parse([]byte(fmt.Sprintf(`
 routes:
   - name: payments
     key: raw

@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/metricreg"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
 	"github.com/sbclaim/sbclaim/internal/testkit/membus"
@@ -34,7 +34,7 @@ func sessionSetup(t *testing.T, be string) (*bundle, processor.Options) {
 	}
 	opts.MaxConcurrentSessions = 4
 	opts.SessionIdleTimeout = 300 * time.Millisecond
-	opts.Metrics = processor.NewMetrics(nil)
+	opts.Metrics = metricreg.ProcessorMetrics(nil)
 	return b, opts
 }
 
@@ -109,7 +109,7 @@ func TestSessionRetryHoldsTheOrder(t *testing.T) {
 		if s.Deferrals != 0 || s.Abandoned != 0 || s.Redeliveries != 0 {
 			t.Errorf("deferrals %d, abandons %d, redeliveries %d: a held retry keeps its message", s.Deferrals, s.Abandoned, s.Redeliveries)
 		}
-		if got := testutil.ToFloat64(opts.Metrics.Postponed.WithLabelValues("effect")); got != 2 {
+		if got := metricValue(opts.Metrics.Postponed.With("effect")); got != 2 {
 			t.Errorf("postponed %v times, want 2 (two held retries)", got)
 		}
 	})
@@ -167,7 +167,7 @@ func TestSessionHoldOnFailureHoldsIt(t *testing.T) {
 		b.sendInSession("A", "a-2", "pay")
 		b.sendInSession("B", "b-1", "pay")
 
-		b.eventually("session A held", func() bool { return testutil.ToFloat64(opts.Metrics.SessionsHeld) == 1 })
+		b.eventually("session A held", func() bool { return metricValue(opts.Metrics.SessionsHeld) == 1 })
 		b.eventually("b-1 processed", func() bool { return b.eff.Performed("b-1") == 1 })
 		failed := b.claimOf("a-1")
 		if failed.State != claim.StateFailed || len(b.deadLettersOf("a-1")) != 1 {
@@ -202,7 +202,7 @@ func TestSessionHeldUntilAnOperatorActs(t *testing.T) {
 		b.start(opts)
 		b.sendInSession("A", "a-1", "manual")
 		b.sendInSession("A", "a-2", "pay")
-		b.eventually("session A held", func() bool { return testutil.ToFloat64(opts.Metrics.SessionsHeld) == 1 })
+		b.eventually("session A held", func() bool { return metricValue(opts.Metrics.SessionsHeld) == 1 })
 		c := b.claimOf("a-1")
 		if c.State != claim.StateFlagged {
 			t.Fatalf("a-1: claim %s, want flagged", c.State)
@@ -313,7 +313,7 @@ func TestSessionLockLostEndsAHeldRetry(t *testing.T) {
 		b.sendInSession("A", "a-1", "pay")
 		b.sendInSession("A", "a-2", "pay")
 		b.eventually("a-1 held for a retry", func() bool {
-			return testutil.ToFloat64(opts.Metrics.Postponed.WithLabelValues("effect")) == 1
+			return metricValue(opts.Metrics.Postponed.With("effect")) == 1
 		})
 		if n := b.q.ExpireSessionLock("A"); n != 1 {
 			t.Fatalf("expired %d session locks, want 1", n)
@@ -375,7 +375,7 @@ func TestSessionHoldSurvivesACrash(t *testing.T) {
 		b.start(opts)
 		b.sendInSession("A", "a-1", "pay")
 		b.sendInSession("A", "a-2", "pay")
-		b.eventually("session A held", func() bool { return testutil.ToFloat64(opts.Metrics.SessionsHeld) == 1 })
+		b.eventually("session A held", func() bool { return metricValue(opts.Metrics.SessionsHeld) == 1 })
 		if crashes.Load() != 1 || len(b.deadLettersOf("a-1")) != 1 || b.eff.Calls("a-1") != 1 || b.eff.Calls("a-2") != 0 {
 			t.Fatalf("crashes %d, a-1 dead letters %d, calls a-1 %d a-2 %d: want 1, 1, 1, 0", crashes.Load(), len(b.deadLettersOf("a-1")), b.eff.Calls("a-1"), b.eff.Calls("a-2"))
 		}

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/metricreg"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
@@ -51,7 +51,7 @@ func TestPartlyCommittedBatchIsRecognisedAsOwn(t *testing.T) {
 			st := &commitThenFail{Store: b.store, unavailable: unavailable}
 			opts := b.options()
 			opts.Store = st
-			opts.Metrics = processor.NewMetrics(nil)
+			opts.Metrics = metricreg.ProcessorMetrics(nil)
 			for i := range 3 {
 				b.send(fmt.Sprintf("m%d", i), "pay", `{}`, nil)
 			}
@@ -92,7 +92,7 @@ func TestLiveHolderIsNeverTakenOver(t *testing.T) {
 		opts := b.options()
 		opts.NoDeferral = true // the abandon path: released, redelivered at once
 		opts.HeartbeatInterval = 50 * time.Millisecond
-		opts.Metrics = processor.NewMetrics(nil)
+		opts.Metrics = metricreg.ProcessorMetrics(nil)
 		b.start(opts)
 		b.start(opts) // a second replica to receive the redelivery
 		b.send("slow", "pay", `{}`, nil)
@@ -101,7 +101,7 @@ func TestLiveHolderIsNeverTakenOver(t *testing.T) {
 			t.Fatal("no lock to expire")
 		}
 		b.eventually("the redelivery to wait for the live holder", func() bool {
-			return testutil.ToFloat64(opts.Metrics.DuplicateWaits) == 1
+			return metricValue(opts.Metrics.DuplicateWaits) == 1
 		})
 		// Longer than TakeoverAfter (150ms): a waiter that ignored the
 		// heartbeat would have taken the claim over by now.
@@ -252,7 +252,7 @@ func TestReplicaKilledMidEffectIsRecoveredByRedelivery(t *testing.T) {
 		optsB := b.options()
 		optsB.HeartbeatInterval = 50 * time.Millisecond
 		optsB.Host = "replica-b"
-		optsB.Metrics = processor.NewMetrics(nil)
+		optsB.Metrics = metricreg.ProcessorMetrics(nil)
 		b.start(optsB)
 		b.eventually("B to process the message", func() bool { return outcomes(optsB.Metrics, processor.ResultProcessed) == 1 })
 		c := b.claimOf("m1")
@@ -280,7 +280,7 @@ func TestRedeliveryUnderAChangedRouteFlags(t *testing.T) {
 	b.eff.behave = func(_, _ string, call int) error { return errPerformedThenLost }
 	opts := b.options()
 	opts.NoDeferral = true // the abandon path: released, redelivered at once
-	opts.Metrics = processor.NewMetrics(nil)
+	opts.Metrics = metricreg.ProcessorMetrics(nil)
 	_, stop := b.start(opts)
 	b.send("m1", "pay", `{}`, nil)
 	b.eventually("an unknown outcome", func() bool { return outcomes(opts.Metrics, processor.ResultUnknown) == 1 })
@@ -288,7 +288,7 @@ func TestRedeliveryUnderAChangedRouteFlags(t *testing.T) {
 
 	b.router.fp.Store("fp-effect-v2") // a new routes file: the effect's URL changed
 	b.eff.behave = nil
-	opts.Metrics = processor.NewMetrics(nil)
+	opts.Metrics = metricreg.ProcessorMetrics(nil)
 	b.start(opts)
 	b.waitIdle()
 	c := b.claimOf("m1")
@@ -319,7 +319,7 @@ func TestPanickingEffectIsAnUnknownOutcome(t *testing.T) {
 	}
 	opts := b.options()
 	opts.NoDeferral = true // the abandon path: released, redelivered at once
-	opts.Metrics = processor.NewMetrics(nil)
+	opts.Metrics = metricreg.ProcessorMetrics(nil)
 	b.start(opts)
 	b.send("m1", "pay", `{}`, nil)
 	b.send("m2", "pay", `{}`, nil)
@@ -360,7 +360,7 @@ func TestRenewalDoesNotWaitForHeartbeats(t *testing.T) {
 	opts.Store = slowHeartbeatStore{b.store}
 	opts.HeartbeatInterval = 50 * time.Millisecond
 	opts.StoreTimeout = 500 * time.Millisecond
-	opts.Metrics = processor.NewMetrics(nil)
+	opts.Metrics = metricreg.ProcessorMetrics(nil)
 	b.q.FailRenewals(1)
 	b.start(opts)
 	b.send("m1", "pay", `{}`, nil)
@@ -369,10 +369,10 @@ func TestRenewalDoesNotWaitForHeartbeats(t *testing.T) {
 	if s.Redeliveries != 0 || s.LockLosses != 0 || s.Renewals < 3 {
 		t.Errorf("redeliveries %d, lock losses %d, renewals %d; want 0, 0 and at least 3", s.Redeliveries, s.LockLosses, s.Renewals)
 	}
-	if got := testutil.ToFloat64(opts.Metrics.LockRenewalFailures); got != 1 {
+	if got := metricValue(opts.Metrics.LockRenewalFailures); got != 1 {
 		t.Errorf("sbclaim_lock_renewal_failures_total = %v, want 1", got)
 	}
-	if got := testutil.ToFloat64(opts.Metrics.HeartbeatFailures); got < 1 {
+	if got := metricValue(opts.Metrics.HeartbeatFailures); got < 1 {
 		t.Errorf("sbclaim_claim_heartbeat_failures_total = %v, want at least 1 (the hung heartbeats)", got)
 	}
 	if c := b.claimOf("m1"); c.State != claim.StateProcessed {

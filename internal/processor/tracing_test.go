@@ -20,6 +20,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/sideeffects/routesfile"
 	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 	"github.com/sbclaim/sbclaim/internal/tracing"
 )
@@ -133,7 +134,7 @@ func TestTraceOfOneMessage(t *testing.T) {
 	}), "downstream", otelhttp.WithTracerProvider(tp), otelhttp.WithPropagators(propagation.TraceContext{}),
 		otelhttp.WithSpanNameFormatter(func(string, *http.Request) string { return "downstream POST /charges" })))
 	t.Cleanup(srv.Close)
-	router, err := sideeffects.ParseRoutes([]byte(`version: 1
+	router, err := routesfile.Parse([]byte(`version: 1
 routes:
   - name: payments
     match: {subject: "*"}

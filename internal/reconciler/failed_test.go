@@ -16,6 +16,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/sideeffects/routesfile"
 	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
 )
 
@@ -53,7 +54,7 @@ func stripeAt(t *testing.T) (*fakedownstream.Server, sideeffects.Router, sideeff
 	srv := httptest.NewServer(fake)
 	t.Cleanup(srv.Close)
 	parse := func(yml string) sideeffects.Router {
-		router, err := sideeffects.ParseRoutes([]byte(strings.ReplaceAll(yml, "%s", srv.URL)), func(string) string { return "" }, nil, testLogger(t))
+		router, err := routesfile.Parse([]byte(strings.ReplaceAll(yml, "%s", srv.URL)), func(string) string { return "" }, nil, testLogger(t))
 		if err != nil {
 			t.Fatalf("routes: %v", err)
 		}

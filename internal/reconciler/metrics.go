@@ -4,7 +4,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
-	"github.com/sbclaim/sbclaim/internal/held"
 	"github.com/sbclaim/sbclaim/internal/metricreg"
 )
 
@@ -45,7 +44,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sbclaim_reconciler_recovery_attempts_total",
 			Help: "Recovery attempts by effect outcome (ok, retryable, unknown, permanent, ...).",
 		}, []string{"outcome"}),
-		TakeOvers: held.NewTakeOversCounter(),
+		TakeOvers: metricreg.NewTakeOversCounter(),
 		Purged: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sbclaim_reconciler_purged_total",
 			Help: "Finished claims deleted after the retention period.",

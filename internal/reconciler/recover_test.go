@@ -18,6 +18,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/sideeffects/routesfile"
 	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
 )
 
@@ -28,7 +29,7 @@ func routesFile(t *testing.T, yml string) (*fakedownstream.Server, sideeffects.R
 	fake := fakedownstream.New(fakedownstream.Options{})
 	srv := httptest.NewServer(fake)
 	t.Cleanup(srv.Close)
-	router, err := sideeffects.ParseRoutes([]byte(strings.ReplaceAll(yml, "%s", srv.URL)), func(string) string { return "" }, nil, testLogger(t))
+	router, err := routesfile.Parse([]byte(strings.ReplaceAll(yml, "%s", srv.URL)), func(string) string { return "" }, nil, testLogger(t))
 	if err != nil {
 		t.Fatalf("routes: %v", err)
 	}

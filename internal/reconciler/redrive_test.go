@@ -16,6 +16,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/sideeffects/routesfile"
 	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
 )
 
@@ -35,7 +36,7 @@ routes:
     timeout: 5s
     body: json
 `, srv.URL+"/payments")
-	router, err := sideeffects.ParseRoutes([]byte(routes), func(string) string { return "" }, nil, testLogger(t))
+	router, err := routesfile.Parse([]byte(routes), func(string) string { return "" }, nil, testLogger(t))
 	if err != nil {
 		t.Fatalf("routes: %v", err)
 	}

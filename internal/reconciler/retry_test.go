@@ -17,6 +17,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/reconciler"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/sideeffects/routesfile"
 	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
 )
 
@@ -49,7 +50,7 @@ func newMisconfigured(t *testing.T) *misconfigured {
 	t.Cleanup(srv.Close)
 	yml := strings.Replace(stripeRoutes, "    answers:\n", "    answers:\n      - {status: 401, outcome: permanent}\n", 1)
 	parse := func(yml string) sideeffects.Router {
-		router, err := sideeffects.ParseRoutes([]byte(strings.ReplaceAll(yml, "%s", srv.URL)), func(string) string { return "" }, nil, testLogger(t))
+		router, err := routesfile.Parse([]byte(strings.ReplaceAll(yml, "%s", srv.URL)), func(string) string { return "" }, nil, testLogger(t))
 		if err != nil {
 			t.Fatalf("routes: %v", err)
 		}

@@ -24,9 +24,10 @@
 // calls it): the marker and its writes commit together or not at all.
 //
 // A Router resolves a message to its Handler. Routes (built by NewRouter)
-// maps subjects to Go effects; HTTPRouter (built by LoadRoutes or
-// ParseRoutes from a routes file, SBCLAIM_ROUTES) maps them to HTTP calls;
-// Chain combines routers.
+// maps subjects to Go effects; HTTPRouter (built by BuildRoutes from a
+// routes file, SBCLAIM_ROUTES, that package routesfile reads: the YAML and
+// its schema live there, so this package links neither) maps them to HTTP
+// calls; Chain combines routers.
 //
 // # The HTTP effect
 //
@@ -83,7 +84,8 @@
 // (every retry would replay it), so the effect is finished — partially —
 // and the error names the steps that were performed.
 //
-// Every request goes through an otelhttp transport (tracing.HTTPTransport):
+// Every request goes through an otelhttp transport (tracinghttp.Transport,
+// set by routesfile.Parse):
 // when the attempt's context carries a span, the request gets a client span
 // (method, host and status only) and carries its traceparent; otherwise
 // the application properties traceparent, tracestate and Diagnostic-Id are

@@ -27,7 +27,8 @@ import (
 var forwardedProperties = []string{"traceparent", "tracestate", "Diagnostic-Id"}
 
 // HTTPRouter routes messages to the HTTP effects of a routes file. Build it
-// with LoadRoutes or ParseRoutes; it is safe for concurrent use.
+// with BuildRoutes (routesfile.Parse and Load); it is safe for concurrent
+// use.
 type HTTPRouter struct {
 	routes []*httpRoute
 	logger *slog.Logger

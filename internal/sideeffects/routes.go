@@ -1,9 +1,7 @@
 package sideeffects
 
 import (
-	"bytes"
 	"cmp"
-	_ "embed"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,22 +14,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/santhosh-tekuri/jsonschema/v6"
-	"github.com/santhosh-tekuri/jsonschema/v6/kind"
-	"go.yaml.in/yaml/v3"
-	"golang.org/x/text/language"
-	"golang.org/x/text/message"
-
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/redact"
-	"github.com/sbclaim/sbclaim/internal/tracing"
 )
-
-// RoutesSchema is the JSON Schema a routes file is validated against at
-// start-up (routes.schema.json, embedded).
-//
-//go:embed routes.schema.json
-var RoutesSchema []byte
 
 // DefaultRouteTimeout is a route's per-request timeout when the file sets
 // none.
@@ -205,8 +190,10 @@ type answerSpec struct {
 // statusSpec is a rule's status as written: 402, "400-499" or "4xx".
 type statusSpec string
 
-func (s *statusSpec) UnmarshalYAML(n *yaml.Node) error {
-	*s = statusSpec(n.Value)
+// UnmarshalText takes the status as written, a number or text alike (the
+// YAML decoder hands a scalar's text to a TextUnmarshaler).
+func (s *statusSpec) UnmarshalText(text []byte) error {
+	*s = statusSpec(text)
 	return nil
 }
 
@@ -236,311 +223,39 @@ type headerSpec struct {
 	Value   *string `yaml:"value"`
 }
 
-// LoadRoutes reads the routes file at path (SBCLAIM_ROUTES) and builds its
-// HTTP effects; see ParseRoutes. It uses a default HTTP client.
-func LoadRoutes(path string, getenv func(string) string, logger *slog.Logger) (*HTTPRouter, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("routes file: %w", err)
-	}
-	r, err := ParseRoutes(data, getenv, nil, logger)
-	if err != nil {
-		return nil, fmt.Errorf("routes file %s: %w", path, err)
-	}
-	return r, nil
-}
-
-// ParseRoutes validates a routes file (YAML) against RoutesSchema, checks
-// what a schema cannot (URLs that could take a value from a message,
-// reserved headers, environment variables that are not set) and builds one
-// HTTP effect per route. Every problem is reported at once, each as a
-// *RoutesError naming the route and field (errors.As finds the first).
+// BuildRoutes builds one HTTP effect per route of a routes file, after
+// checking what its schema cannot (URLs that could take a value from a
+// message, reserved headers, environment variables that are not set).
+// decode fills the file's form it is given (a pointer) from the file, once
+// the file passed its schema: routesfile.Parse does both, with YAML; this
+// package links no YAML or JSON Schema library. Every problem is reported
+// at once, each as a *RoutesError naming the route and field (errors.As
+// finds the first); a decode error that is not one becomes one.
 //
 // getenv (os.Getenv when nil) supplies header values declared with
 // fromEnv; they are resolved once, here, and never logged or put in an
-// error. client (nil for a default one) sends the requests; ParseRoutes
-// uses a copy of it that never follows redirects. logger (nil discards)
+// error. client (nil for a default one) sends the requests; BuildRoutes
+// uses a copy of it that never follows redirects, with its transport as it
+// is: routesfile.Parse wraps it with tracinghttp.Transport, which gives a
+// request in a traced attempt its client span and traceparent (traced:
+// the effect then forwards no producer's traceparent). logger (nil discards)
 // receives one Debug line per attempt and one Info line per failed attempt.
-func ParseRoutes(data []byte, getenv func(string) string, client *http.Client, logger *slog.Logger) (*HTTPRouter, error) {
+func BuildRoutes(decode func(into any) error, getenv func(string) string, client *http.Client, logger *slog.Logger) (*HTTPRouter, error) {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	var doc any
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, &RoutesError{Problem: "not valid YAML: " + err.Error()}
-	}
-	doc = jsonValue(doc)
-	if errs := validateSchema(doc); len(errs) > 0 {
-		return nil, errors.Join(errs...)
-	}
 	var file routesFile
-	if err := yaml.Unmarshal(data, &file); err != nil {
-		return nil, &RoutesError{Problem: "decode: " + err.Error()}
+	if err := decode(&file); err != nil {
+		var re *RoutesError
+		if !errors.As(err, &re) {
+			err = &RoutesError{Problem: err.Error()}
+		}
+		return nil, err
 	}
 	return buildRouter(&file, getenv, client, logger)
-}
-
-var routesSchema = func() *jsonschema.Schema {
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(RoutesSchema))
-	if err != nil {
-		panic("sideeffects: routes.schema.json: " + err.Error())
-	}
-	c := jsonschema.NewCompiler()
-	if err := c.AddResource("routes.schema.json", doc); err != nil {
-		panic("sideeffects: routes.schema.json: " + err.Error())
-	}
-	s, err := c.Compile("routes.schema.json")
-	if err != nil {
-		panic("sideeffects: routes.schema.json: " + err.Error())
-	}
-	return s
-}()
-
-// jsonValue turns a YAML-decoded value into the JSON data model the schema
-// validator takes (string-keyed maps; timestamps as text).
-func jsonValue(v any) any {
-	switch v := v.(type) {
-	case map[string]any:
-		for k, e := range v {
-			v[k] = jsonValue(e)
-		}
-		return v
-	case map[any]any:
-		m := make(map[string]any, len(v))
-		for k, e := range v {
-			m[fmt.Sprint(k)] = jsonValue(e)
-		}
-		return m
-	case []any:
-		for i, e := range v {
-			v[i] = jsonValue(e)
-		}
-		return v
-	case time.Time:
-		return v.Format(time.RFC3339Nano)
-	case nil, bool, string, int, int64, uint64, float64:
-		return v
-	}
-	return fmt.Sprint(v)
-}
-
-var schemaPrinter = message.NewPrinter(language.English)
-
-// validateSchema returns one *RoutesError per leaf schema violation.
-func validateSchema(doc any) []error {
-	err := routesSchema.Validate(doc)
-	if err == nil {
-		return nil
-	}
-	var ve *jsonschema.ValidationError
-	if !errors.As(err, &ve) {
-		return []error{&RoutesError{Problem: err.Error()}}
-	}
-	var errs []error
-	var walk func(e, parent *jsonschema.ValidationError)
-	walk = func(e, parent *jsonschema.ValidationError) {
-		if pn, ok := e.ErrorKind.(*kind.PropertyNames); ok && parent != nil {
-			// jsonschema v6.0.3 gives a propertyNames error a location
-			// that a later check overwrites (a shared slice); its parent,
-			// the object's $ref, has the object's. Its causes are located
-			// in the name alone.
-			loc := append(slices.Clone(parent.InstanceLocation), pn.Property)
-			errs = append(errs, schemaError(doc, loc, nameProblem(loc)))
-			return
-		}
-		if _, ok := e.ErrorKind.(*kind.Not); ok && inRequest(e.InstanceLocation) {
-			problem := "set exactly one of pointer (a field of the message) or value (fixed text)"
-			if l := e.InstanceLocation; l[len(l)-1] == "request" {
-				problem = "set form or json, not both"
-			}
-			errs = append(errs, schemaError(doc, e.InstanceLocation, problem))
-			return
-		}
-		if len(e.Causes) > 0 {
-			for _, c := range e.Causes {
-				walk(c, e)
-			}
-			return
-		}
-		loc := e.InstanceLocation
-		last := ""
-		if len(loc) > 0 {
-			last = loc[len(loc)-1]
-		}
-		if last == "status" && len(loc) >= 3 && loc[len(loc)-3] == "answers" {
-			switch e.ErrorKind.(type) {
-			case *kind.Type, *kind.Minimum, *kind.Maximum, *kind.Pattern:
-				errs = append(errs, schemaError(doc, loc, fmt.Sprintf(`%s is not a status: write a code (402), a range ("400-499") or a class ("4xx"), within 100-599`, instanceText(doc, loc))))
-				return
-			}
-		}
-		switch k := e.ErrorKind.(type) {
-		case *kind.DependentRequired:
-			if inRequest(loc) {
-				errs = append(errs, schemaError(doc, append(slices.Clone(loc), "pointer"), fmt.Sprintf("missing: %s applies to a field of the message, named by pointer", k.Prop)))
-				break
-			}
-			why := "a rule narrowed by a JSON field names the field and the value it must equal"
-			if k.Prop == "header" || k.Prop == "value" {
-				why = "a rule narrowed by a response header names the header and the value it must have"
-			}
-			for _, m := range k.Missing {
-				errs = append(errs, schemaError(doc, append(slices.Clone(loc), m), fmt.Sprintf("missing: %s needs %s (%s)", k.Prop, m, why)))
-			}
-		case *kind.Required:
-			for _, m := range k.Missing {
-				errs = append(errs, schemaError(doc, append(slices.Clone(loc), m), "missing (required)"))
-			}
-		case *kind.AdditionalProperties:
-			for _, p := range k.Properties {
-				errs = append(errs, schemaError(doc, append(slices.Clone(loc), p), "unknown field"))
-			}
-		case *kind.FalseSchema:
-			errs = append(errs, schemaError(doc, loc, "not allowed in a route with steps (set it on each step)"))
-		case *kind.MinProperties, *kind.MaxProperties:
-			if last == "record" {
-				errs = append(errs, schemaError(doc, loc, "list headers, fields or both"))
-				break
-			}
-			if len(loc) >= 2 && loc[len(loc)-2] == "headers" {
-				errs = append(errs, schemaError(doc, loc, "set exactly one of fromEnv (a secret, read from the environment) or value (fixed text)"))
-				break
-			}
-			if inRequest(loc) {
-				switch {
-				case last == "request":
-					errs = append(errs, schemaError(doc, loc, "set form, json or path"))
-				case last == "form" || last == "json" || last == "path":
-					errs = append(errs, schemaError(doc, loc, e.ErrorKind.LocalizedString(schemaPrinter)+" (list the fields)"))
-				default:
-					errs = append(errs, schemaError(doc, loc, "set exactly one of pointer (a field of the message) or value (fixed text)"))
-				}
-				break
-			}
-			errs = append(errs, schemaError(doc, loc, e.ErrorKind.LocalizedString(schemaPrinter)))
-		case *kind.Pattern:
-			errs = append(errs, schemaError(doc, loc, patternProblem(loc, k)))
-		default:
-			errs = append(errs, schemaError(doc, loc, e.ErrorKind.LocalizedString(schemaPrinter)))
-		}
-	}
-	walk(ve, nil)
-	return errs
-}
-
-func patternProblem(loc []string, k *kind.Pattern) string {
-	last := ""
-	if len(loc) > 0 {
-		last = loc[len(loc)-1]
-	}
-	switch {
-	case last == "timeout" || last == "keyLifetime":
-		return fmt.Sprintf("%q is not a duration (write it like 5s, 1500ms or 1m30s)", k.Got)
-	case last == "header":
-		return fmt.Sprintf("%q is not a valid HTTP header name", k.Got)
-	case last == "name":
-		return fmt.Sprintf("%q is not a valid name (letters, digits, '.', '_', '-'; at most 64)", k.Got)
-	case last == "fromEnv":
-		return fmt.Sprintf("%q is not an environment variable name", k.Got)
-	case last == "field" || last == "pointer" || len(loc) >= 2 && loc[len(loc)-2] == "fields":
-		return fmt.Sprintf(`%q is not a JSON Pointer (RFC 6901): write it like /error/type, starting with "/", with "~" as ~0 and a "/" inside a name as ~1`, k.Got)
-	case len(loc) >= 2 && loc[len(loc)-2] == "headers":
-		return "not a valid HTTP header name"
-	}
-	return k.LocalizedString(schemaPrinter)
-}
-
-// nameProblem says why the name that ends loc (a key of an object) is
-// refused.
-func nameProblem(loc []string) string {
-	parent := ""
-	if len(loc) >= 2 {
-		parent = loc[len(loc)-2]
-	}
-	switch {
-	case parent == "headers":
-		return "not a valid HTTP header name"
-	case inRequest(loc) && (parent == "form" || parent == "json"):
-		return `not a field name: write name or name[key][key] (Stripe's nested keys), at most 128 bytes, without control characters`
-	case inRequest(loc) && parent == "path":
-		return `not a placeholder name: letters, digits and "_", not starting with a digit, at most 64`
-	}
-	return "not a valid name"
-}
-
-// inRequest reports whether loc is inside a route's or step's request
-// mapping.
-func inRequest(loc []string) bool {
-	// routes/<i>/request/... or routes/<i>/steps/<j>/request/...
-	return len(loc) >= 3 && loc[0] == "routes" && loc[2] == "request" ||
-		len(loc) >= 5 && loc[0] == "routes" && loc[2] == "steps" && loc[4] == "request"
-}
-
-// instanceText renders the value at loc in doc for an error message.
-func instanceText(doc any, loc []string) string {
-	v := doc
-	for _, t := range loc {
-		switch c := v.(type) {
-		case map[string]any:
-			v = c[t]
-		case []any:
-			i, err := strconv.Atoi(t)
-			if err != nil || i < 0 || i >= len(c) {
-				return "the value"
-			}
-			v = c[i]
-		default:
-			return "the value"
-		}
-	}
-	switch v := v.(type) {
-	case string:
-		return strconv.Quote(v)
-	case nil:
-		return "null"
-	}
-	return fmt.Sprint(v)
-}
-
-// schemaError names the route (by its name when it has one) and the field
-// at loc, a JSON pointer split into tokens.
-func schemaError(doc any, loc []string, problem string) error {
-	if len(loc) >= 2 && loc[0] == "routes" {
-		i, _ := strconv.Atoi(loc[1])
-		return &RoutesError{Route: routeLabel(doc, i), Field: fieldPath(loc[2:]), Problem: problem}
-	}
-	return &RoutesError{Field: fieldPath(loc), Problem: problem}
-}
-
-func routeLabel(doc any, i int) string {
-	if m, ok := doc.(map[string]any); ok {
-		if rs, ok := m["routes"].([]any); ok && i < len(rs) {
-			if r, ok := rs[i].(map[string]any); ok {
-				if n, ok := r["name"].(string); ok && n != "" {
-					return n
-				}
-			}
-		}
-	}
-	return fmt.Sprintf("routes[%d]", i)
-}
-
-func fieldPath(tokens []string) string {
-	var b strings.Builder
-	for i, t := range tokens {
-		if _, err := strconv.Atoi(t); err == nil && i > 0 {
-			b.WriteString("[" + t + "]")
-			continue
-		}
-		if b.Len() > 0 {
-			b.WriteByte('.')
-		}
-		b.WriteString(t)
-	}
-	return b.String()
 }
 
 // buildRouter checks what the schema cannot and resolves the routes.
@@ -550,7 +265,6 @@ func buildRouter(file *routesFile, getenv func(string) string, client *http.Clie
 	}
 	c := *client // never follow redirects: a 3xx is classified, not chased
 	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	c.Transport = tracing.HTTPTransport(c.Transport) // a span per request; the downstream gets its traceparent
 
 	router := &HTTPRouter{logger: logger}
 	var errs []error

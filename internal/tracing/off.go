@@ -20,9 +20,9 @@ var (
 // hot path skip.
 func GlobalTracing() bool { return otel.GetTracerProvider() != startTracerProvider }
 
-// globalMetrics reports whether a meter provider was installed as the
+// GlobalMetrics reports whether a meter provider was installed as the
 // global one (otel.SetMeterProvider).
-func globalMetrics() bool { return otel.GetMeterProvider() != startMeterProvider }
+func GlobalMetrics() bool { return otel.GetMeterProvider() != startMeterProvider }
 
 // Enabled reports whether spans made with tp (the global provider when
 // nil, as in Tracer) can record or propagate anything: tp was given, or a

@@ -22,6 +22,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/claimdb"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/sideeffects/routesfile"
 	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
 	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
@@ -157,7 +158,7 @@ func newBenchEnv(p BenchParams) (*benchEnv, error) {
 	n := max(p.Concurrency, TxPoolSize) * 2
 	e.client = &http.Client{Transport: &http.Transport{MaxIdleConns: n, MaxIdleConnsPerHost: n}}
 	routes := fmt.Appendf(nil, "version: 1\nroutes:\n  - name: bench\n    match: {subject: %s}\n    url: %s/effects\n    timeout: 30s\n", EffectSubject, e.srv.URL)
-	r, err := sideeffects.ParseRoutes(routes, func(string) string { return "" }, e.client, p.Logger)
+	r, err := routesfile.Parse(routes, func(string) string { return "" }, e.client, p.Logger)
 	if err != nil {
 		e.close()
 		return nil, err

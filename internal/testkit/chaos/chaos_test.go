@@ -436,7 +436,7 @@ func TestChaosDetectsAFinalAnswerNotRecorded(t *testing.T) {
 // every fault on: the same exactly-once checks pass on SQLite and
 // PostgreSQL, and with a payment API's answers (mapped by the handler to
 // Rejected and KeyConflict). The processor outcomes, gathered from every
-// replica's Registerer, are counted.
+// replica's metrics (prommetrics), are counted.
 func TestChaosGoHandler(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {

@@ -36,10 +36,10 @@
 // the public API: sbclaim.NewProcessor over an *sbclaim.Store (the
 // fault-injecting store chain, wrapped through internal/bridge) and an
 // *sbclaim.Router, its crash hooks on Run's context
-// (processor.WithHooks), its metrics on its Registerer (one registry for
+// (processor.WithHooks), its metrics through prommetrics (one registry for
 // the run, a label per replica; the report sums them). Config.Handler
 // (-handler) picks the effect: the routes file's HTTP route
-// (sbclaim.ParseRoutesFile with the replica's killable HTTP client) or a
+// (routesfile.Parse with the replica's killable HTTP client) or a
 // Go sbclaim.HandlerFunc that calls the same downstream through that
 // client with the delivery's idempotency key and maps its answers to the
 // outcome wrappers. The reconciler's recovery and the operators' redrives

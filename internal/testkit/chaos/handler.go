@@ -18,6 +18,7 @@ import (
 	"github.com/sbclaim/sbclaim"
 	"github.com/sbclaim/sbclaim/internal/bridge"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/routesfile"
 )
 
 // Handler is the kind of effect the replicas, the reconciler's recovery
@@ -26,7 +27,7 @@ import (
 type Handler string
 
 const (
-	// HandlerHTTP: the routes file's HTTP route (sbclaim.ParseRoutesFile
+	// HandlerHTTP: the routes file's HTTP route (routesfile.Parse
 	// with the replica's HTTP client), the effect for users who do not
 	// write Go.
 	HandlerHTTP Handler = "http"
@@ -64,7 +65,7 @@ func (h *harness) newRouter(client *http.Client, log *slog.Logger, wrap func(sbc
 			Breaker: sbclaim.Breaker{Off: true},
 		})
 	}
-	file, err := sbclaim.ParseRoutesFile(h.routes, &sbclaim.RoutesFileOptions{
+	file, err := routesfile.Parse(h.routes, &routesfile.Options{
 		Getenv: func(string) string { return "" }, Logger: log, HTTPClient: client,
 	})
 	if err != nil {

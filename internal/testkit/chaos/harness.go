@@ -27,6 +27,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
 	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
 	"github.com/sbclaim/sbclaim/internal/testkit/membus"
+	"github.com/sbclaim/sbclaim/prommetrics"
 )
 
 // Names used by a run.
@@ -188,7 +189,7 @@ type harness struct {
 	out    outage
 	// outageWin and misconfWin are the downstream's windows.
 	outageWin, misconfWin downWindow
-	metrics               *prometheus.Registry // every replica's processor metrics (its Registerer, labelled by host)
+	metrics               *prometheus.Registry // every replica's processor metrics (prommetrics on this registry, labelled by replica)
 	led                   *ledger
 	// firstSend and effectAt are per key: when its first copy was sent,
 	// first delivered, and when its effect was performed.
@@ -731,7 +732,7 @@ func (h *harness) startReplica() {
 		ShutdownTimeout:    10 * time.Second,
 		Host:               r.host,
 		Logger:             log,
-		Registerer:         prometheus.WrapRegistererWith(prometheus.Labels{"replica": r.host}, h.metrics),
+		Metrics:            prommetrics.New(prometheus.WrapRegistererWith(prometheus.Labels{"replica": r.host}, h.metrics)),
 		TracerProvider:     h.tk.provider(),
 	})
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sbclaim/sbclaim/internal/claim"
+	"github.com/sbclaim/sbclaim/internal/metricreg"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
 	"github.com/sbclaim/sbclaim/internal/testkit/membus"
@@ -251,7 +252,7 @@ func (p *pipeline) start(consumer string) {
 	if consumer == PipelineConsumerB {
 		queue, router = p.queueB, pipeRouter{h: sideeffects.Handler{Name: "receipt", Effect: p.receiptEffect(r), Fingerprint: "receipt-1"}}
 	}
-	m := processor.NewMetrics(nil)
+	m := metricreg.ProcessorMetrics(nil)
 	if consumer == PipelineConsumerB {
 		p.mu.Lock()
 		p.metricsB = append(p.metricsB, m)
@@ -786,6 +787,6 @@ func joinComma(s []string) string { return strings.Join(s, ", ") }
 func joinSemi(s []string) string  { return strings.Join(s, "; ") }
 
 // counterValue reads one counter of a vector.
-func counterValue(v *prometheus.CounterVec, label string) float64 {
-	return testutil.ToFloat64(v.WithLabelValues(label))
+func counterValue(v processor.CounterVec, label string) float64 {
+	return testutil.ToFloat64(v.With(label).(prometheus.Collector))
 }

@@ -353,7 +353,7 @@ var outcomes = []processor.Result{
 func outcomeCounts(m *processor.Metrics) map[processor.Result]int {
 	out := map[processor.Result]int{}
 	for _, o := range outcomes {
-		out[o] = int(testutil.ToFloat64(m.Messages.WithLabelValues(string(o))))
+		out[o] = int(testutil.ToFloat64(m.Messages.With(string(o)).(prometheus.Collector)))
 	}
 	return out
 }

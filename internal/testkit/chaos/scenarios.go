@@ -21,8 +21,9 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claimdb"
+	"github.com/sbclaim/sbclaim/internal/metricreg"
 	"github.com/sbclaim/sbclaim/internal/processor"
-	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/sideeffects/routesfile"
 	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
 	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 )
@@ -299,7 +300,7 @@ func runTwoPhase(ctx context.Context, d *Database, cfg ScenarioConfig) (*Scenari
 	srv := httptest.NewServer(down)
 	defer srv.Close()
 	routes := fmt.Appendf(nil, "version: 1\nroutes:\n  - name: orders\n    match: {subject: %s}\n    url: %s/orders\n    timeout: 10s\n", EffectSubject, srv.URL)
-	router, err := sideeffects.ParseRoutes(routes, func(string) string { return "" }, nil, cfg.Logger)
+	router, err := routesfile.Parse(routes, func(string) string { return "" }, nil, cfg.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -313,7 +314,7 @@ func runTwoPhase(ctx context.Context, d *Database, cfg ScenarioConfig) (*Scenari
 	if cfg.wrapStore != nil {
 		store = cfg.wrapStore(store)
 	}
-	metrics := processor.NewMetrics(nil)
+	metrics := metricreg.ProcessorMetrics(nil)
 	var (
 		mu    sync.Mutex
 		lines []string

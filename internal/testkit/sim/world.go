@@ -28,6 +28,7 @@ import (
 	"github.com/sbclaim/sbclaim/internal/testkit/chaos"
 	"github.com/sbclaim/sbclaim/internal/testkit/membus"
 	"github.com/sbclaim/sbclaim/operator"
+	"github.com/sbclaim/sbclaim/prommetrics"
 )
 
 // The simulated deployment's settings (one set for every seed: the seed
@@ -484,7 +485,7 @@ func (w *world) startReplica() {
 		ShutdownTimeout:    30 * time.Second,
 		Host:               r.host,
 		Logger:             w.log,
-		Registerer:         prometheus.NewRegistry(),
+		Metrics:            prommetrics.New(prometheus.NewRegistry()),
 	})
 	if err != nil {
 		panic("sim: processor: " + err.Error())

@@ -1,4 +1,9 @@
-package tracing
+// Package tracinghttp traces the HTTP requests of a routes file's effects
+// (Transport) with otelhttp. It is apart from package tracing so that the
+// root package, which uses tracing for its spans and logs, links neither
+// otelhttp nor what it imports: only programs that read a routes file do
+// (package routesfile wraps the routes' client with Transport).
+package tracinghttp
 
 import (
 	"context"
@@ -11,9 +16,11 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/embedded"
+
+	"github.com/sbclaim/sbclaim/internal/tracing"
 )
 
-// HTTPTransport wraps base (http.DefaultTransport when nil) with otelhttp:
+// Transport wraps base (http.DefaultTransport when nil) with otelhttp:
 // each request gets a CLIENT span, a child of the span in its context
 // (the effect attempt's), and carries that span's traceparent, so the
 // downstream's span is its child. The span keeps only what cannot leak a
@@ -22,11 +29,11 @@ import (
 // webhook's path or an API key in its query are secrets). Its provider is
 // the one of the span in the request's context, else the global one.
 //
-// A request whose context carries no span (or a no-op one: Off) while no
+// A request whose context carries no span (or a no-op one: tracing.Off) while no
 // global tracer or meter provider is installed goes straight to base:
 // otelhttp would make a no-op span, inject nothing and drop its
 // measurements, at the cost of a request clone and its attributes.
-func HTTPTransport(base http.RoundTripper) http.RoundTripper {
+func Transport(base http.RoundTripper) http.RoundTripper {
 	if base == nil {
 		base = http.DefaultTransport
 	}
@@ -46,7 +53,7 @@ type transport struct {
 
 // RoundTrip implements http.RoundTripper.
 func (t *transport) RoundTrip(r *http.Request) (*http.Response, error) {
-	if Off(trace.SpanFromContext(r.Context())) && !GlobalTracing() && !globalMetrics() {
+	if tracing.Off(trace.SpanFromContext(r.Context())) && !tracing.GlobalTracing() && !tracing.GlobalMetrics() {
 		return t.base.RoundTrip(r)
 	}
 	return t.traced.RoundTrip(r)

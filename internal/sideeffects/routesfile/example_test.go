@@ -1,4 +1,4 @@
-package sideeffects_test
+package routesfile_test
 
 import (
 	"context"
@@ -10,10 +10,11 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
+	"github.com/sbclaim/sbclaim/internal/sideeffects/routesfile"
 	"github.com/sbclaim/sbclaim/internal/testkit/fakedownstream"
 )
 
-func ExampleParseRoutes() {
+func ExampleParse() {
 	// A downstream with Idempotency-Key support, failing its first answer.
 	fake := fakedownstream.New(fakedownstream.Options{})
 	fake.FailNext(1, fakedownstream.FaultUnavailable)
@@ -33,7 +34,7 @@ routes:
 	getenv := func(name string) string {
 		return map[string]string{"PAYMENTS_TOKEN": "Bearer example"}[name]
 	}
-	router, err := sideeffects.ParseRoutes([]byte(routes), getenv, nil, nil)
+	router, err := routesfile.Parse([]byte(routes), getenv, nil, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
