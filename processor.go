@@ -86,7 +86,7 @@ type RetryPolicy struct {
 type GroupCommit struct {
 	Disabled    bool
 	MaxBatch    int           // writes per batch at most (default DefaultGroupCommitMaxBatch, at most MaxGroupCommitBatch)
-	MaxInFlight int           // batches written at once (default DefaultGroupCommitMaxInFlight)
+	MaxInFlight int           // batches written at once (default DefaultGroupCommitMaxInFlight; SQLite: 1)
 	Window      time.Duration // how long a batch waits for more writes (default 0)
 }
 

@@ -158,3 +158,23 @@ func WriteEach(ctx context.Context, s Store, writes []OutcomeWrite) []error {
 	}
 	return errs
 }
+
+// WriteLimit is a store that writes only so many transactions at once:
+// SQLite, one (the database's write lock). A group commit keeps no more
+// batches in flight than that: a second batch could not be written
+// sooner, it would only wait for the writer, holding writes that would
+// have joined the next batch. A store wrapper that forwards
+// WriteOutcomes should forward it too (WriteLimitOf).
+type WriteLimit interface {
+	// MaxConcurrentWrites is how many write transactions the store runs
+	// at once; 0: no limit of its own (a wrapper of a store without one).
+	MaxConcurrentWrites() int
+}
+
+// WriteLimitOf is st's MaxConcurrentWrites, 0 when it has none.
+func WriteLimitOf(st Store) int {
+	if l, ok := st.(WriteLimit); ok {
+		return l.MaxConcurrentWrites()
+	}
+	return 0
+}

@@ -15,8 +15,9 @@ type Options struct {
 	// MaxBatch bounds the writes of one batch [DefaultMaxBatch; at most
 	// claim.MaxOutcomeBatch].
 	MaxBatch int
-	// MaxInFlight bounds the batches written at once [DefaultMaxInFlight].
-	// A write waits only while this many batches are being written.
+	// MaxInFlight bounds the batches written at once [DefaultMaxInFlight],
+	// and so does the store's claim.WriteLimit (SQLite: one). A write
+	// waits only while this many batches are being written.
 	MaxInFlight int
 	// Window, when positive, is how long a batch that starts while another
 	// is being written waits for more writes [0]. A write that finds no
@@ -87,8 +88,12 @@ func New(inner claim.Store, opts Options) (*Store, error) {
 		return errs
 	}
 	key := func(w claim.OutcomeWrite) int64 { id, _ := w.Target(); return id }
+	inFlight := cmp.Or(opts.MaxInFlight, DefaultMaxInFlight)
+	if l, ok := inner.(claim.WriteLimit); ok && l.MaxConcurrentWrites() > 0 {
+		inFlight = min(inFlight, l.MaxConcurrentWrites())
+	}
 	return &Store{Store: inner, b: newBatcher(flush, key,
-		cmp.Or(opts.MaxBatch, DefaultMaxBatch), cmp.Or(opts.MaxInFlight, DefaultMaxInFlight),
+		cmp.Or(opts.MaxBatch, DefaultMaxBatch), inFlight,
 		opts.Window, cmp.Or(opts.Timeout, DefaultTimeout))}, nil
 }
 

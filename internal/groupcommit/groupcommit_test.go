@@ -20,6 +20,7 @@ type recording struct {
 	claim.Store
 	bw      claim.BatchWriter
 	release chan struct{}
+	limit   int // its claim.WriteLimit (0: none)
 
 	mu    sync.Mutex
 	sizes []int
@@ -35,6 +36,8 @@ func (r *recording) WriteOutcomes(ctx context.Context, w []claim.OutcomeWrite) (
 	}
 	return r.bw.WriteOutcomes(ctx, w)
 }
+
+func (r *recording) MaxConcurrentWrites() int { return r.limit }
 
 func (r *recording) batches() []int {
 	r.mu.Lock()
@@ -110,6 +113,44 @@ func TestConcurrentWritesShareABatch(t *testing.T) {
 		if errs[i] != nil || c.State != claim.StateProcessed {
 			t.Errorf("write %d: %v, claim %s", i, errs[i], c.State)
 		}
+	}
+}
+
+// A store that writes one transaction at a time (claim.WriteLimit, as
+// SQLite) gets one batch in flight whatever MaxInFlight says: the writes
+// that arrive while it is written wait for it and go together in the next.
+func TestTheStoresWriteLimitBoundsTheBatchesInFlight(t *testing.T) {
+	inner := testdb.SQLite(t)
+	rec := &recording{Store: inner, bw: inner, release: make(chan struct{}), limit: 1}
+	st, err := groupcommit.New(rec, groupcommit.Options{MaxInFlight: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := claimN(t, inner, 11)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make([]error, len(cs))
+	write := func(i int) {
+		defer wg.Done()
+		errs[i] = st.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: cs[i].ID, Owner: cs[i].Owner})
+	}
+	wg.Add(1)
+	go write(0)
+	eventually(t, "the first batch to be held", func() bool { return len(rec.batches()) == 1 })
+	for i := 1; i < len(cs); i++ {
+		wg.Add(1)
+		go write(i)
+	}
+	waitQueued(t, st, rec, 10) // fails if a second batch starts
+	close(rec.release)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("write %d: %v", i, err)
+		}
+	}
+	if got := rec.batches(); len(got) != 2 || got[0] != 1 || got[1] != 10 {
+		t.Fatalf("batches %v, want [1 10]", got)
 	}
 }
 

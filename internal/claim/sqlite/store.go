@@ -37,6 +37,10 @@ type Store struct {
 	stmts stmtCache
 }
 
+// MaxConcurrentWrites is 1: SQLite writes one transaction at a time
+// (claim.WriteLimit).
+func (s *Store) MaxConcurrentWrites() int { return 1 }
+
 // SetHistoryForBench turns the history writes on or off (on by default).
 // It exists for the benchmark that measures what history costs: a store
 // with history off breaks the audit promise (claim.HistorySwitch).

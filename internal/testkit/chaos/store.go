@@ -54,6 +54,9 @@ func opName(k claim.WriteKind) string {
 	return "WriteOutcomes"
 }
 
+// MaxConcurrentWrites forwards the inner store's (claim.WriteLimit).
+func (s *gateStore) MaxConcurrentWrites() int { return claim.WriteLimitOf(s.inner) }
+
 // WriteOutcomes asks the gate about every write of the batch (an outage
 // refuses them all, each noted on its claim) and counts one round trip.
 func (s *gateStore) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) ([]error, error) {

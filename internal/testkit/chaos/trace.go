@@ -209,6 +209,9 @@ func (s *traceStore) TakeDeadLetter(ctx context.Context, p *claim.TakeDeadLetter
 	return err
 }
 
+// MaxConcurrentWrites forwards the inner store's (claim.WriteLimit).
+func (s *traceStore) MaxConcurrentWrites() int { return claim.WriteLimitOf(s.Store) }
+
 // WriteOutcomes records each write of a group-committed batch as the
 // single write would be: a heartbeat written is a sign of life (the
 // replicas' heartbeats come this way), a release a release.
@@ -274,10 +277,14 @@ func (s *lostAckStore) Fail(ctx context.Context, p *claim.FailParams) error {
 	return s.lose("Fail", p.ID, func() error { return s.Store.Fail(ctx, p) })
 }
 
+// MaxConcurrentWrites forwards the inner store's (claim.WriteLimit).
+func (s *lostAckStore) MaxConcurrentWrites() int { return claim.WriteLimitOf(s.Store) }
+
 // WriteOutcomes loses the answer of a committed batch that holds the
 // first MarkProcessed or Release of a message planned for FaultAckLost:
 // every caller of the batch gets ErrUnavailable, as when the connection
 // breaks after the COMMIT.
+
 func (s *lostAckStore) WriteOutcomes(ctx context.Context, writes []claim.OutcomeWrite) ([]error, error) {
 	errs, err := writeOutcomes(ctx, s.Store, writes)
 	if err != nil {
