@@ -20,6 +20,7 @@ import (
 
 	"github.com/sbclaim/sbclaim/internal/claim"
 	"github.com/sbclaim/sbclaim/internal/claimdb"
+	"github.com/sbclaim/sbclaim/internal/metricreg"
 	"github.com/sbclaim/sbclaim/internal/processor"
 	"github.com/sbclaim/sbclaim/internal/sideeffects"
 	"github.com/sbclaim/sbclaim/internal/sideeffects/routesfile"
@@ -301,10 +302,14 @@ func benchTwoPhase(ctx context.Context, p BenchParams, env *benchEnv, run string
 		Router:             env.router,
 		NewReceiver:        func(context.Context) (processor.Receiver, error) { return q.NewReceiver(), nil },
 		MaxConcurrentCalls: p.Concurrency,
-		MaxLockRenewal:     5 * time.Minute,
-		StorePayload:       true,
-		Host:               "bench",
-		Logger:             p.Logger,
+		// The Prometheus collectors the processor command registers (here
+		// on no registry): a processor without metrics would be measured
+		// cheaper than the one that runs.
+		Metrics:        metricreg.ProcessorMetrics(nil),
+		MaxLockRenewal: 5 * time.Minute,
+		StorePayload:   true,
+		Host:           "bench",
+		Logger:         p.Logger,
 	})
 	if err != nil {
 		return err
