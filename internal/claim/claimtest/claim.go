@@ -54,7 +54,8 @@ func (s *suite) claimWinsAndRoundTrips(t *testing.T) {
 // claimReturnsItsRow: the claims a batch (and ClaimTx) returns as won
 // are exactly the rows Get reads back, field for field, whatever the
 // batch's mix: every optional value set or not, a payload stored or not, a
-// raw key, a session, a key twice in the batch and a key already claimed.
+// raw key, a session, an empty body, a key twice in the batch and a key
+// already claimed.
 // (A store may build the won claim from what it inserted instead of reading
 // every column back.)
 func (s *suite) claimReturnsItsRow(t *testing.T) {
@@ -70,7 +71,9 @@ func (s *suite) claimReturnsItsRow(t *testing.T) {
 	taken := mustWin(t, st, msg("", "billing", "z"))
 	again := msg(taken.MessageID, "billing", "z")
 	twice := msg("", "other", "w")
-	batch := []claim.ClaimParams{full, bare, again, twice, raw, twice}
+	empty := msg("", "billing", "")
+	empty.Payload = []byte{} // an empty body, stored
+	batch := []claim.ClaimParams{full, bare, again, twice, raw, twice, empty}
 	res, err := st.ClaimBatch(ctx, &claim.ClaimBatchParams{Host: "host-b", Claims: batch})
 	if err != nil {
 		t.Fatalf("ClaimBatch: %v", err)
@@ -85,8 +88,8 @@ func (s *suite) claimReturnsItsRow(t *testing.T) {
 			t.Errorf("message %d (%s): ClaimBatch returned\n%+v\nGet reads\n%+v", i, batch[i].MessageID, r.Claim, got)
 		}
 	}
-	if won != 4 {
-		t.Fatalf("won %d of the batch, want 4 (the key already claimed and the second copy are not): %+v", won, res)
+	if won != 5 {
+		t.Fatalf("won %d of the batch, want 5 (the key already claimed and the second copy are not): %+v", won, res)
 	}
 
 	tx := msg("", "billing", "t")

@@ -451,7 +451,16 @@ func (s *Store) scanInserted(ctx context.Context, tx *stx, text string, args []a
 		if err != nil {
 			return fmt.Errorf("claim %d: %w", id, err)
 		}
-		won[sqlstore.Key{MessageID: p.MessageID, Consumer: p.Consumer}] = sqlstore.Inserted(p, id, state, host, claimedAt, heartbeatAt, processedAt)
+		c := sqlstore.Inserted(p, id, state, host, claimedAt, heartbeatAt, processedAt)
+		if len(c.Payload) == 0 {
+			// The driver reads a zero-length blob back as nil, so every
+			// later read says "no payload stored": the won claim must say
+			// the same, or the processor and the reconciler would decide
+			// on different claims (an empty body handed off as stored,
+			// then flagged as payloadless).
+			c.Payload = nil
+		}
+		won[sqlstore.Key{MessageID: p.MessageID, Consumer: p.Consumer}] = c
 	}
 	return translate(rows.Err())
 }
