@@ -26,7 +26,9 @@ import (
 // claim.
 type Store interface {
 	// ClaimBatch inserts one marker per message in one round trip (a batch
-	// of one is the single-message path) and reports, per message and in
+	// of one is the single-message path; PostgreSQL takes a second to read
+	// the rows of keys that already existed, only when there are any) and
+	// reports, per message and in
 	// the same order, whether this call won it, found a duplicate, or found
 	// a conflict (same key, other payload hash). The claims unique index on
 	// (MessageID, Consumer) is the only arbiter. Each message carries the
@@ -35,7 +37,9 @@ type Store interface {
 	// retried or partly committed batch) and is Won. In any other state
 	// (released, processed, failed, flagged, resolved) the row has moved on
 	// and is a Duplicate, as anyone else's row would be; another payload
-	// hash is a Conflict whatever the token.
+	// hash is a Conflict whatever the token. A won claim may share its
+	// message's Payload and Properties with params (sqlstore.Inserted): the
+	// caller must not change them afterwards.
 	ClaimBatch(ctx context.Context, params *ClaimBatchParams) ([]ClaimResult, error)
 
 	// ClaimTx is the one-phase path for a database-only effect: in one

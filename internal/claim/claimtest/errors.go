@@ -161,9 +161,9 @@ func (s *suite) deadlock(t *testing.T) {
 				t.Fatalf("round %d: PurgeProcessed deleted %d claims after the raw transaction's abort, want 2", round, r.n)
 			}
 		case r.n == 2:
-			// The store's call reached B before it locked A (the plan's
-			// order of the two rows is the database's choice, and can vary
-			// with what the other tests left in the table): it waited on B,
+			// The store's call reached B before it locked A (the order in
+			// which its plan visits the two rows is the database's choice,
+			// not the test's): it waited on B,
 			// holding nothing the raw transaction needed. No deadlock this
 			// round; again.
 			t.Logf("round %d: PurgeProcessed waited on B before locking A: no deadlock; again", round)

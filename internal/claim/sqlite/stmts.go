@@ -29,7 +29,8 @@ type stmtCache struct {
 	mu      sync.Mutex
 	ready   map[string]*sql.Stmt
 	pending map[string]struct{}
-	bytes   int // of the texts ready and pending
+	taken   int // texts taken from pending, being prepared
+	bytes   int // of the texts ready, pending and taken
 }
 
 // get returns text's prepared statement, or nil: then text is noted, to be
@@ -43,7 +44,7 @@ func (c *stmtCache) get(text string) *sql.Stmt {
 	if _, ok := c.pending[text]; ok {
 		return nil
 	}
-	if len(text) <= maxPreparedText && c.bytes+len(text) <= maxPreparedBytes && len(c.ready)+len(c.pending) < maxPrepared {
+	if len(text) <= maxPreparedText && c.bytes+len(text) <= maxPreparedBytes && len(c.ready)+len(c.pending)+c.taken < maxPrepared {
 		if c.pending == nil {
 			c.pending = make(map[string]struct{})
 		}
@@ -53,30 +54,40 @@ func (c *stmtCache) get(text string) *sql.Stmt {
 	return nil
 }
 
-// prepare prepares the texts noted since the last call, on db. A text that
-// fails to prepare (a cancelled ctx, a busy connection) is dropped: it
-// runs unprepared, and is noted again the next time it runs.
+// preparePerTx bounds the texts one transaction prepares before it begins:
+// each waits for the store's one connection within the caller's deadline,
+// so the first transaction after many new texts (a start under load)
+// must not pay for all of them; the rest wait for the next ones.
+const preparePerTx = 4
+
+// prepare prepares up to preparePerTx of the texts noted so far, on db. A
+// text that fails to prepare (a cancelled ctx, a busy connection) is
+// dropped: it runs unprepared, and is noted again the next time it runs.
 func (c *stmtCache) prepare(ctx context.Context, db *sql.DB) {
 	c.mu.Lock()
 	if len(c.pending) == 0 {
 		c.mu.Unlock()
 		return
 	}
-	texts := make([]string, 0, len(c.pending))
+	texts := make([]string, 0, min(len(c.pending), preparePerTx))
 	for t := range c.pending {
+		if len(texts) == preparePerTx {
+			break
+		}
 		texts = append(texts, t)
+		delete(c.pending, t)
 	}
-	clear(c.pending)
+	c.taken += len(texts)
 	c.mu.Unlock()
 	for _, t := range texts {
 		st, err := db.PrepareContext(ctx, t)
+		c.mu.Lock()
+		c.taken--
 		if err != nil {
-			c.mu.Lock()
 			c.bytes -= len(t)
 			c.mu.Unlock()
 			continue
 		}
-		c.mu.Lock()
 		if c.ready == nil {
 			c.ready = make(map[string]*sql.Stmt)
 		}

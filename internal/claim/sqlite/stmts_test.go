@@ -54,8 +54,21 @@ func TestMessagePathStatementsArePreparedOnce(t *testing.T) {
 		defer s.stmts.mu.Unlock()
 		return len(s.stmts.ready)
 	}
+	pending := func() int {
+		s.stmts.mu.Lock()
+		defer s.stmts.mu.Unlock()
+		return len(s.stmts.pending)
+	}
 	batch(3)
-	batch(3) // prepares what the first one noted
+	for range 5 { // each transaction prepares preparePerTx of what the first noted
+		if pending() == 0 {
+			break
+		}
+		batch(3)
+	}
+	if p := pending(); p != 0 {
+		t.Fatalf("%d texts still waiting to be prepared after 6 batches", p)
+	}
 	n := ready()
 	if n < 4 { // the insert, the outcome update, two history inserts
 		t.Fatalf("%d statements prepared after two batches, want at least 4", n)
@@ -66,6 +79,7 @@ func TestMessagePathStatementsArePreparedOnce(t *testing.T) {
 	if got := ready(); got != n {
 		t.Fatalf("batches of the same shape prepared %d more statements", got-n)
 	}
+	batch(4)
 	batch(4)
 	batch(4)
 	if got := ready(); got <= n {
@@ -90,6 +104,12 @@ func TestStatementCacheIsBounded(t *testing.T) {
 		c.get(fmt.Sprintf("SELECT %d", i))
 	}
 	c.prepare(t.Context(), s.db)
+	if len(c.ready) != preparePerTx || len(c.pending) != maxPrepared-preparePerTx {
+		t.Fatalf("one transaction's start prepared %d texts and left %d; want %d and %d", len(c.ready), len(c.pending), preparePerTx, maxPrepared-preparePerTx)
+	}
+	for len(c.pending) > 0 { // preparePerTx at a time, as transactions begin
+		c.prepare(t.Context(), s.db)
+	}
 	if c.get(long) != nil {
 		t.Fatal("a text over maxPreparedText was prepared")
 	}
