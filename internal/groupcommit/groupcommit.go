@@ -161,6 +161,12 @@ func (s *Store) Pending() int {
 	return len(s.b.pending)
 }
 
+// Wait waits for the batches being written (a batch outlives the callers
+// whose contexts ended while it ran). Call it once no more writes come:
+// the processor does, before Run returns, so that a program that closes
+// the store after Run finds no batch still holding a connection.
+func (s *Store) Wait() { s.b.wg.Wait() }
+
 // Close waits for the batches being written, then closes the inner
 // store.
 func (s *Store) Close() error {

@@ -154,6 +154,39 @@ func TestTheStoresWriteLimitBoundsTheBatchesInFlight(t *testing.T) {
 	}
 }
 
+// A batch outlives a caller whose context ends while it runs; Wait
+// returns only once the batch is written (the processor waits so before
+// Run returns, and a store closed after Run finds no batch still on it).
+func TestWaitWaitsForABatchItsCallerLeft(t *testing.T) {
+	inner := testdb.SQLite(t)
+	rec := &recording{Store: inner, bw: inner, release: make(chan struct{})}
+	st, err := groupcommit.New(rec, groupcommit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := claimN(t, inner, 1)[0]
+	ctx, cancel := context.WithCancel(context.Background())
+	left := make(chan error)
+	go func() { left <- st.MarkProcessed(ctx, &claim.MarkProcessedParams{ID: c.ID, Owner: c.Owner}) }()
+	eventually(t, "the batch to be held", func() bool { return len(rec.batches()) == 1 })
+	cancel()
+	if err := <-left; err == nil {
+		t.Fatal("the caller whose context ended got nil while its batch was held")
+	}
+	waited := make(chan struct{})
+	go func() { st.Wait(); close(waited) }()
+	select {
+	case <-waited:
+		t.Fatal("Wait returned while the batch was still being written")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(rec.release)
+	<-waited
+	if got, err := inner.Get(context.Background(), c.ID); err != nil || got.State != claim.StateProcessed {
+		t.Fatalf("after Wait: %v, %v; want the batch written", got, err)
+	}
+}
+
 // waitQueued waits until n writes wait for a batch (the store's
 // WriteOutcomes has not been called for them yet).
 func waitQueued(t *testing.T, st *groupcommit.Store, rec *recording, n int) {

@@ -437,6 +437,7 @@ func (p *Processor) Run(ctx context.Context) error {
 		<-pollDone // it starts workers: no more once it returned
 		p.inflight.Wait()
 		stopRelay()
+		p.waitForBatches()
 		if cur != nil {
 			cur.retire(p.opts.SettleTimeout)
 		}
@@ -531,6 +532,15 @@ func (p *Processor) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// waitForBatches waits for the group commit's batches still being written
+// (once nothing writes any more): Run returns only when nothing it started
+// still uses the store.
+func (p *Processor) waitForBatches() {
+	if gc, ok := p.opts.Store.(*groupcommit.Store); ok {
+		gc.Wait()
+	}
 }
 
 // liveReceiver is a receiver and the messages it delivered that are not yet

@@ -200,6 +200,7 @@ func (p *Processor) runSessions(ctx context.Context) error {
 	}
 	wg.Wait()
 	p.inflight.Wait()
+	p.waitForBatches()
 	return nil
 }
 
